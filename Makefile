@@ -1,0 +1,24 @@
+PY ?= python
+
+.PHONY: test test-all lint format bench e2e
+
+test:
+	$(PY) -m pytest -q
+
+test-all:
+	$(PY) -m pytest -q -m "not neuron"
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+format:
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+bench:
+	$(PY) -m perf.bench_kernels
+
+e2e:
+	$(PY) -m perf.e2e

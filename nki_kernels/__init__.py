@@ -1,0 +1,1 @@
+"""nki-ardiff: NKI kernels for real-time autoregressive video diffusion on Trainium2."""
