@@ -1,0 +1,106 @@
+"""Pure-PyTorch reference attention: full softmax in fp32, optional log-sum-exp, segment gather, merge.
+
+Layouts follow the projection output viewed per head: q ``[B, Lq, H, D]``, k and v ``[B, Lk, H, D]``,
+out ``[B, Lq, H, D]`` (the layout the output projection consumes). No causal mask (Rolling Forcing's
+attention is block-bidirectional over whatever keys it is given).
+
+Depends on torch only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def default_scale(head_dim: int) -> float:
+    """Softmax scale used when ``scale=None``: ``1 / sqrt(head_dim)``."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``softmax(q k^T * scale) v`` per batch and head, computed in fp32.
+
+    Args:
+        q: ``[B, Lq, H, D]``.
+        k, v: ``[B, Lk, H, D]``.
+        scale: softmax scale, default ``1/sqrt(D)``.
+        return_lse: also return the natural log-sum-exp of the scaled scores.
+
+    Returns:
+        out ``[B, Lq, H, D]`` in q's dtype, and if ``return_lse`` the lse ``[B, Lq, H]`` fp32. With Lk = 0
+        the output is zeros and the lse is ``-inf`` (the neutral element of :func:`merge_attention`).
+    """
+    if scale is None:
+        scale = default_scale(q.shape[-1])
+    qf, kf, vf = q.float(), k.float(), v.float()
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    lse = torch.logsumexp(s, dim=-1)  # [B, H, Lq]
+    p = torch.exp(s - lse[..., None]) if s.shape[-1] else s
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype)
+    if return_lse:
+        return out, lse.permute(0, 2, 1).contiguous()
+    return out
+
+
+def gather_segments(kv: torch.Tensor, segments: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Concatenate ``kv[:, start:start+length]`` for each ``(start, length)`` in order (dim 1)."""
+    return torch.cat([kv[:, int(s) : int(s) + int(n)] for s, n in segments], dim=1)
+
+
+def attention_segments(
+    q: torch.Tensor,
+    kv_k: torch.Tensor,
+    kv_v: torch.Tensor,
+    segments: Sequence[tuple[int, int]],
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q over the keys/values formed by ordered segments of a KV buffer.
+
+    Args:
+        q: ``[B, Lq, H, D]``.
+        kv_k, kv_v: KV buffers ``[B, S, H, D]``.
+        segments: ordered ``(start, length)`` token ranges over S; keys are their concatenation.
+        scale, return_lse: as in :func:`attention`.
+
+    The reference simply gathers the segments and calls :func:`attention`.
+    """
+    k = gather_segments(kv_k, segments)
+    v = gather_segments(kv_v, segments)
+    return attention(q, k, v, scale=scale, return_lse=return_lse)
+
+
+def merge_attention(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine partial attention results over disjoint key sets.
+
+    Args:
+        outs: partial outputs ``[B, Lq, H, D]`` (each normalised over its own keys).
+        lses: their log-sum-exps ``[B, Lq, H]``.
+
+    Returns:
+        ``(out, lse)``: ``lse = logsumexp_i lse_i``, ``out = sum_i exp(lse_i - lse) * out_i`` (computed in
+        fp32, out cast to ``outs[0].dtype``, lse fp32). Partials with ``lse = -inf`` (no keys) weigh zero.
+    """
+    if len(outs) != len(lses) or not outs:
+        raise ValueError(f"outs and lses must be non-empty and of equal length, got {len(outs)}, {len(lses)}")
+    lse_stack = torch.stack([x.float() for x in lses], dim=0)
+    lse = torch.logsumexp(lse_stack, dim=0)
+    w = torch.exp(lse_stack - lse[None])
+    w = torch.nan_to_num(w, nan=0.0)  # all partials empty: -inf - -inf
+    out = sum(w[i][..., None] * o.float() for i, o in enumerate(outs))
+    assert isinstance(out, torch.Tensor)
+    return out.to(outs[0].dtype), lse
+
+
+__all__ = ["attention", "attention_segments", "default_scale", "gather_segments", "merge_attention"]
