@@ -45,7 +45,7 @@ def attention(
     s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
     lse = torch.logsumexp(s, dim=-1)  # [B, H, Lq]
     p = torch.exp(s - lse[..., None]) if s.shape[-1] else s
-    out = torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype).contiguous()
     if return_lse:
         return out, lse.permute(0, 2, 1).contiguous()
     return out

@@ -1,0 +1,600 @@
+"""Torch ops for nki-ardiff: input validation and backend dispatch (namespace ``nki_ardiff``).
+
+Every op is registered with :func:`torch.library.custom_op` and has a fake (meta) implementation, so it
+traces under ``torch.compile(fullgraph=True)`` and ``torch.export``. Model, pipeline and sharding code call
+only the public functions of this module, so one switch reaches every call:
+
+``backend``
+    ``"reference"`` (pure PyTorch, :mod:`reference`), ``"emulator"`` (the NKI kernels run on the bundled
+    NKI 0.6 emulator) or ``"neuron"`` (the same kernels through the real ``nki`` package; raises unless it
+    is importable). ``None`` means: the environment variable ``NKI_ARDIFF_BACKEND`` read at *call* time,
+    else ``"reference"``. Anything else raises ``ValueError`` naming ``backend``.
+
+Common rules (checked before dispatch, on every backend, so code validated on the reference backend runs
+unchanged on the kernels):
+
+* Activations and caches are ``[B, L, H, D]`` (tokens along dim 1, heads along dim 2), **contiguous**
+  (the kernels address HBM as row-major ``[B, L, H, D]``; call ``.contiguous()`` on views), dtype
+  ``torch.bfloat16`` or ``torch.float32``, all tensors of one call on the same device and of the same dtype.
+* A wrong type or dtype raises ``TypeError``; a wrong shape or value raises ``ValueError``; both name the
+  argument and the rule. A kernel backend that cannot honour a valid argument raises
+  ``NotImplementedError``; there is never a silent fallback to another backend.
+
+Raw ops (``torch.ops.nki_ardiff.*``) take only schema-friendly arguments: ``segments`` is passed as a flat
+``int[]`` ``[start0, length0, start1, length1, ...]``, the scale is always resolved to a float, and the
+attention ops always return ``(out, lse)`` where ``lse`` is an empty fp32 tensor when ``return_lse`` is
+false. Use the public functions below rather than the raw ops.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+BACKENDS: tuple[str, ...] = ("reference", "emulator", "neuron")
+"""Valid values of ``backend``."""
+
+BACKEND_ENV = "NKI_ARDIFF_BACKEND"
+"""Environment variable read at call time when ``backend=None``."""
+
+DEFAULT_BACKEND = "reference"
+
+_DTYPES = (torch.bfloat16, torch.float32)
+
+_IntLike = (int, torch.SymInt)
+
+
+# --------------------------------------------------------------------------------------------------
+# backend resolution
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """Return the backend a call uses: ``backend`` if given, else ``$NKI_ARDIFF_BACKEND``, else reference.
+
+    Raises ``ValueError`` for an unknown name and ``RuntimeError`` for ``"neuron"`` when the real ``nki``
+    package is not importable.
+    """
+    if backend is None:
+        env = os.environ.get(BACKEND_ENV, "").strip().lower()
+        if env and env not in BACKENDS:
+            raise ValueError(f"backend: environment variable {BACKEND_ENV}={env!r} is not one of {BACKENDS}")
+        backend = env or DEFAULT_BACKEND
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "neuron":
+        _require_neuron()
+    return backend
+
+
+def _require_neuron() -> None:
+    from nki_kernels import _nki
+
+    name = _nki.backend_name()
+    if name != "nki":
+        raise RuntimeError(
+            "backend='neuron' needs the real NKI package (`import nki` must succeed and "
+            f"{BACKEND_ENV} must not be 'emulator'); the NKI shim resolved to {name!r}. "
+            "Use backend='emulator' to run the kernels on CPU or backend='reference' for PyTorch."
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _check_tensor(name: str, t: Any, rank: int = 4) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} ([B, L, H, D]), got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be torch.bfloat16 or torch.float32, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name} must be contiguous [B, L, H, D] (the kernels address it row-major); call .contiguous()"
+        )
+
+
+def _check_same(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
+    first, t0 = names[0], tensors[0]
+    for name, t in zip(names[1:], tensors[1:]):
+        if t.dtype != t0.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} must match {first} dtype {t0.dtype}")
+        if t.device != t0.device:
+            raise ValueError(f"{name} is on {t.device} but {first} is on {t0.device}")
+
+
+def _check_dims(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, dims: dict[int, str]) -> None:
+    for d, label in dims.items():
+        if t.shape[d] != ref.shape[d]:
+            raise ValueError(
+                f"{name} {label} ({name}.shape[{d}]={t.shape[d]}) must match {ref_name} "
+                f"({ref_name}.shape[{d}]={ref.shape[d]}); shapes {tuple(t.shape)} vs {tuple(ref.shape)}"
+            )
+
+
+def _check_int(name: str, x: Any) -> None:
+    if isinstance(x, bool) or not isinstance(x, _IntLike):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+
+
+# --------------------------------------------------------------------------------------------------
+# dispatch helpers
+
+
+def _kernel(module: str, fn: str) -> Callable[..., Any]:
+    import importlib
+
+    mod = importlib.import_module(f"nki_kernels.{module}")
+    return getattr(mod, fn)
+
+
+def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """custom_op outputs may not alias inputs: copy if a kernel returned an input's storage."""
+    for t in inputs:
+        if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            return out.clone()
+    return out.contiguous()
+
+
+def _split_out_lse(res: Any, return_lse: bool, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(res, tuple):
+        out, lse = res
+    else:
+        out, lse = res, None
+    if not return_lse:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    elif lse is None:
+        raise RuntimeError("kernel was asked for return_lse=True but returned no lse")
+    return out, lse.float()
+
+
+def _empty_lse(q: torch.Tensor, return_lse: bool) -> torch.Tensor:
+    if return_lse:
+        return q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+    return q.new_empty((0,), dtype=torch.float32)
+
+
+def _copy_back(res: Any, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+    """Kernels may mutate the caches in place (return None) or return new ``(cache_k, cache_v)``."""
+    if res is None:
+        return
+    new_k, new_v = res
+    if new_k is not cache_k:
+        cache_k.copy_(new_k)
+    if new_v is not cache_v:
+        cache_v.copy_(new_v)
+
+
+# --------------------------------------------------------------------------------------------------
+# raw ops
+
+
+@torch.library.custom_op("nki_ardiff::rope3d", mutates_args=())
+def _rope3d_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    grid: list[int],
+    start_frame: int,
+    frame_positions: list[int] | None,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    fp = list(frame_positions) if frame_positions is not None else None
+    if backend == "reference":
+        from reference.rope3d import rope3d as ref_rope3d
+
+        return ref_rope3d(q, k, tuple(grid), start_frame, fp)
+    fn = _kernel("rope3d", "rope3d_emulated")
+    qo, ko = fn(q, k, tuple(grid), start_frame=start_frame, frame_positions=fp)
+    return _fresh(qo, q, k), _fresh(ko, q, k)
+
+
+@_rope3d_op.register_fake
+def _(q, k, grid, start_frame, frame_positions, backend):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("nki_ardiff::attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, return_lse: bool, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "reference":
+        from reference.attention import attention as ref_attention
+
+        res: Any = ref_attention(q, k, v, scale=scale, return_lse=return_lse)
+    else:
+        res = _kernel("attention", "attention_emulated")(q, k, v, scale=scale, return_lse=return_lse)
+    out, lse = _split_out_lse(res, return_lse, q)
+    return _fresh(out, q, k, v), _fresh(lse, q, k, v)
+
+
+@_attention_op.register_fake
+def _(q, k, v, scale, return_lse, backend):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q), _empty_lse(q, return_lse)
+
+
+@torch.library.custom_op("nki_ardiff::attention_segments", mutates_args=())
+def _attention_segments_op(
+    q: torch.Tensor,
+    kv_k: torch.Tensor,
+    kv_v: torch.Tensor,
+    segments: list[int],
+    scale: float,
+    return_lse: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    segs = [(segments[i], segments[i + 1]) for i in range(0, len(segments), 2)]
+    if backend == "reference":
+        from reference.attention import attention_segments as ref_segments
+
+        res: Any = ref_segments(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse)
+    else:
+        fn = _kernel("attention", "attention_segments_emulated")
+        res = fn(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse)
+    out, lse = _split_out_lse(res, return_lse, q)
+    return _fresh(out, q, kv_k, kv_v), _fresh(lse, q, kv_k, kv_v)
+
+
+@_attention_segments_op.register_fake
+def _(q, kv_k, kv_v, segments, scale, return_lse, backend):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q), _empty_lse(q, return_lse)
+
+
+@torch.library.custom_op("nki_ardiff::kv_cache_write", mutates_args=("cache_k", "cache_v"))
+def _kv_cache_write_op(
+    cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: int, backend: str
+) -> None:
+    if backend == "reference":
+        from reference.kv_cache import kv_cache_write as ref_write
+
+        ref_write(cache_k, cache_v, k, v, slot)
+        return
+    res = _kernel("kv_cache", "kv_cache_write_emulated")(cache_k, cache_v, k, v, slot)
+    _copy_back(res, cache_k, cache_v)
+
+
+@_kv_cache_write_op.register_fake
+def _(cache_k, cache_v, k, v, slot, backend):  # type: ignore[no-untyped-def]
+    return None
+
+
+@torch.library.custom_op("nki_ardiff::kv_cache_slide", mutates_args=("cache_k", "cache_v"))
+def _kv_cache_slide_op(
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink_tokens: int,
+    backend: str,
+) -> None:
+    if backend == "reference":
+        from reference.kv_cache import kv_cache_slide as ref_slide
+
+        ref_slide(cache_k, cache_v, k, v, sink_tokens)
+        return
+    res = _kernel("kv_cache", "kv_cache_slide_emulated")(cache_k, cache_v, k, v, sink_tokens)
+    _copy_back(res, cache_k, cache_v)
+
+
+@_kv_cache_slide_op.register_fake
+def _(cache_k, cache_v, k, v, sink_tokens, backend):  # type: ignore[no-untyped-def]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+
+
+def rope3d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    grid: Sequence[int],
+    start_frame: int = 0,
+    *,
+    frame_positions: Sequence[int] | torch.Tensor | None = None,
+    max_positions: int | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wan2.1 3D RoPE of q and k in one launch (returns new tensors; see :mod:`reference.rope3d`).
+
+    Args:
+        q, k: ``[B, L, H, D]`` contiguous, bf16 or fp32, identical shapes and dtypes; D even.
+        grid: ``(F, Hp, Wp)``, each >= 1, with ``F*Hp*Wp == L``; tokens in (f, h, w) row-major order.
+        start_frame: time position of frame 0 (>= 0); frame f is at ``start_frame + f``.
+        frame_positions: optional length-F non-negative integer time positions (e.g. to re-position a
+            leading sink segment). Mutually exclusive with a non-zero ``start_frame``. Pass a Python
+            list/tuple under ``torch.compile(fullgraph=True)`` (a tensor is converted with ``.tolist()``).
+        max_positions: optional declared table size (Wan's original table has 1024): every time, height and
+            width position must then be ``< max_positions``.
+        backend: see module docstring.
+
+    Pairs are split time/height/width as ``D/2 - 2*(D//6)`` / ``D//6`` / ``D//6`` (22/21/21 at D=128),
+    base 10000, interleaved (2j real, 2j+1 imaginary), the same angles for every head. Kernels consume
+    precomputed cos/sin tables (:func:`reference.rope3d.rope_tables`).
+    """
+    _check_tensor("q", q)
+    _check_tensor("k", k)
+    _check_same(("q", "k"), (q, k))
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)} ([B, L, H, D])")
+    d = q.shape[3]
+    if d % 2:
+        raise ValueError(f"q/k head_dim D={d} must be even (interleaved complex pairs)")
+    if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) or len(grid) != 3:
+        raise ValueError(f"grid must be a sequence (F, Hp, Wp) of 3 ints, got {grid!r}")
+    for i, g in enumerate(grid):
+        _check_int(f"grid[{i}]", g)
+        if g < 1:
+            raise ValueError(f"grid[{i}] must be >= 1, got grid={tuple(grid)}")
+    f, hp, wp = (int(g) for g in grid)
+    if f * hp * wp != q.shape[1]:
+        raise ValueError(
+            f"grid {tuple(grid)} gives F*Hp*Wp={f * hp * wp} tokens but q/k have L={q.shape[1]} (dim 1)"
+        )
+    _check_int("start_frame", start_frame)
+    if start_frame < 0:
+        raise ValueError(f"start_frame must be >= 0, got {start_frame}")
+    fp: list[int] | None = None
+    if frame_positions is not None:
+        if start_frame != 0:
+            raise ValueError(
+                f"pass either start_frame ({start_frame}) or frame_positions, not both: "
+                "frame_positions already gives every frame's time position"
+            )
+        if isinstance(frame_positions, torch.Tensor):
+            if (
+                frame_positions.dim() != 1
+                or frame_positions.is_floating_point()
+                or frame_positions.is_complex()
+            ):
+                raise TypeError(
+                    f"frame_positions tensor must be 1-D integer, got {frame_positions.dtype} "
+                    f"shape {tuple(frame_positions.shape)}"
+                )
+            fp = [int(x) for x in frame_positions.tolist()]
+        else:
+            if isinstance(frame_positions, (str, bytes)) or not isinstance(frame_positions, Sequence):
+                raise TypeError(
+                    f"frame_positions must be a sequence of ints, got {type(frame_positions).__name__}"
+                )
+            for i, p in enumerate(frame_positions):
+                _check_int(f"frame_positions[{i}]", p)
+            fp = list(frame_positions)
+        if len(fp) != f:
+            raise ValueError(f"frame_positions must have length F={f} (grid[0]), got {len(fp)}")
+        for i, p in enumerate(fp):
+            if p < 0:
+                raise ValueError(f"frame_positions[{i}] must be >= 0, got {p}")
+    if max_positions is not None:
+        _check_int("max_positions", max_positions)
+        if max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        t_max = max(fp) if fp is not None else start_frame + f - 1
+        for label, top in (("time", t_max), ("height", hp - 1), ("width", wp - 1)):
+            if top >= max_positions:
+                raise ValueError(
+                    f"max_positions={max_positions}: {label} position {top} is beyond the declared table "
+                    f"(positions must be < max_positions; grid={tuple(grid)}, start_frame={start_frame}, "
+                    f"frame_positions={'given' if fp is not None else None})"
+                )
+    be = resolve_backend(backend)
+    return _rope3d_op(q, k, [f, hp, wp], int(start_frame) if fp is None else 0, fp, be)
+
+
+def _resolve_scale(scale: float | None, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be finite and > 0, got {scale}")
+    return float(scale)
+
+
+def _check_bool(name: str, x: Any) -> None:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention reading and writing the per-head projection layout (no transposes).
+
+    Args:
+        q: ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``. Contiguous, one dtype (bf16 or fp32), same B, H, D;
+            ``Lq, Lk >= 1`` (any length, not only multiples of 128).
+        scale: softmax scale (finite, > 0), default ``1/sqrt(D)``.
+        return_lse: also return the natural log-sum-exp of the scaled scores, ``[B, Lq, H]`` fp32.
+        backend: see module docstring.
+
+    Returns:
+        ``out`` ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)`` when ``return_lse``. Statistics in fp32.
+    """
+    _check_tensor("q", q)
+    _check_tensor("k", k)
+    _check_tensor("v", v)
+    _check_same(("q", "k", "v"), (q, k, v))
+    _check_dims("k", k, "q", q, {0: "batch B", 2: "heads H", 3: "head_dim D"})
+    _check_dims("v", v, "k", k, {0: "batch B", 1: "length Lk", 2: "heads H", 3: "head_dim D"})
+    if q.shape[1] < 1:
+        raise ValueError(f"q must have Lq >= 1 tokens, got shape {tuple(q.shape)}")
+    if k.shape[1] < 1:
+        raise ValueError(f"k must have Lk >= 1 tokens, got shape {tuple(k.shape)}")
+    sc = _resolve_scale(scale, q.shape[3])
+    _check_bool("return_lse", return_lse)
+    be = resolve_backend(backend)
+    out, lse = _attention_op(q, k, v, sc, return_lse, be)
+    return (out, lse) if return_lse else out
+
+
+def check_segments(segments: Any, total: int, name: str = "segments") -> list[tuple[int, int]]:
+    """Validate ordered ``(start, length)`` segments over ``total`` tokens; return them as int pairs.
+
+    Rules: at least one segment; each ``length >= 1``, ``start >= 0``, ``start + length <= total``; no two
+    segments overlap (order is free: keys follow the given order).
+    """
+    if isinstance(segments, (str, bytes)) or not isinstance(segments, Sequence) or len(segments) == 0:
+        raise ValueError(f"{name} must be a non-empty sequence of (start, length) pairs, got {segments!r}")
+    out: list[tuple[int, int]] = []
+    for i, seg in enumerate(segments):
+        if isinstance(seg, (str, bytes)) or not isinstance(seg, Sequence) or len(seg) != 2:
+            raise ValueError(f"{name}[{i}] must be a (start, length) pair, got {seg!r}")
+        s, n = seg
+        _check_int(f"{name}[{i}].start", s)
+        _check_int(f"{name}[{i}].length", n)
+        if n < 1:
+            raise ValueError(f"{name}[{i}] = ({s}, {n}) is empty: length must be >= 1")
+        if s < 0 or s + n > total:
+            raise ValueError(f"{name}[{i}] = ({s}, {n}) is out of bounds of the KV buffer [0, {total})")
+        out.append((s, n))
+    ordered = sorted(out)
+    for (s0, n0), (s1, n1) in zip(ordered, ordered[1:]):
+        if s0 + n0 > s1:
+            raise ValueError(f"{name} overlap: ({s0}, {n0}) and ({s1}, {n1}) share tokens")
+    return out
+
+
+def attention_segments(
+    q: torch.Tensor,
+    kv_k: torch.Tensor,
+    kv_v: torch.Tensor,
+    segments: Sequence[tuple[int, int]],
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q over ordered segments of a KV buffer, read in place (never gathered by the kernel).
+
+    Args:
+        q: ``[B, Lq, H, D]``; kv_k, kv_v: KV buffers ``[B, S, H, D]`` (same shape). Contiguous, one dtype
+            (bf16 or fp32), same B, H, D.
+        segments: ordered, non-overlapping, non-empty ``(start, length)`` token ranges within ``[0, S)``;
+            keys/values are their concatenation in the given order (the raw op receives them flattened
+            as ``int[] [start0, length0, start1, length1, ...]``).
+        scale, return_lse, backend: as in :func:`attention`.
+
+    Returns:
+        ``out`` ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)`` with lse ``[B, Lq, H]`` fp32.
+    """
+    _check_tensor("q", q)
+    _check_tensor("kv_k", kv_k)
+    _check_tensor("kv_v", kv_v)
+    _check_same(("q", "kv_k", "kv_v"), (q, kv_k, kv_v))
+    _check_dims("kv_k", kv_k, "q", q, {0: "batch B", 2: "heads H", 3: "head_dim D"})
+    _check_dims(
+        "kv_v", kv_v, "kv_k", kv_k, {0: "batch B", 1: "buffer length S", 2: "heads H", 3: "head_dim D"}
+    )
+    if q.shape[1] < 1:
+        raise ValueError(f"q must have Lq >= 1 tokens, got shape {tuple(q.shape)}")
+    segs = check_segments(segments, kv_k.shape[1])
+    sc = _resolve_scale(scale, q.shape[3])
+    _check_bool("return_lse", return_lse)
+    be = resolve_backend(backend)
+    flat = [x for seg in segs for x in seg]
+    out, lse = _attention_segments_op(q, kv_k, kv_v, flat, sc, return_lse, be)
+    return (out, lse) if return_lse else out
+
+
+def _check_cache_block(
+    cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    _check_tensor("cache_k", cache_k)
+    _check_tensor("cache_v", cache_v)
+    _check_tensor("k", k)
+    _check_tensor("v", v)
+    _check_same(("cache_k", "cache_v", "k", "v"), (cache_k, cache_v, k, v))
+    if tuple(cache_v.shape) != tuple(cache_k.shape):
+        raise ValueError(
+            f"cache_v shape {tuple(cache_v.shape)} must equal cache_k shape {tuple(cache_k.shape)}"
+        )
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    _check_dims("k", k, "cache_k", cache_k, {0: "batch B", 2: "heads H", 3: "head_dim D"})
+    if k.shape[1] < 1:
+        raise ValueError(f"k must hold a block of T >= 1 tokens, got shape {tuple(k.shape)}")
+
+
+def kv_cache_write(
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot: int,
+    *,
+    backend: str | None = None,
+) -> None:
+    """Write one block's k/v into ring slot ``slot`` in place: cache tokens ``[slot*T, (slot+1)*T)``.
+
+    Args:
+        cache_k, cache_v: ``[B, S, H, D]`` contiguous, mutated in place.
+        k, v: ``[B, T, H, D]`` (same B, H, D and dtype as the caches; T >= 1).
+        slot: ``0 <= slot`` and ``(slot+1)*T <= S``.
+        backend: see module docstring.
+    Only the T new tokens are touched.
+    """
+    _check_cache_block(cache_k, cache_v, k, v)
+    _check_int("slot", slot)
+    t, s = k.shape[1], cache_k.shape[1]
+    if slot < 0 or (slot + 1) * t > s:
+        raise ValueError(
+            f"slot={slot} out of range: need 0 <= slot and (slot+1)*T <= S with T={t}, S={s} "
+            f"(valid slots 0..{s // t - 1})"
+        )
+    be = resolve_backend(backend)
+    _kv_cache_write_op(cache_k, cache_v, k, v, int(slot), be)
+
+
+def kv_cache_slide(
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink_tokens: int,
+    *,
+    backend: str | None = None,
+) -> None:
+    """Contiguous-cache roll in place: keep the sink, evict the oldest block after it, append the new block.
+
+    With T = k.shape[1], S = cache_k.shape[1]: tokens ``[sink_tokens + T, S)`` move to
+    ``[sink_tokens, S - T)`` and k/v are written to ``[S - T, S)``.
+
+    Args:
+        cache_k, cache_v: ``[B, S, H, D]`` contiguous, mutated in place.
+        k, v: ``[B, T, H, D]`` (same B, H, D and dtype as the caches; T >= 1).
+        sink_tokens: pinned leading tokens, ``0 <= sink_tokens`` and ``sink_tokens + T <= S``.
+        backend: see module docstring.
+    """
+    _check_cache_block(cache_k, cache_v, k, v)
+    _check_int("sink_tokens", sink_tokens)
+    t, s = k.shape[1], cache_k.shape[1]
+    if sink_tokens < 0 or sink_tokens + t > s:
+        raise ValueError(
+            f"sink_tokens={sink_tokens} out of range: need 0 <= sink_tokens <= S - T = {s} - {t}"
+        )
+    be = resolve_backend(backend)
+    _kv_cache_slide_op(cache_k, cache_v, k, v, int(sink_tokens), be)
+
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_ENV",
+    "attention",
+    "attention_segments",
+    "check_segments",
+    "kv_cache_slide",
+    "kv_cache_write",
+    "resolve_backend",
+    "rope3d",
+]
