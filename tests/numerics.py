@@ -1,0 +1,158 @@
+"""The one place that defines how close a kernel result must be to its reference.
+
+Rule (architecture.md, "Numerics")::
+
+    tolerance(dtype, ref_err) = K * ref_err + FLOORS[dtype]        with K = 2
+
+* ``ref_err`` is the reference's *own* error in that dtype: the max-abs difference between the reference
+  run on inputs rounded to ``dtype`` (output in ``dtype``) and the reference run on the original
+  high-precision inputs (float64 where the reference supports it, else float32). Get it with
+  :func:`reference_error`.
+* The kernel is then compared against the same high-precision baseline:
+  ``max|kernel(x.to(dtype)) - baseline| <= tolerance(dtype, ref_err)`` (use :func:`assert_within`).
+* ``FLOORS`` covers what the rule cannot see: a kernel may legitimately sum in another order than the
+  reference (flash-style online softmax over key tiles, merged partials), which costs a few ulps even when
+  ``ref_err`` is ~0 (e.g. fp32, where the reference *is* the baseline). Floors are absolute and assume
+  unit-scale inputs (``torch.randn``-like); scale them if your data is not.
+
+Measured once with ``/work/venv/bin/python -m tests.numerics`` (2026-12-01, torch 2.13.0 CPU), which
+runs :func:`measure_floors`: for each dtype, the max over seeds {0..7} and shapes
+{(B,Lq,Lk,H,D)} = {(1,130,200,2,64), (2,37,300,3,128), (1,256,513,1,32)} of
+  (a) reference attention vs the same attention computed as 1..4 key splits merged with
+      ``merge_attention`` (different accumulation order, partials rounded to ``dtype``), and
+  (b) reference rope3d vs rope3d computed from fp32 ``rope_tables`` in fp32 arithmetic (the kernel recipe),
+      grid (2,5,7), D in {64, 128}.
+Output of that run::
+
+    float32   attention split/merge 7.75e-07   rope tables 4.77e-07
+    bfloat16  attention split/merge 3.91e-03   rope tables 3.91e-03
+
+FLOORS are twice the larger maximum, rounded up to a power of two: float32 2**-19 (~1.9e-06),
+bfloat16 2**-7 (~7.8e-03, one bf16 ulp in [1, 2)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+K = 2.0
+"""Multiplier on the reference's own low-precision error."""
+
+FLOORS: dict[torch.dtype, float] = {
+    torch.float32: 2.0**-19,
+    torch.bfloat16: 2.0**-7,
+}
+"""Absolute error floors per dtype (unit-scale data); see the module docstring for the measurement."""
+
+
+def tolerance(dtype: torch.dtype, ref_err: float) -> float:
+    """``K * ref_err + FLOORS[dtype]`` (K = 2). ``ref_err`` from :func:`reference_error`."""
+    if dtype not in FLOORS:
+        raise ValueError(f"dtype {dtype} has no recorded floor; known: {list(FLOORS)}")
+    if ref_err < 0 or ref_err != ref_err:
+        raise ValueError(f"ref_err must be a non-negative number, got {ref_err}")
+    return K * float(ref_err) + FLOORS[dtype]
+
+
+def _flat(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _flat(item)]
+    raise TypeError(f"expected a tensor or a tuple/list of tensors, got {type(x).__name__}")
+
+
+def max_abs_err(actual: Any, expected: Any) -> float:
+    """Max absolute difference over a tensor or matching tuples of tensors (compared in float64)."""
+    a, e = _flat(actual), _flat(expected)
+    if len(a) != len(e):
+        raise ValueError(f"got {len(a)} tensors, expected {len(e)}")
+    worst = 0.0
+    for x, y in zip(a, e):
+        if tuple(x.shape) != tuple(y.shape):
+            raise ValueError(f"shape mismatch {tuple(x.shape)} vs {tuple(y.shape)}")
+        if x.numel():
+            worst = max(worst, (x.double() - y.double()).abs().max().item())
+    return worst
+
+
+def cast_inputs(inputs: Sequence[Any], dtype: torch.dtype) -> list[Any]:
+    """Floating tensors cast to ``dtype``; everything else passed through."""
+    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+
+
+def reference_error(
+    ref_fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    dtype: torch.dtype,
+    baseline_dtype: torch.dtype = torch.float64,
+    **kwargs: Any,
+) -> tuple[float, Any]:
+    """The reference's own error in ``dtype`` and the high-precision baseline output.
+
+    Runs ``ref_fn(*inputs cast to baseline_dtype, **kwargs)`` (the baseline) and
+    ``ref_fn(*inputs cast to dtype, **kwargs)``; returns ``(max_abs_err, baseline)``. ``inputs`` should be
+    the original high-precision tensors (fp32 or fp64). References that compute internally in fp32
+    (attention) give an fp32 baseline whatever ``baseline_dtype`` is; that is fine: the baseline then is
+    the fp32 reference, as architecture.md prescribes.
+    """
+    baseline = ref_fn(*cast_inputs(inputs, baseline_dtype), **kwargs)
+    low = ref_fn(*cast_inputs(inputs, dtype), **kwargs)
+    return max_abs_err(low, baseline), baseline
+
+
+def assert_within(
+    actual: Any, baseline: Any, dtype: torch.dtype, ref_err: float, what: str = "result"
+) -> float:
+    """Assert ``max_abs_err(actual, baseline) <= tolerance(dtype, ref_err)``; return the error."""
+    err = max_abs_err(actual, baseline)
+    tol = tolerance(dtype, ref_err)
+    assert err <= tol, (
+        f"{what}: max abs error {err:.3e} > tolerance {tol:.3e} "
+        f"(= {K} x reference {dtype} error {ref_err:.3e} + floor {FLOORS[dtype]:.3e})"
+    )
+    return err
+
+
+def measure_floors(seeds: Sequence[int] = tuple(range(8))) -> dict[torch.dtype, dict[str, float]]:
+    """Re-run the floor measurement recorded in the module docstring; returns the maxima per dtype."""
+    from reference.attention import attention, merge_attention
+    from reference.rope3d import rope3d, rope_tables
+
+    shapes = [(1, 130, 200, 2, 64), (2, 37, 300, 3, 128), (1, 256, 513, 1, 32)]
+    result: dict[torch.dtype, dict[str, float]] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        att = rope = 0.0
+        for seed in seeds:
+            g = torch.Generator().manual_seed(seed)
+            for b, lq, lk, h, d in shapes:
+                q, k, v = (torch.randn(b, n, h, d, generator=g).to(dtype) for n in (lq, lk, lk))
+                full = attention(q, k, v)
+                assert isinstance(full, torch.Tensor)
+                for parts in (2, 3, 4):
+                    bounds = torch.linspace(0, lk, parts + 1).round().long().tolist()
+                    outs, lses = [], []
+                    for lo, hi in zip(bounds, bounds[1:]):
+                        o, lse = attention(q, k[:, lo:hi], v[:, lo:hi], return_lse=True)
+                        outs.append(o)
+                        lses.append(lse)
+                    att = max(att, max_abs_err(merge_attention(outs, lses)[0], full))
+            for d in (64, 128):
+                grid = (2, 5, 7)
+                x = torch.randn(2, 70, 3, d, generator=g).to(dtype)
+                ref, _ = rope3d(x, x, grid, 3)
+                cos, sin = rope_tables(grid, d, 3)
+                xe, xo = x.float()[..., 0::2], x.float()[..., 1::2]
+                c, s = cos[None, :, None, :], sin[None, :, None, :]
+                alt = torch.stack([xe * c - xo * s, xe * s + xo * c], dim=-1).flatten(-2).to(dtype)
+                rope = max(rope, max_abs_err(alt, ref))
+        result[dtype] = {"attention split/merge": att, "rope tables": rope}
+    return result
+
+
+if __name__ == "__main__":
+    for dt, vals in measure_floors().items():
+        print(f"{str(dt).removeprefix('torch.'):9s} " + "   ".join(f"{k} {v:.2e}" for k, v in vals.items()))
