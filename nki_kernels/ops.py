@@ -7,8 +7,11 @@ only the public functions of this module, so one switch reaches every call:
 ``backend``
     ``"reference"`` (pure PyTorch, :mod:`reference`), ``"emulator"`` (the NKI kernels run on the bundled
     NKI 0.6 emulator) or ``"neuron"`` (the same kernels through the real ``nki`` package; raises unless it
-    is importable). ``None`` means: the environment variable ``NKI_ARDIFF_BACKEND`` read at *call* time,
-    else ``"reference"``. Anything else raises ``ValueError`` naming ``backend``.
+    is importable). ``None`` means: the environment variable ``NKI_ARDIFF_BACKEND`` read at *call* time
+    (inside the op when it runs, so compiled graphs honour it too), else ``"reference"``. Anything else,
+    including an unknown value of the variable, raises ``ValueError`` naming ``backend``. The emulator and
+    neuron backends call the same kernel entry points (``nki_kernels.<op>.<op>_emulated``), which run on
+    whatever :mod:`nki_kernels._nki` resolves.
 
 Common rules (checked before dispatch, on every backend, so code validated on the reference backend runs
 unchanged on the kernels):
@@ -68,6 +71,22 @@ def resolve_backend(backend: str | None = None) -> str:
     if backend == "neuron":
         _require_neuron()
     return backend
+
+
+_AUTO = ""
+"""Backend string the raw ops receive for ``backend=None``: resolved from the environment when the op runs,
+so a compiled graph still honours ``NKI_ARDIFF_BACKEND`` at call time (dynamo would otherwise bake the
+value read while tracing into the graph)."""
+
+
+def _op_backend(backend: str | None) -> str:
+    """Validate an explicit backend now; defer ``None`` to run time (see ``_AUTO``)."""
+    return _AUTO if backend is None else resolve_backend(backend)
+
+
+def _run_backend(backend: str) -> str:
+    """The backend a raw op executes with (called inside the op, i.e. at run time, never traced)."""
+    return resolve_backend(None if backend == _AUTO else backend)
 
 
 def _require_neuron() -> None:
@@ -184,7 +203,7 @@ def _rope3d_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     fp = list(frame_positions) if frame_positions is not None else None
-    if backend == "reference":
+    if _run_backend(backend) == "reference":
         from reference.rope3d import rope3d as ref_rope3d
 
         return ref_rope3d(q, k, tuple(grid), start_frame, fp)
@@ -202,7 +221,7 @@ def _(q, k, grid, start_frame, frame_positions, backend):  # type: ignore[no-unt
 def _attention_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, return_lse: bool, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if backend == "reference":
+    if _run_backend(backend) == "reference":
         from reference.attention import attention as ref_attention
 
         res: Any = ref_attention(q, k, v, scale=scale, return_lse=return_lse)
@@ -228,7 +247,7 @@ def _attention_segments_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     segs = [(segments[i], segments[i + 1]) for i in range(0, len(segments), 2)]
-    if backend == "reference":
+    if _run_backend(backend) == "reference":
         from reference.attention import attention_segments as ref_segments
 
         res: Any = ref_segments(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse)
@@ -248,7 +267,7 @@ def _(q, kv_k, kv_v, segments, scale, return_lse, backend):  # type: ignore[no-u
 def _kv_cache_write_op(
     cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: int, backend: str
 ) -> None:
-    if backend == "reference":
+    if _run_backend(backend) == "reference":
         from reference.kv_cache import kv_cache_write as ref_write
 
         ref_write(cache_k, cache_v, k, v, slot)
@@ -271,7 +290,7 @@ def _kv_cache_slide_op(
     sink_tokens: int,
     backend: str,
 ) -> None:
-    if backend == "reference":
+    if _run_backend(backend) == "reference":
         from reference.kv_cache import kv_cache_slide as ref_slide
 
         ref_slide(cache_k, cache_v, k, v, sink_tokens)
@@ -381,7 +400,7 @@ def rope3d(
                     f"(positions must be < max_positions; grid={tuple(grid)}, start_frame={start_frame}, "
                     f"frame_positions={'given' if fp is not None else None})"
                 )
-    be = resolve_backend(backend)
+    be = _op_backend(backend)
     return _rope3d_op(q, k, [f, hp, wp], int(start_frame) if fp is None else 0, fp, be)
 
 
@@ -433,7 +452,7 @@ def attention(
         raise ValueError(f"k must have Lk >= 1 tokens, got shape {tuple(k.shape)}")
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
-    be = resolve_backend(backend)
+    be = _op_backend(backend)
     out, lse = _attention_op(q, k, v, sc, return_lse, be)
     return (out, lse) if return_lse else out
 
@@ -501,7 +520,7 @@ def attention_segments(
     segs = check_segments(segments, kv_k.shape[1])
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
-    be = resolve_backend(backend)
+    be = _op_backend(backend)
     flat = [x for seg in segs for x in seg]
     out, lse = _attention_segments_op(q, kv_k, kv_v, flat, sc, return_lse, be)
     return (out, lse) if return_lse else out
@@ -552,7 +571,7 @@ def kv_cache_write(
             f"slot={slot} out of range: need 0 <= slot and (slot+1)*T <= S with T={t}, S={s} "
             f"(valid slots 0..{s // t - 1})"
         )
-    be = resolve_backend(backend)
+    be = _op_backend(backend)
     _kv_cache_write_op(cache_k, cache_v, k, v, int(slot), be)
 
 
@@ -583,7 +602,7 @@ def kv_cache_slide(
         raise ValueError(
             f"sink_tokens={sink_tokens} out of range: need 0 <= sink_tokens <= S - T = {s} - {t}"
         )
-    be = resolve_backend(backend)
+    be = _op_backend(backend)
     _kv_cache_slide_op(cache_k, cache_v, k, v, int(sink_tokens), be)
 
 
