@@ -667,16 +667,16 @@ def profile(trace: Trace, params: Trn2CostParams | None = None, cores: int = 1) 
         lat = times[top] + exposed
         lat_list.append(lat)
         serial = max(serial, sum(times.values()) + exposed)
-        for k, v in times.items():
-            busy_max[k] = max(busy_max[k], v)
-        for k, v in (
+        for name, v in times.items():
+            busy_max[name] = max(busy_max[name], v)
+        for name, v in (
             ("data", data),
             ("issue", issue),
             ("queue", queue),
             ("hbm", hbm),
             ("non_overlap", exposed),
         ):
-            terms[k] = max(terms[k], v)
+            terms[name] = max(terms[name], v)
         if lat > crit[0]:
             crit = (lat, top if times[top] > 0 else "none")
     latency = max(lat_list)
