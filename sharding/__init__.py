@@ -1,27 +1,10 @@
 """Hybrid TP (heads) x SP (queries/tokens) sharding of attention across NeuronCores.
 
-``sharding.plan`` is pure (no torch); ``sharding.attention`` and ``sharding.launch`` need
-``torch.distributed`` and are imported explicitly by callers.
+Submodules (imported explicitly; nothing is imported here, so ``python -m sharding.plan`` works and the
+package import has no side effects):
+
+* ``sharding.plan``: pure planner (no torch): ``plan``, ``plan_table``, ``ShardingPlan``, ``CommModel``.
+* ``sharding.attention``: sharded attention on ``torch.distributed``: ``build_groups``,
+  ``sharded_attention``, ``local_heads``, ``local_tokens``, ``token_splits``.
+* ``sharding.launch``: spawn gloo ranks on CPU: ``launch``, ``LaunchError``.
 """
-
-from sharding.plan import (
-    Alternative,
-    AttentionShape,
-    CommEstimate,
-    CommModel,
-    ShardingPlan,
-    is_legal_group_size,
-    plan,
-    plan_table,
-)
-
-__all__ = [
-    "Alternative",
-    "AttentionShape",
-    "CommEstimate",
-    "CommModel",
-    "ShardingPlan",
-    "is_legal_group_size",
-    "plan",
-    "plan_table",
-]

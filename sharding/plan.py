@@ -330,6 +330,7 @@ def plan(
     *,
     shape: AttentionShape | None = None,
     model: CommModel | None = None,
+    tp: int | None = None,
 ) -> ShardingPlan:
     """Choose the balanced TP x SP plan with the least modelled communication per layer.
 
@@ -341,6 +342,9 @@ def plan(
     heads split unevenly over the cores, Ulysses - is recorded in ``alternatives`` with the reason it
     was rejected.
 
+    ``tp`` forces a particular balanced factorisation (e.g. to test a layout); it raises ``ValueError``
+    with the rejection reason if that ``tp`` is not balanced and legal.
+
     Raises ``ValueError`` (naming the rule) if ``num_heads`` or ``num_cores`` < 1, or if no balanced
     plan exists (the message lists why each candidate failed); ``TypeError`` for non-int arguments.
     """
@@ -351,7 +355,11 @@ def plan(
 
     candidates: list[tuple[int, int, CommEstimate]] = []
     rejected: list[tuple[int, int, str, CommEstimate | None]] = []
-    for tp in sorted(set(_divisors(num_heads)) | set(_divisors(num_cores))):
+    forced = None if tp is None else _validate_int("tp", tp, 1)
+    tps = set(_divisors(num_heads)) | set(_divisors(num_cores))
+    if forced is not None:
+        tps.add(forced)
+    for tp in sorted(tps):
         if num_cores % tp:
             rejected.append((tp, 0, f"tp={tp} does not divide {num_cores} cores", None))
             continue
@@ -385,19 +393,27 @@ def plan(
             "collective group sizes (1, 2, 4, 8, 16 or a multiple of 32)."
         )
 
-    best_tp, best_sp, best_comm = min(candidates, key=lambda c: (c[2].total_s, c[2].total_bytes, -c[0]))
+    if forced is not None:
+        match = [c for c in candidates if c[0] == forced]
+        if not match:
+            why = next(w for t, _, w, _ in rejected if t == forced)
+            raise ValueError(
+                f"tp={forced} is not a balanced plan for {num_heads} heads on {num_cores} cores: {why}"
+            )
+        best_tp, best_sp, best_comm = match[0]
+    else:
+        best_tp, best_sp, best_comm = min(candidates, key=lambda c: (c[2].total_s, c[2].total_bytes, -c[0]))
 
     alternatives: list[Alternative] = []
     for tp, sp, comm in candidates:
         chosen = tp == best_tp
-        why = (
-            ""
-            if chosen
-            else (
-                f"more modelled communication ({comm.total_s * 1e6:.0f} us vs "
-                f"{best_comm.total_s * 1e6:.0f} us per layer)"
-            )
-        )
+        cmp = f"modelled communication {comm.total_s * 1e6:.0f} us vs {best_comm.total_s * 1e6:.0f} us"
+        if chosen:
+            why = ""
+        elif forced is not None:
+            why = f"not requested (tp={forced} forced); {cmp}"
+        else:
+            why = f"more {cmp}"
         hpc = num_heads // tp
         att = _attention_s(hpc, math.ceil(shape.num_queries / sp), shape, model)
         balance = num_heads * shape.num_queries / (num_cores * hpc * math.ceil(shape.num_queries / sp))
