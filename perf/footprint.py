@@ -1,0 +1,317 @@
+"""HBM footprint arithmetic of Rolling Forcing on one trn2 chip (all figures *modelled*, i.e. computed).
+
+Every item is a closed formula of the model/pipeline config (``rolling_forcing.config``), the sharding
+plan (``tp`` heads groups x ``sp`` query shards over ``cores``) and the storage dtypes; the formula is
+stored next to the value so the report can print it.  Items:
+
+* ``dit_weights``: parameter count of the Wan2.1 DiT (:func:`dit_param_count`) x weight bytes.  The plan
+  replicates weights on every core (``sharding/plan.py``: "weights replicated, not split"), so per core it is
+  the full model and per chip ``weight_copies`` copies (default: one per core; ``weight_copies=1`` is the
+  shared-buffer variant, which needs every core to read one HBM copy).
+* ``kv_cache``: the rolling buffer (sink + ring slots) of self-attention k and v for every layer:
+  ``buffer_tokens x dim x 2 (k, v) x layers x kv_bytes``; split over head groups (TP) and along SP, so
+  per core ``/ cores``.
+* ``text_kv``: cached cross-attention k and v: ``text_len x dim x 2 x layers x act_bytes``; each core keeps
+  its ``heads / tp`` heads, so per core ``/ tp`` and per chip ``x sp``.
+* ``activations``: peak per core of the merged forward's live tensors (:func:`activation_peak_bytes`),
+  per chip ``x cores``.
+* ``vae_weights``: decoder parameters (counted from diffusers' ``AutoencoderKLWan``, the Wan2.1 VAE) x
+  weight bytes, replicated like the DiT weights.
+* ``vae_workspace``: the streaming decoder's causal feature cache (``CACHE_T = 2`` input frames of every
+  causal 3-D conv) + the largest single conv's input+output while decoding one latent frame, from a
+  shape-only (meta-device) run of the decoder at the target resolution; split spatially over cores.
+
+Not included: the umT5-XXL text encoder (run once per prompt; it can be unloaded or run on the host),
+the runtime's own reservations, NEFF/instruction buffers, and fragmentation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rolling_forcing.config import ModelConfig, PipelineConfig
+
+__all__ = [
+    "FootprintItem",
+    "Footprint",
+    "VaeProbe",
+    "dit_param_count",
+    "model_at_resolution",
+    "kv_cache_bytes",
+    "activation_peak_bytes",
+    "vae_probe",
+    "footprint",
+]
+
+GB = 1e9
+
+
+def dit_param_count(m: ModelConfig) -> int:
+    """Parameters of the Wan2.1 causal DiT ``m`` (``shared/docs/rolling_forcing.md`` §1.1-1.3).
+
+    Per block: self-attn q,k,v,o ``4 (d^2 + d)`` + RMSNorm q,k ``2d``; cross-attn q,k,v,o ``4 (d^2 + d)`` +
+    RMSNorm q,k ``2d``; LN3 affine ``2d``; FFN ``d f + f + f d + d``; modulation ``6d``.  Outside:
+    patch embedding ``C_in ph pw d + d``, text embedding ``T d + d + d^2 + d``, time embedding
+    ``F d + d + d^2 + d``, time projection ``6 d^2 + 6d``, head ``d p + p`` + head modulation ``2d``.
+    """
+    d, f = m.dim, m.ffn_dim
+    block = 4 * (d * d + d) + 2 * d + 4 * (d * d + d) + 2 * d + 2 * d + (d * f + f + f * d + d) + 6 * d
+    _, ph, pw = m.patch_size
+    outside = (
+        m.in_channels * ph * pw * d
+        + d
+        + (m.text_dim * d + d + d * d + d)
+        + (m.freq_dim * d + d + d * d + d)
+        + (6 * d * d + 6 * d)
+        + (d * m.patch_out + m.patch_out + 2 * d)
+    )
+    return m.num_layers * block + outside
+
+
+def model_at_resolution(m: ModelConfig, height: int, width: int, vae_spatial_stride: int) -> ModelConfig:
+    """``m`` with its latent grid set for ``height x width`` pixels (must divide by stride x patch)."""
+    _, ph, pw = m.patch_size
+    for name, v, p in (("height", height, ph), ("width", width, pw)):
+        if not isinstance(v, int) or v < 1 or v % (vae_spatial_stride * p):
+            raise ValueError(
+                f"{name}={v!r} must be a positive multiple of VAE stride x patch = {vae_spatial_stride * p}"
+            )
+    return replace(m, latent_height=height // vae_spatial_stride, latent_width=width // vae_spatial_stride)
+
+
+def kv_cache_bytes(m: ModelConfig, p: PipelineConfig, kv_bytes: float) -> int:
+    """Self-attention KV buffer of all layers: ``buffer_tokens x dim x 2 x layers x kv_bytes``."""
+    return int(p.buffer_tokens(m) * m.dim * 2 * m.num_layers * kv_bytes)
+
+
+def merged_tokens(m: ModelConfig, p: PipelineConfig) -> int:
+    """Tokens of one merged forward: cache-update block + window (18 frames x tokens per frame)."""
+    return (p.frames_per_block + p.window_frames) * m.tokens_per_frame
+
+
+def activation_peak_bytes(
+    m: ModelConfig, p: PipelineConfig, tp: int, sp: int, act_bytes: int = 2
+) -> dict[str, int]:
+    """Live activation bytes per core in the two heaviest phases of one layer of the merged forward.
+
+    ``n = ceil(N / (tp sp))`` tokens per core (N = :func:`merged_tokens`); residual stream kept in fp32.
+    attention phase: residual ``4 n d`` + token-shard q,k,v ``3 n d b`` + regrouped local queries
+    ``ceil(N / sp) (H / tp) hd b`` + gathered new keys and values ``2 N (H / tp) hd b`` + attention output
+    ``ceil(N / sp) (H / tp) hd b``.  FFN phase: residual ``4 n d`` + normed input ``n d b`` + hidden
+    ``n f b`` + output ``n d b``.  Cached keys are read in place (no copy).
+    """
+    cores = tp * sp
+    n_tot = merged_tokens(m, p)
+    n = math.ceil(n_tot / cores)
+    hl = m.num_heads // tp
+    q_loc = math.ceil(n_tot / sp)
+    attn = 4 * n * m.dim + 3 * n * m.dim * act_bytes + q_loc * hl * m.head_dim * act_bytes
+    attn += 2 * n_tot * hl * m.head_dim * act_bytes + q_loc * hl * m.head_dim * act_bytes
+    ffn = 4 * n * m.dim + n * m.dim * act_bytes + n * m.ffn_dim * act_bytes + n * m.dim * act_bytes
+    return {"attention": attn, "ffn": ffn, "peak": max(attn, ffn)}
+
+
+@dataclass(frozen=True)
+class VaeLayer:
+    """One leaf module call of the VAE decoder: kind, input and output shapes, weight shape (or ())."""
+
+    kind: str
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class VaeProbe:
+    """Shape-only run of the Wan2.1 VAE decoder (diffusers ``AutoencoderKLWan`` defaults, meta device).
+
+    ``steady`` are the layer calls of ``frames`` steady-state latent frames (after the first, which the
+    causal decoder treats specially); ``first`` those of the first latent frame.
+    """
+
+    latent_hw: tuple[int, int]
+    frames: int
+    decoder_params: int
+    spatial_stride: int
+    temporal_stride: int
+    first: tuple[VaeLayer, ...]
+    steady: tuple[VaeLayer, ...]
+    feat_cache_elems: int
+    peak_layer_elems: int
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(math.prod(shape))
+
+
+@functools.lru_cache(maxsize=8)
+def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
+    """Record the VAE decoder's layer shapes for ``1 + frames`` latent frames of ``latent_h x latent_w``.
+
+    Runs on torch's meta device (no weights, no arithmetic): about a second on CPU.
+    """
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    with torch.device("meta"):
+        vae = AutoencoderKLWan().eval()
+    recs: list[VaeLayer] = []
+
+    def hook(mod: Any, inp: Any, out: Any) -> None:
+        w = getattr(mod, "weight", None)
+        recs.append(
+            VaeLayer(
+                type(mod).__name__,
+                tuple(inp[0].shape),
+                tuple(out.shape),
+                tuple(w.shape) if isinstance(w, torch.Tensor) else (),
+            )
+        )
+
+    handles = [mod.register_forward_hook(hook) for mod in vae.decoder.modules() if not list(mod.children())]
+    try:
+        with torch.no_grad():
+            vae.decode(torch.empty(1, vae.config.z_dim, 1, latent_h, latent_w, device="meta"))
+            n_first = len(recs)
+            vae.decode(torch.empty(1, vae.config.z_dim, 1 + frames, latent_h, latent_w, device="meta"))
+    finally:
+        for h in handles:
+            h.remove()
+    first = tuple(recs[:n_first])
+    steady = tuple(recs[2 * n_first :])
+    causal = [r for r in first if r.kind == "WanCausalConv3d" and len(r.weight_shape) == 5]
+    # causal feature cache: CACHE_T = 2 input frames of every causal conv (per frame: C x H x W)
+    feat = sum(2 * r.in_shape[1] * _numel(r.in_shape[3:]) for r in causal)
+    peak = max(_numel(r.in_shape) + _numel(r.out_shape) for r in steady)
+    return VaeProbe(
+        latent_hw=(latent_h, latent_w),
+        frames=frames,
+        decoder_params=sum(p.numel() for p in vae.decoder.parameters())
+        + sum(p.numel() for p in vae.post_quant_conv.parameters()),
+        spatial_stride=int(vae.config.scale_factor_spatial),
+        temporal_stride=int(vae.config.scale_factor_temporal),
+        first=first,
+        steady=steady,
+        feat_cache_elems=feat,
+        peak_layer_elems=peak,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def vae_strides() -> tuple[int, int]:
+    """``(temporal, spatial)`` strides of the Wan2.1 VAE (diffusers ``AutoencoderKLWan`` config)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    with torch.device("meta"):
+        vae = AutoencoderKLWan()
+    return int(vae.config.scale_factor_temporal), int(vae.config.scale_factor_spatial)
+
+
+@dataclass(frozen=True)
+class FootprintItem:
+    name: str
+    per_core: int
+    per_chip: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """HBM footprint of one configuration (bytes; *modelled* = computed, not measured)."""
+
+    label: str
+    cores: int
+    items: tuple[FootprintItem, ...]
+
+    @property
+    def per_core(self) -> int:
+        return sum(i.per_core for i in self.items)
+
+    @property
+    def per_chip(self) -> int:
+        return sum(i.per_chip for i in self.items)
+
+    def item(self, name: str) -> FootprintItem:
+        for i in self.items:
+            if i.name == name:
+                return i
+        raise KeyError(name)
+
+
+def footprint(
+    m: ModelConfig,
+    p: PipelineConfig,
+    *,
+    tp: int,
+    sp: int,
+    kv_bytes: float = 2,
+    weight_bytes: float = 2,
+    act_bytes: int = 2,
+    weight_copies: int | None = None,
+    vae: VaeProbe | None = None,
+    label: str = "",
+) -> Footprint:
+    """HBM footprint per core and per chip (see the module docstring for every formula).
+
+    ``tp x sp`` cores (the sharding plan); ``kv_bytes`` 2 (bf16) or 1 (fp8 KV cache); ``weight_copies``
+    copies of the weights on the chip (default ``tp x sp``: replicated per core); ``vae`` a
+    :func:`vae_probe` result (omit to leave the VAE out).
+    """
+    for name, v in (("tp", tp), ("sp", sp)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"footprint: {name} must be a positive int, got {v!r}")
+    if m.num_heads % tp:
+        raise ValueError(f"footprint: tp={tp} must divide num_heads={m.num_heads}")
+    if kv_bytes <= 0 or weight_bytes <= 0:
+        raise ValueError("footprint: kv_bytes and weight_bytes must be > 0")
+    cores = tp * sp
+    copies = cores if weight_copies is None else weight_copies
+    if not 1 <= copies <= cores:
+        raise ValueError(f"footprint: weight_copies must be in [1, {cores}], got {copies}")
+    w = int(dit_param_count(m) * weight_bytes)
+    kv = kv_cache_bytes(m, p, kv_bytes)
+    text = int(m.text_len * m.dim * 2 * m.num_layers * act_bytes)
+    act = activation_peak_bytes(m, p, tp, sp, act_bytes)["peak"]
+    items = [
+        FootprintItem(
+            "dit_weights",
+            w,
+            w * copies,
+            f"params {dit_param_count(m):,} x {weight_bytes} B x {copies} copies",
+        ),
+        FootprintItem(
+            "kv_cache",
+            math.ceil(kv / cores),
+            kv,
+            f"{p.buffer_tokens(m):,} tok x {m.dim} x 2 (k,v) x {m.num_layers} layers x {kv_bytes} B"
+            f", / {cores} cores",
+        ),
+        FootprintItem(
+            "text_kv",
+            text // tp,
+            text // tp * cores,
+            f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B; / tp={tp} per core, x sp={sp}",
+        ),
+        FootprintItem(
+            "activations", act, act * cores, "max(attention, FFN) phase live tensors per core x cores"
+        ),
+    ]
+    if vae is not None:
+        vw = int(vae.decoder_params * weight_bytes)
+        ws = int((vae.feat_cache_elems + vae.peak_layer_elems) * act_bytes)
+        items += [
+            FootprintItem(
+                "vae_weights", vw, vw * copies, f"decoder params {vae.decoder_params:,} x {weight_bytes} B"
+            ),
+            FootprintItem(
+                "vae_workspace",
+                math.ceil(ws / cores),
+                ws,
+                "(causal feat cache 2 frames x every conv input + largest conv in+out) x act bytes, / cores",
+            ),
+        ]
+    return Footprint(label=label, cores=cores, items=tuple(items))

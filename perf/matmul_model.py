@@ -1,0 +1,335 @@
+"""Modelled trn2 time of the dense (linear) layers: one traced tile-level NKI kernel, scaled.
+
+A linear layer ``y[M, N] = x[M, K] @ w[K, N]`` (bf16 in, fp32 PSUM accumulation, bf16 out) on one
+NeuronCore-v3 is modelled as a grid of identical *blocks*: ``ceil(M / block_m) x ceil(N / block_n)``
+launches of the tile-level kernel :func:`matmul_block_kernel`, each computing a ``[block_m, block_n]`` output
+block over the full ``K``.  One block is either
+
+* **traced** (:class:`TracedMatmulProvider`): the NKI kernel below runs trace-only in the project's
+  emulator (``nki_kernels.emulator.run``) and the trace goes through the trn2 cost model
+  (``nki_kernels.emulator.cost.profile``); or
+* **analytic** (:class:`AnalyticMatmulProvider`, the fallback while the emulator or cost model is not
+  importable): the same instruction mix counted by hand with the documented v3 instruction costs
+  (``shared/docs/trn2_cost_model.md`` section 4): ``nc_matmul`` ``max(64, N_moving)`` TensorE cycles at
+  2.4 GHz, ``nc_transpose`` 128x128 at 64 cycles, PSUM eviction ``max(64, N)`` cycles on VectorE at
+  0.96 GHz, DMA at the per-core HBM share, block latency ``max(engine busy) + fixed``.
+
+Both providers return a :class:`BlockProfile`; :func:`linear_profile` scales a block profile to the
+whole GEMM (block count x block time; a partial edge block is charged as a full block, which is what a
+kernel with static tile shapes does).  Every time here is *modelled*, never measured.
+
+Kernel layout (per block): ``x`` rows ``[block_m, K]`` are DMA'd row-contiguous into SBUF (``K * 2`` byte
+runs), each ``[128, 128]`` piece is transposed on TensorE into ``x^T`` (K on partitions) and evicted to
+SBUF; ``w`` ``[K, block_n]`` is DMA'd as ``K / 128`` tiles of ``[128, block_n]`` (``block_n * 2`` byte
+runs); for every 128-token tile, ``K / 128`` matmuls (stationary ``x^T`` ``[128 K, 128 tok]``, moving ``w``
+``[128 K, block_n]``) accumulate ``[128 tok, block_n]`` in one PSUM bank, which is evicted to SBUF (bf16) and
+stored row-contiguously.  ``block_m <= 1024`` keeps all 8 PSUM banks busy; ``block_n <= 512`` is the
+moving free-size limit.  The production kernel would keep ``x^T`` resident across the N blocks; this
+model reloads and re-transposes it per block, so it is conservative by that traffic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "MatmulHw",
+    "BlockProfile",
+    "LinearProfile",
+    "MatmulProvider",
+    "AnalyticMatmulProvider",
+    "TracedMatmulProvider",
+    "default_matmul_provider",
+    "linear_profile",
+    "matmul_block_kernel",
+]
+
+
+@dataclass(frozen=True)
+class MatmulHw:
+    """v3 constants of the analytic block model (``shared/docs/trn2_cost_model.md`` sections 1-4, 7).
+
+    ``tensor_hz`` 2.4 GHz TensorE; ``vector_hz`` 0.96 GHz VectorE; ``pmax`` 128 partitions;
+    ``min_cycles`` 64 (MIN_II / matmul floor, v2 prior); ``transpose_cycles`` 64 per 128x128 TensorE
+    transpose (profiler accounting); ``dma_peak_Bps`` 435 GB/s per core (16 engines x 27.2 GB/s, the
+    profiler's ``dma_ddr_bandwidth``) derated by the published efficiency curve of the contiguous run
+    length (:meth:`dma_eff`), capped at ``hbm_Bps_per_core`` 362 GB/s = 2.9 TB/s / 8 cores streaming at
+    once; ``fixed_s`` 2 us per block = 1.3 us DMA first-byte latency + 0.6 us hwdge issue (pipeline
+    fill and drain of one block).
+    """
+
+    tensor_hz: float = 2.4e9
+    vector_hz: float = 0.96e9
+    pmax: int = 128
+    min_cycles: int = 64
+    transpose_cycles: int = 64
+    hbm_Bps_per_core: float = 2.9e12 / 8
+    dma_peak_Bps: float = 435e9
+    fixed_s: float = 2.0e-6
+    peak_flops_per_core: float = 128 * 128 * 2 * 2.4e9
+
+    def dma_eff(self, run_bytes: int) -> float:
+        """Published trn2 DMA efficiency vs bytes per partition (doc section 3), step-interpolated."""
+        table = ((32, 0.014), (64, 0.026), (128, 0.05), (256, 0.10), (512, 0.21), (1024, 0.42), (2048, 0.81))
+        table = (*table, (4096, 0.97), (8192, 0.98), (16384, 0.99), (32768, 1.0))
+        eff = table[0][1]
+        for size, e in table:
+            if run_bytes >= size:
+                eff = e
+        return eff
+
+    def dma_s(self, nbytes: int, run_bytes: int) -> float:
+        """Modelled DMA time of ``nbytes`` moved in contiguous HBM runs of ``run_bytes``."""
+        return nbytes / min(self.hbm_Bps_per_core, self.dma_peak_Bps * self.dma_eff(run_bytes))
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """Modelled profile of one ``[block_m, block_n]`` output block over the full K (one core)."""
+
+    block_m: int
+    block_n: int
+    k: int
+    latency_s: float
+    engine_busy_s: dict[str, float]
+    dma_bytes: int
+    flops: int
+    instructions: int
+    source: str  # "traced" or "analytic"
+
+
+@dataclass(frozen=True)
+class LinearProfile:
+    """One GEMM ``[M, K] @ [K, N]`` on one core, as ``blocks`` x one :class:`BlockProfile`."""
+
+    name: str
+    m: int
+    k: int
+    n: int
+    blocks: int
+    block: BlockProfile
+    latency_s: float
+    flops: int  # useful FLOPs 2*M*K*N (padding of the edge blocks excluded)
+    dma_bytes: int
+    engine_busy_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tensor_util(self) -> float:
+        """Useful FLOPs over (latency x one core's dense bf16 peak)."""
+        return self.flops / (self.latency_s * MatmulHw().peak_flops_per_core) if self.latency_s else 0.0
+
+
+class MatmulProvider(Protocol):
+    """Pluggable source of block profiles (traced or analytic)."""
+
+    name: str
+
+    def block(self, block_m: int, k: int, block_n: int) -> BlockProfile: ...
+
+
+def _check_dims(block_m: int, k: int, block_n: int, pmax: int = 128) -> None:
+    if block_m < 1 or block_m > 8 * pmax or block_m % pmax:
+        raise ValueError(f"block_m must be a multiple of {pmax} in [{pmax}, {8 * pmax}], got {block_m}")
+    if k < 1 or k % pmax:
+        raise ValueError(f"k must be a positive multiple of {pmax} (pad K first), got {k}")
+    if block_n < 1 or block_n > 512:
+        raise ValueError(f"block_n must be in [1, 512] (TensorE moving free-size limit), got {block_n}")
+
+
+@dataclass(frozen=True)
+class AnalyticMatmulProvider:
+    """Hand-counted instruction mix of :func:`matmul_block_kernel` with documented v3 costs (modelled)."""
+
+    hw: MatmulHw = MatmulHw()
+    name: str = "analytic"
+
+    def block(self, block_m: int, k: int, block_n: int) -> BlockProfile:
+        _check_dims(block_m, k, block_n, self.hw.pmax)
+        hw, p = self.hw, self.hw.pmax
+        m_tiles, k_tiles = block_m // p, k // p
+        n_mm = m_tiles * k_tiles
+        n_tr = m_tiles * k_tiles
+        tensor_cyc = n_mm * max(hw.min_cycles, block_n) + n_tr * hw.transpose_cycles
+        # evictions: transposes [128,128] and outputs [128, block_n], VectorE max(64, N) cycles
+        vector_cyc = n_tr * max(hw.min_cycles, p) + m_tiles * max(hw.min_cycles, block_n)
+        x_bytes, w_bytes, o_bytes = block_m * k * 2, k * block_n * 2, block_m * block_n * 2
+        # x: [128, K] slices of full rows are contiguous; w: stored pre-blocked [N/bn, K, bn] offline
+        # (static weights), so a block is contiguous; out: rows of bn elements inside [M, N] rows.
+        dma_s = hw.dma_s(x_bytes, x_bytes) + hw.dma_s(w_bytes, w_bytes) + hw.dma_s(o_bytes, block_n * 2)
+        busy = {"tensor": tensor_cyc / hw.tensor_hz, "vector": vector_cyc / hw.vector_hz, "dma": dma_s}
+        latency = max(busy.values()) + hw.fixed_s
+        return BlockProfile(
+            block_m=block_m,
+            block_n=block_n,
+            k=k,
+            latency_s=latency,
+            engine_busy_s=busy,
+            dma_bytes=x_bytes + w_bytes + o_bytes,
+            flops=2 * block_m * k * block_n,
+            instructions=n_mm + 2 * n_tr + m_tiles * 2 + m_tiles + k_tiles,
+            source="analytic",
+        )
+
+
+def matmul_block_kernel(x: Any, w: Any) -> Any:
+    """NKI tile-level kernel: ``out[Mb, Nb] = x[Mb, K] @ w[K, Nb]``, bf16 in/out, fp32 PSUM.
+
+    Layouts: ``x`` ``[Mb, K]`` row-major HBM (tokens x features, the layout activations have), ``w``
+    ``[K, Nb]`` row-major HBM, ``out`` ``[Mb, Nb]`` row-major HBM.  Limits: ``Mb`` a multiple of 128 and
+    at most 1024 (8 PSUM banks); ``K`` a multiple of 128; ``Nb <= 512``.  Used trace-only to profile one
+    block of a linear layer (see the module docstring).
+    """
+    from nki_kernels._nki import nisa, nl
+
+    mb, k = x.shape
+    nb = w.shape[1]
+    p = 128
+    out = nl.ndarray((mb, nb), dtype=x.dtype, buffer=nl.shared_hbm)
+    # weight block resident: K/128 tiles [128 K, nb]
+    w_tiles = []
+    for kt in range(k // p):
+        wt = nl.ndarray((p, nb), dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=wt, src=w[kt * p : (kt + 1) * p, 0:nb])
+        w_tiles.append(wt)
+    for mt in range(mb // p):
+        xs = nl.ndarray((p, k), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x[mt * p : (mt + 1) * p, 0:k])
+        acc = nl.ndarray((p, nb), dtype=nl.float32, buffer=nl.psum)
+        for kt in range(k // p):
+            tp = nl.ndarray((p, p), dtype=x.dtype, buffer=nl.psum)
+            nisa.nc_transpose(dst=tp, data=xs[0:p, kt * p : (kt + 1) * p])
+            xt = nl.ndarray((p, p), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=xt, src=tp)
+            nisa.nc_matmul(dst=acc, stationary=xt, moving=w_tiles[kt], accumulate=(kt > 0))
+        ob = nl.ndarray((p, nb), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=ob, src=acc)
+        nisa.dma_copy(dst=out[mt * p : (mt + 1) * p, 0:nb], src=ob)
+    return out
+
+
+@dataclass
+class TracedMatmulProvider:
+    """Block profiles from a trace-only emulator run of :func:`matmul_block_kernel` + the trn2 cost model.
+
+    ``run`` / ``tensor_spec`` / ``profile`` default to ``nki_kernels.emulator.run``, ``TensorSpec`` and
+    ``nki_kernels.emulator.cost.profile``; construction raises ``ImportError`` when they are missing.
+    Profiles are cached per ``(block_m, k, block_n)`` for the lifetime of the provider.
+    """
+
+    run: Callable[..., Any] | None = None
+    tensor_spec: Callable[..., Any] | None = None
+    profile: Callable[..., Any] | None = None
+    params: Any = None
+    name: str = "traced"
+    _cache: dict[tuple[int, int, int], BlockProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.run is None or self.tensor_spec is None:
+            import nki_kernels.emulator as emu
+
+            self.run = self.run or emu.run
+            self.tensor_spec = self.tensor_spec or emu.TensorSpec
+        if self.profile is None:
+            from nki_kernels.emulator import cost
+
+            self.profile = cost.profile
+
+    def block(self, block_m: int, k: int, block_n: int) -> BlockProfile:
+        _check_dims(block_m, k, block_n)
+        key = (block_m, k, block_n)
+        if key not in self._cache:
+            assert self.run is not None and self.tensor_spec is not None and self.profile is not None
+            import ml_dtypes
+
+            bf16 = ml_dtypes.bfloat16
+            _, trace = self.run(
+                matmul_block_kernel,
+                self.tensor_spec((block_m, k), bf16),
+                self.tensor_spec((k, block_n), bf16),
+                trace_only=True,
+            )
+            prof = self.profile(trace) if self.params is None else self.profile(trace, params=self.params)
+            busy = {str(e): float(v) for e, v in _get(prof, "engine_busy_s", {}).items()}
+            self._cache[key] = BlockProfile(
+                block_m=block_m,
+                block_n=block_n,
+                k=k,
+                latency_s=float(_get(prof, "latency_s")),
+                engine_busy_s=busy,
+                dma_bytes=int(_get(prof, "dma_bytes", 0)),
+                flops=int(_get(prof, "flops", 2 * block_m * k * block_n)),
+                instructions=int(trace.num_instructions),
+                source="traced",
+            )
+        return self._cache[key]
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    """Read a field of a cost-model profile, tolerating the aliases its contract allows."""
+    aliases = {
+        "latency_s": ("latency_s", "modelled_latency_s", "latency"),
+        "engine_busy_s": ("engine_busy_s", "busy_s", "engine_busy"),
+        "dma_bytes": ("dma_bytes", "bytes", "hbm_bytes"),
+        "flops": ("flops",),
+    }
+    for a in aliases.get(name, (name,)):
+        if hasattr(obj, a):
+            return getattr(obj, a)
+        ns = a.replace("_s", "_ns")
+        if hasattr(obj, ns):
+            v = getattr(obj, ns)
+            return {k: x * 1e-9 for k, x in v.items()} if isinstance(v, dict) else v * 1e-9
+    if default is None:
+        raise AttributeError(f"cost-model profile has no field {name!r} (or aliases)")
+    return default
+
+
+def default_matmul_provider() -> MatmulProvider:
+    """The traced provider when the emulator and cost model import, else the analytic one."""
+    try:
+        return TracedMatmulProvider()
+    except (ImportError, AttributeError):
+        return AnalyticMatmulProvider()
+
+
+def linear_profile(
+    name: str,
+    m: int,
+    k: int,
+    n: int,
+    provider: MatmulProvider,
+    *,
+    block_m: int = 1024,
+    block_n: int = 512,
+) -> LinearProfile:
+    """Modelled time of ``[m, k] @ [k, n]`` on one core: block count x one block's modelled latency.
+
+    ``k`` is padded up to a multiple of 128 (zero rows cost the same as real ones).  The M blocking uses
+    ``ceil(m / block_m)`` blocks of equal size (a multiple of 128, at most ``block_m``), which keeps the
+    padding below 128 rows per block; ``block_n`` shrinks to ``n`` for small ``n``.
+    """
+    for arg, v in (("m", m), ("k", k), ("n", n)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"linear_profile: {arg} must be a positive int, got {v!r}")
+    kp = math.ceil(k / 128) * 128
+    nbm = math.ceil(m / block_m)
+    bm = math.ceil(m / nbm / 128) * 128
+    bn = min(block_n, n)
+    blk = provider.block(bm, kp, bn)
+    blocks = math.ceil(m / bm) * math.ceil(n / bn)
+    busy = {e: t * blocks for e, t in blk.engine_busy_s.items()}
+    return LinearProfile(
+        name=name,
+        m=m,
+        k=k,
+        n=n,
+        blocks=blocks,
+        block=blk,
+        latency_s=blk.latency_s * blocks,
+        flops=2 * m * k * n,
+        dma_bytes=blk.dma_bytes * blocks,
+        engine_busy_s=busy,
+    )
