@@ -407,6 +407,15 @@ def test_programs_spread_over_cores() -> None:
     assert len(two.per_core_latency_ns) == 2
 
 
+def test_dma_starved_tensore_is_flagged() -> None:
+    """§4.3: TensorE throttling after idle gaps is not modelled; a DMA-bound kernel with matmuls says so."""
+    starved = profile(trace_of((matmul(), 10), (dma(256), 100)))
+    assert starved.bottleneck == "dma"
+    assert any("TensorE" in n for n in starved.notes)
+    assert "note" in starved.table()
+    assert profile(trace_of((matmul(), 10))).notes == ()
+
+
 def test_profile_input_validation() -> None:
     with pytest.raises(TypeError, match="trace"):
         profile([])  # type: ignore[arg-type]

@@ -159,7 +159,6 @@ class Trn2CostParams:
     # --- HBM ------------------------------------------------------------------------------------------
     hbm_stack_gbps: float = _p(725.0, "§1 2.9 TB/s over 4 stacks = ~725 GB/s per stack; §7 HBM cap")
     cores_per_hbm_stack: int = _p(2, "§1 each HBM stack is shared by 2 physical cores")
-    cores_per_chip: int = _p(8, "§1 8 physical NeuronCore-v3 per Trainium2 chip")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -514,6 +513,7 @@ class KernelProfile:
     tensore_busy_frac: float
     tensore_active_util: float
     dma_bound_ns: float
+    notes: tuple[str, ...] = ()
     kind: str = "modelled"
 
     @property
@@ -531,6 +531,7 @@ class KernelProfile:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["per_core_latency_ns"] = list(self.per_core_latency_ns)
+        d["notes"] = list(self.notes)
         d["descriptor_histogram"] = {str(k): v for k, v in self.descriptor_histogram.items()}
         d["hbm_bytes"] = self.hbm_bytes
         return d
@@ -578,6 +579,7 @@ class KernelProfile:
                 f"active {100 * self.tensore_active_util:.1f}%)",
             ),
         ]
+        kv += [("note", n) for n in self.notes]
         kw = max(len(k) for k, _ in kv)
         lines += [f"{k.ljust(kw)}  {v}" for k, v in kv]
         return "\n".join(lines)
@@ -683,6 +685,14 @@ def profile(trace: Trace, params: Trn2CostParams | None = None, cores: int = 1) 
     peak = p.peak_bf16_flops
     tensor_busy = busy_max["tensor"]
     dma_bound = max(moved / (cores * p.dma_peak_gbps), (hbm_r + hbm_w) / (cores * hbm_cap))
+    notes: list[str] = []
+    if crit[1] == "dma" and busy_max["tensor"] > 0:
+        notes.append(
+            "DMA-bound kernel with matmuls: hardware throttles TensorE after idle gaps (§4.3); not modelled, "
+            "real TensorE time may be longer"
+        )
+    if busy_max["vector"] > 0.5 * latency and busy_max["gpsimd"] > 0.5 * latency:
+        notes.append("VectorE and GpSimdE both >50% busy: they share the SBUF bus on v3 (§2.1); not modelled")
     return KernelProfile(
         kernel_name=trace.kernel_name,
         cores=cores,
@@ -713,6 +723,7 @@ def profile(trace: Trace, params: Trn2CostParams | None = None, cores: int = 1) 
         tensore_busy_frac=tensor_busy / latency if latency > 0 else 0.0,
         tensore_active_util=tensor_flops / (peak * tensor_busy * 1e-9 * cores) if tensor_busy > 0 else 0.0,
         dma_bound_ns=dma_bound,
+        notes=tuple(notes),
     )
 
 
