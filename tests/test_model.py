@@ -1,0 +1,108 @@
+"""CausalWanModel: Wan2.1 key names, shapes, per-frame behaviour, flow -> x0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rolling_forcing.config import PipelineConfig, get_preset
+from rolling_forcing.model import CausalWanModel, flow_to_x0, sinusoidal_embedding_1d
+
+CFG = get_preset("tiny")
+
+
+def _wan_keys(num_layers: int) -> set[str]:
+    keys = {
+        "patch_embedding.weight", "patch_embedding.bias",
+        "text_embedding.0.weight", "text_embedding.0.bias", "text_embedding.2.weight", "text_embedding.2.bias",
+        "time_embedding.0.weight", "time_embedding.0.bias", "time_embedding.2.weight", "time_embedding.2.bias",
+        "time_projection.1.weight", "time_projection.1.bias",
+        "head.head.weight", "head.head.bias", "head.modulation",
+    }  # fmt: skip
+    for i in range(num_layers):
+        p = f"blocks.{i}."
+        keys.add(p + "modulation")
+        for a in ("self_attn", "cross_attn"):
+            for lin in "qkvo":
+                keys |= {f"{p}{a}.{lin}.weight", f"{p}{a}.{lin}.bias"}
+            keys |= {f"{p}{a}.norm_q.weight", f"{p}{a}.norm_k.weight"}
+        keys |= {p + "norm3.weight", p + "norm3.bias"}
+        keys |= {p + "ffn.0.weight", p + "ffn.0.bias", p + "ffn.2.weight", p + "ffn.2.bias"}
+    return keys
+
+
+def test_state_dict_keys_are_wan_names() -> None:
+    m = CausalWanModel(CFG)
+    assert set(m.state_dict()) == _wan_keys(CFG.num_layers)
+    sd = m.state_dict()
+    assert sd["time_projection.1.weight"].shape == (6 * CFG.dim, CFG.dim)
+    assert sd["blocks.0.modulation"].shape == (1, 6, CFG.dim)
+    assert sd["head.head.weight"].shape == (CFG.patch_out, CFG.dim)
+    assert sd["patch_embedding.weight"].shape == (CFG.dim, CFG.in_channels, *CFG.patch_size)
+
+
+def test_wan_1_3b_parameter_count() -> None:
+    # ~1.3B parameters for the real preset (meta device: no allocation)
+    with torch.device("meta"):
+        m = CausalWanModel(get_preset("wan2.1-1.3b"))
+    n = sum(p.numel() for p in m.parameters())
+    assert 1.2e9 < n < 1.5e9, n
+
+
+def test_init_random_is_seeded_and_non_trivial() -> None:
+    a = CausalWanModel(CFG).init_random(3)
+    b = CausalWanModel(CFG).init_random(3)
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa, pb), na
+        assert pa.abs().min() > 0 or pa.numel() > 1000, na
+
+
+def test_sinusoidal_embedding_matches_formula() -> None:
+    t = torch.tensor([0.0, 555.5556, 1000.0])
+    e = sinusoidal_embedding_1d(8, t)
+    for i, tv in enumerate(t.tolist()):
+        for k in range(4):
+            w = 10000 ** (-k / 4)
+            assert math.isclose(e[i, k].item(), math.cos(tv * w), abs_tol=1e-12)
+            assert math.isclose(e[i, 4 + k].item(), math.sin(tv * w), abs_tol=1e-12)
+
+
+def test_forward_full_shape_and_frame_coupling() -> None:
+    torch.manual_seed(0)
+    m = CausalWanModel(CFG).init_random(0)
+    x = torch.randn(2, CFG.in_channels, 3, CFG.latent_height, CFG.latent_width)
+    ctx = torch.randn(2, CFG.text_len, CFG.text_dim)
+    with torch.no_grad():
+        y = m.forward_full(x, torch.tensor([900.0, 100.0]), ctx)
+        assert y.shape == x.shape and torch.isfinite(y).all()
+        # full attention: changing frame 2 changes frame 0's output
+        x2 = x.clone()
+        x2[:, :, 2] += 1
+        y2 = m.forward_full(x2, torch.tensor([900.0, 100.0]), ctx)
+        assert (y2[:, :, 0] - y[:, :, 0]).abs().max() > 1e-4
+        # per-sample timestep matters, and samples are independent
+        y3 = m.forward_full(x, torch.tensor([900.0, 500.0]), ctx)
+        assert torch.allclose(y3[0], y[0], atol=1e-6) and (y3[1] - y[1]).abs().max() > 1e-4
+
+
+def test_bad_inputs_raise() -> None:
+    m = CausalWanModel(CFG)
+    x = torch.randn(1, CFG.in_channels, 3, CFG.latent_height, CFG.latent_width)
+    with pytest.raises(ValueError, match="text embeddings must be"):
+        m.forward_full(x, torch.tensor([1.0]), torch.randn(1, CFG.text_len, CFG.text_dim + 1))
+    with pytest.raises(ValueError, match="latents must be"):
+        m.forward_full(x[:, :, :, :4], torch.tensor([1.0]), torch.randn(1, CFG.text_len, CFG.text_dim))
+
+
+def test_flow_to_x0_uses_nearest_scheduler_sigma() -> None:
+    p = PipelineConfig()
+    table = p.scheduler_table()
+    xt = torch.randn(1, 2, 4, 2, 2)
+    flow = torch.randn(1, 2, 4, 2, 2)
+    ts = torch.tensor([[p.timesteps[1], p.timesteps[4] + 0.01]])
+    x0 = flow_to_x0(flow, xt, ts, table)
+    for f, sigma in enumerate((p.sigmas[1], p.sigmas[4])):
+        want = xt[0, f].double() - sigma * flow[0, f].double()
+        assert torch.allclose(x0[0, f].double(), want, atol=1e-6)
