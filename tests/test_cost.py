@@ -289,6 +289,12 @@ def test_vector_tensor_tensor_and_reduce() -> None:
     )
     assert instruction_cycles(elementwise(tt, "vector", 512, bf, ("sbuf",) * 3, (("op", "multiply"),))) == 256
     assert instruction_cycles(elementwise(tt, "vector", 512, bf, ("sbuf",) * 3, (("op", "divide"),))) == 512
+    # the emulator's meta key is "alu"
+    assert instruction_cycles(elementwise(tt, "vector", 512, bf, ("sbuf",) * 3, (("alu", "divide"),))) == 512
+    ts = elementwise(
+        "tensor_scalar", "vector", 256, ("float32",) * 2, ("sbuf",) * 2, (("alu", ("reciprocal", None)),)
+    )
+    assert instruction_cycles(ts) == 8 * 256
     red = TraceRecord(
         op="tensor_reduce",
         engine="vector",
@@ -314,6 +320,9 @@ def test_scalar_and_gpsimd_and_small_overhead() -> None:
     assert instruction_cycles(replace(act, meta=(("reduce", True),))) == 512 + 64
     assert instruction_cycles(elementwise("activation", "scalar", 1, f32, ("sbuf", "sbuf"))) == 64 + 100
     assert instruction_cycles(elementwise("iota", "gpsimd", 512, ("int32",), ("sbuf",))) == 150 + 512
+    # emulator convention: a reducing activation carries reduce_res [P, 1] as a third operand
+    red3 = replace(act, shapes=((128, 512), (128, 512), (128, 1)), dtypes=f32 + ("float32",))
+    assert instruction_cycles(red3) == 512 + 64
     acc = replace(P, access_start_cycles=60)
     assert instruction_cycles(act, acc) == 512 + 60
     with pytest.raises(ValueError, match="compute engine"):
@@ -372,6 +381,8 @@ def test_dma_issue_and_queue_bounds() -> None:
     assert static.engine_busy_ns["dma"] == pytest.approx(1000 * 1300 / 16)
     sw = profile(trace_of((dma(64, parts=1, dge="swdge"), 10)))
     assert sw.engine_busy_ns["gpsimd"] == pytest.approx(10 * 600)
+    indirect = replace(dma(64, parts=1), meta=(("indirect", 0),))
+    assert dma_record_cost(indirect).swdge_ns == 600 and dma_record_cost(indirect).issue_ns == 0
     with pytest.raises(ValueError, match="dge_mode"):
         dma_record_cost(dma(64, dge="fast"))
 

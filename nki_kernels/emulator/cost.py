@@ -17,9 +17,10 @@ busiest engine plus a non-overlap term of exposed DMA latency (the first load be
 the last store after it ends).  The serial bound is the sum of all engine times plus that term.
 
 Trace ``meta`` keys read (all optional): ``K``, ``M``, ``N`` (``nc_matmul``), ``is_transpose``,
-``reduce`` (an accumulating/reducing ``activation``), ``op`` (ALU op name), ``contiguous`` (innermost
-dimension contiguous; default true), ``dge_mode`` (``"hwdge"``, ``"swdge"``, ``"none"``; default
-:attr:`Trn2CostParams.default_dge_mode`).
+``reduce`` (a reducing ``activation``; also inferred from a third ``[P, 1]`` operand), ``alu`` or ``op``
+(ALU op name, or a tuple of names), ``contiguous`` (innermost dimension contiguous; default true),
+``dge_mode`` (``"hwdge"``, ``"swdge"``, ``"none"``; default :attr:`Trn2CostParams.default_dge_mode`, or
+``"swdge"`` when ``indirect`` is present).
 """
 
 from __future__ import annotations
@@ -331,7 +332,10 @@ def dma_record_cost(rec: TraceRecord, params: Trn2CostParams | None = None) -> D
         used = min(p.dma_engines, -(-rec.partitions // p.partitions_per_dma_engine))
     else:
         used = p.dma_engines
-    mode = str(rec.meta_dict().get("dge_mode", p.default_dge_mode)).removeprefix("dge_mode.")
+    meta = rec.meta_dict()
+    # indirect (runtime-indexed) DMAs need software DGE: "the only mode with gather/scatter" (§3)
+    default_mode = "swdge" if meta.get("indirect") is not None else p.default_dge_mode
+    mode = str(meta.get("dge_mode", default_mode)).removeprefix("dge_mode.")
     if mode not in ("hwdge", "swdge", "none", "unknown"):
         raise ValueError(f"dma_record_cost: meta dge_mode must be hwdge/swdge/none, got {mode!r}")
     if mode == "unknown":
@@ -363,10 +367,22 @@ def _meta_flag(meta: dict[str, object], *keys: str) -> bool:
     return any(bool(meta.get(k)) for k in keys)
 
 
+def _alu_names(meta: dict[str, object]) -> tuple[str, ...]:
+    """ALU op names from ``meta["alu"]`` (emulator) or ``meta["op"]``: a name or a tuple of names."""
+    raw = meta.get("alu", meta.get("op", ""))
+    items = raw if isinstance(raw, (tuple, list)) else (raw,)
+    names = []
+    for op in items:
+        if op is None:
+            continue
+        name = getattr(op, "__name__", None) or str(op)
+        names.append(name.rsplit(".", 1)[-1].lower())
+    return tuple(names)
+
+
 def _alu(meta: dict[str, object]) -> str:
-    op = meta.get("op", meta.get("op0", ""))
-    name = getattr(op, "__name__", None) or str(op)
-    return name.rsplit(".", 1)[-1].lower()
+    names = _alu_names(meta)
+    return names[0] if len(names) == 1 else ""
 
 
 def _matmul_dims(rec: TraceRecord) -> tuple[int, int, int]:
@@ -412,7 +428,7 @@ def _vector_cycles(rec: TraceRecord, n: int, p: Trn2CostParams) -> float:
     if op == "memset":
         cyc = n / 2 if rec.dtypes and rec.dtypes[0] in _LOW_PRECISION else n
         return max(floor, cyc)
-    if op == "reciprocal" or alu == "reciprocal":
+    if op == "reciprocal" or "reciprocal" in _alu_names(meta):
         return max(floor, p.vector_reciprocal_factor * n)
     if op == "tensor_tensor":
         src_low = all(d in _LOW_PRECISION for d in rec.dtypes[1:])
@@ -452,7 +468,11 @@ def instruction_cycles(rec: TraceRecord, params: Trn2CostParams | None = None) -
         n = max(n, _free(rec.shapes[1]))
     if rec.engine == "scalar":
         cyc = float(max(p.scalar_min_ii_cycles, n))
-        if rec.op.endswith("_reduce") or _meta_flag(rec.meta_dict(), "reduce", "reduce_res", "has_reduce"):
+        reduces = rec.op.endswith("_reduce") or _meta_flag(
+            rec.meta_dict(), "reduce", "reduce_res", "has_reduce"
+        )
+        # the emulator records a reducing activation as shapes (dst, data, reduce_res[P, 1])
+        if reduces or (rec.op == "activation" and len(rec.shapes) >= 3 and _free(rec.shapes[-1]) == 1):
             cyc += p.scalar_accumulate_cycles
     elif rec.engine == "gpsimd":
         cyc = float(p.gpsimd_start_cycles + n)
