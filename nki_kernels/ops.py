@@ -90,9 +90,14 @@ def _run_backend(backend: str) -> str:
 
 
 def _require_neuron() -> None:
+    import importlib.util
+
     from nki_kernels import _nki
 
-    name = _nki.backend_name()
+    # without an installed `nki` there is nothing to resolve (and no need to load the emulator)
+    name = (
+        _nki.backend_name() if importlib.util.find_spec("nki") is not None else "no `nki` package installed"
+    )
     if name != "nki":
         raise RuntimeError(
             "backend='neuron' needs the real NKI package (`import nki` must succeed and "
