@@ -474,3 +474,41 @@ def test_every_param_names_its_source() -> None:
 def test_param_validation(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Trn2CostParams(**kwargs)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------- emulator integration
+@pytest.mark.emulator
+def test_profile_of_an_emulated_kernel() -> None:
+    """End to end: a matmul kernel run by the emulator; its trace is priced by the same formulas."""
+    np = pytest.importorskip("numpy")
+    from nki_kernels.emulator import isa as nisa
+    from nki_kernels.emulator import language as nl
+    from nki_kernels.emulator import run
+
+    def mm(a_t, b):  # type: ignore[no-untyped-def]
+        k, m = a_t.shape
+        n = b.shape[1]
+        out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.ndarray((k, m), dtype=a_t.dtype, buffer=nl.sbuf)
+        bt = nl.ndarray((k, n), dtype=b.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=at, src=a_t)
+        nisa.dma_copy(dst=bt, src=b)
+        ps = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=at, moving=bt)
+        o = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=o, src=ps)
+        nisa.dma_copy(dst=out, src=o)
+        return out
+
+    rng = np.random.default_rng(0)
+    a = rng.random((128, 128), dtype=np.float32)
+    b = rng.random((128, 512), dtype=np.float32)
+    out, trace = run(mm, a, b)
+    np.testing.assert_allclose(out, a.T @ b, rtol=1e-5)
+    prof = profile(trace)
+    assert prof.engine_busy_ns["tensor"] == pytest.approx((4 * 512 + 10) / 2.4)  # fp32 matmul: 4x
+    assert prof.engine_busy_ns["vector"] == pytest.approx(512 / 2 / 0.96)  # PSUM operand: perf mode 2x
+    assert prof.descriptor_histogram == {512: 128, 2048: 256}
+    per_engine = 8 * 512 / (23.0 * 0.21) + 2 * 8 * 2048 / (23.0 * 0.81)
+    assert prof.dma_data_ns == pytest.approx(per_engine)
+    assert prof.latency_ns == pytest.approx(max(per_engine, 3 * 300.0) + 2 * 1300)
