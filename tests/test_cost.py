@@ -485,7 +485,7 @@ def test_profile_of_an_emulated_kernel() -> None:
     from nki_kernels.emulator import language as nl
     from nki_kernels.emulator import run
 
-    def mm(a_t, b):  # type: ignore[no-untyped-def]
+    def mm(a_t, b):
         k, m = a_t.shape
         n = b.shape[1]
         out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
