@@ -1,0 +1,118 @@
+"""Per-launch state of the emulator: current program, trace, allocation accounting, hardware limits.
+
+Only one kernel launch runs at a time (LNC2 programs run sequentially), so the state is a module-level
+stack; :func:`current` raises when an NKI op is used outside a launch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from .errors import EmulatorWarning, LaunchError, PsumLimitError, SbufCapacityError
+from .hw import HwConfig
+from .trace import Trace, TraceRecord
+
+
+class Launch:
+    """Mutable state of one kernel launch (all its logical cores)."""
+
+    __slots__ = (
+        "hw",
+        "trace",
+        "trace_only",
+        "program_id",
+        "num_programs",
+        "sbuf_used",
+        "psum_used",
+        "shared_allocs",
+        "shared_index",
+        "records",
+        "act_acc",
+        "epoch",
+    )
+
+    def __init__(self, hw: HwConfig, trace: Trace, trace_only: bool, num_programs: int) -> None:
+        self.hw = hw
+        self.trace = trace
+        self.trace_only = trace_only
+        self.program_id = 0
+        self.num_programs = num_programs
+        self.sbuf_used = 0
+        self.psum_used = 0
+        self.shared_allocs: list[Any] = []
+        self.shared_index = 0
+        self.records: dict[tuple, TraceRecord] = {}
+        self.act_acc: dict[int, Any] = {}
+        self.epoch = 0
+
+    def start_program(self, pid: int) -> None:
+        self.program_id = pid
+        self.shared_index = 0
+        self.sbuf_used = 0
+        self.psum_used = 0
+        self.act_acc = {}
+        self.epoch += 1
+
+    # allocation accounting -------------------------------------------------------------------------
+    def alloc_onchip(self, kind: str, pbytes: int, shape: tuple[int, ...], dtype: str, name: str) -> None:
+        hw = self.hw
+        if kind == "sbuf":
+            new = self.sbuf_used + pbytes
+            if hw.check_sbuf_capacity and new > hw.sbuf_bytes_per_partition:
+                raise SbufCapacityError(
+                    f"[sbuf-capacity] allocating SBUF tensor {name or '<unnamed>'} {list(shape)} {dtype} "
+                    f"({pbytes} B/partition) brings live SBUF to {new} B/partition, over the "
+                    f"{hw.sbuf_bytes_per_partition} B/partition budget (HwConfig.sbuf_bytes_per_partition)"
+                )
+            self.sbuf_used = new
+        else:
+            total = hw.psum_bytes_per_partition
+            if pbytes > total:
+                raise PsumLimitError(
+                    f"[psum-total] PSUM tensor {name or '<unnamed>'} {list(shape)} {dtype} needs {pbytes} "
+                    f"B/partition, PSUM has {total} B/partition ({hw.psum_num_banks} banks x "
+                    f"{hw.psum_bank_bytes} B)"
+                )
+            new = self.psum_used + pbytes
+            if hw.check_psum_capacity and new > total:
+                raise PsumLimitError(
+                    f"[psum-total] allocating PSUM tensor {name or '<unnamed>'} {list(shape)} {dtype} "
+                    f"({pbytes} B/partition) brings live PSUM to {new} B/partition, over the {total} "
+                    f"B/partition of {hw.psum_num_banks} banks x {hw.psum_bank_bytes} B"
+                )
+            self.psum_used = new
+
+    def free_onchip(self, kind: str, pbytes: int) -> None:
+        if kind == "sbuf":
+            self.sbuf_used -= pbytes
+        else:
+            self.psum_used -= pbytes
+
+
+_STACK: list[Launch] = []
+
+
+def current() -> Launch:
+    if not _STACK:
+        raise LaunchError(
+            "[launch] NKI emulator ops must run inside a kernel launch (call a @nki.jit kernel, "
+            "nki.simulate(kernel)(...) or emulator.run(kernel, ...))"
+        )
+    return _STACK[-1]
+
+
+def active() -> Launch | None:
+    return _STACK[-1] if _STACK else None
+
+
+def push(launch: Launch) -> None:
+    _STACK.append(launch)
+
+
+def pop() -> None:
+    _STACK.pop()
+
+
+def warn(msg: str) -> None:
+    warnings.warn(msg, EmulatorWarning, stacklevel=3)
