@@ -218,7 +218,7 @@ def _rope3d_op(
 
 
 @_rope3d_op.register_fake
-def _(q, k, grid, start_frame, frame_positions, backend):  # type: ignore[no-untyped-def]
+def _(q, k, grid, start_frame, frame_positions, backend):
     return torch.empty_like(q), torch.empty_like(k)
 
 
@@ -237,7 +237,7 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _(q, k, v, scale, return_lse, backend):  # type: ignore[no-untyped-def]
+def _(q, k, v, scale, return_lse, backend):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
@@ -264,7 +264,7 @@ def _attention_segments_op(
 
 
 @_attention_segments_op.register_fake
-def _(q, kv_k, kv_v, segments, scale, return_lse, backend):  # type: ignore[no-untyped-def]
+def _(q, kv_k, kv_v, segments, scale, return_lse, backend):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
@@ -282,7 +282,7 @@ def _kv_cache_write_op(
 
 
 @_kv_cache_write_op.register_fake
-def _(cache_k, cache_v, k, v, slot, backend):  # type: ignore[no-untyped-def]
+def _(cache_k, cache_v, k, v, slot, backend):
     return None
 
 
@@ -305,7 +305,7 @@ def _kv_cache_slide_op(
 
 
 @_kv_cache_slide_op.register_fake
-def _(cache_k, cache_v, k, v, sink_tokens, backend):  # type: ignore[no-untyped-def]
+def _(cache_k, cache_v, k, v, sink_tokens, backend):
     return None
 
 
