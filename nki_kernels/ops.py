@@ -170,10 +170,18 @@ def _split_out_lse(res: Any, return_lse: bool, q: torch.Tensor) -> tuple[torch.T
         out, lse = res
     else:
         out, lse = res, None
+    if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype:
+        raise RuntimeError(
+            f"kernel returned out {tuple(out.shape)} {out.dtype}; expected q's {tuple(q.shape)} {q.dtype}"
+        )
     if not return_lse:
         lse = q.new_empty((0,), dtype=torch.float32)
     elif lse is None:
         raise RuntimeError("kernel was asked for return_lse=True but returned no lse")
+    elif tuple(lse.shape) != tuple(q.shape[:3]):
+        raise RuntimeError(
+            f"kernel returned lse {tuple(lse.shape)}; expected [B, Lq, H] = {tuple(q.shape[:3])}"
+        )
     return out, lse.float()
 
 
@@ -214,6 +222,11 @@ def _rope3d_op(
         return ref_rope3d(q, k, tuple(grid), start_frame, fp)
     fn = _kernel("rope3d", "rope3d_emulated")
     qo, ko = fn(q, k, tuple(grid), start_frame=start_frame, frame_positions=fp)
+    for name, t in (("q", qo), ("k", ko)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
+            raise RuntimeError(
+                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
+            )
     return _fresh(qo, q, k), _fresh(ko, q, k)
 
 

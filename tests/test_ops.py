@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import reference
 from nki_kernels import ops
-from tests.numerics import assert_within, reference_error
+from tests.numerics import FLOORS, assert_within, reference_error, tolerance
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -387,6 +387,30 @@ def test_valid_edges_accepted() -> None:
     ops.kv_cache_write(CACHE.clone(), CACHE.clone(), BLOCK, BLOCK, 3)  # (3+1)*6 == 24
     ops.kv_cache_slide(CACHE.clone(), CACHE.clone(), BLOCK, BLOCK, 18)  # 18 + 6 == 24
     ops.attention_segments(Q, KV, KV, [(10, 10), (0, 10)])  # adjacent, reversed order
+
+
+# ---------------------------------------------------------------------------------------------- numerics
+
+
+def test_tolerance_rule() -> None:
+    for dtype in (F32, BF16):
+        assert tolerance(dtype, 0.0) == FLOORS[dtype] > 0
+        assert tolerance(dtype, 0.25) == 2 * 0.25 + FLOORS[dtype]
+    assert FLOORS[BF16] > FLOORS[F32]
+    with pytest.raises(ValueError, match="dtype"):
+        tolerance(torch.float16, 0.1)
+    with pytest.raises(ValueError, match="ref_err"):
+        tolerance(F32, float("nan"))
+    # the bf16 reference error of attention is real and positive, and a perturbed result fails the check
+    q, k, v = rnd(1, 20, 2, 16, seed=30), rnd(1, 30, 2, 16, seed=31), rnd(1, 30, 2, 16, seed=32)
+    ref_err, base = reference_error(reference.attention, [q, k, v], BF16)
+    assert 0 < ref_err < 0.05
+    good = reference.attention(q.to(BF16), k.to(BF16), v.to(BF16))
+    assert_within(good, base, BF16, ref_err)
+    bad = good.clone()
+    bad[0, 0, 0, 0] += 2 * tolerance(BF16, ref_err)
+    with pytest.raises(AssertionError, match="tolerance"):
+        assert_within(bad, base, BF16, ref_err)
 
 
 # ---------------------------------------------------------------------------------------------- backends
