@@ -11,8 +11,8 @@ stored next to the value so the report can print it.  Items:
 * ``kv_cache``: the rolling buffer (sink + ring slots) of self-attention k and v for every layer:
   ``buffer_tokens x dim x 2 (k, v) x layers x kv_bytes``; split over head groups (TP) and along SP, so
   per core ``/ cores``.
-* ``text_kv``: cached cross-attention k and v: ``text_len x dim x 2 x layers x act_bytes``; each core keeps
-  its ``heads / tp`` heads, so per core ``/ tp`` and per chip ``x sp``.
+* ``text_kv``: cached cross-attention k and v: ``text_len x dim x 2 x layers x act_bytes``; cross-attention
+  runs token-sharded over all heads (no communication), so every core keeps all of it (per chip ``x cores``).
 * ``activations``: peak per core of the merged forward's live tensors (:func:`activation_peak_bytes`),
   per chip ``x cores``.
 * ``vae_weights``: decoder parameters (counted from diffusers' ``AutoencoderKLWan``, the Wan2.1 VAE) x
@@ -292,9 +292,9 @@ def footprint(
         ),
         FootprintItem(
             "text_kv",
-            text // tp,
-            text // tp * cores,
-            f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B; / tp={tp} per core, x sp={sp}",
+            text,
+            text * cores,
+            f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B, on every core",
         ),
         FootprintItem(
             "activations", act, act * cores, "max(attention, FFN) phase live tensors per core x cores"
