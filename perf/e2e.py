@@ -27,8 +27,10 @@ the sharding plan (``sharding.plan.plan``: ``tp`` head groups x ``sp`` query sha
 * communication: the plan's modelled per-layer all-to-all + all-gather time (serial with compute);
 * launch overhead: one graph (NEFF) launch per forward at the measured ~150 us per-launch gap of the
   existing Trainium port, plus a fixed per-kernel-call cost inside the graph;
-* VAE decode of the finished block: the Wan2.1 VAE decoder's convs as implicit GEMMs through the same
-  matmul model, its norms/activations as elementwise passes, split spatially over all cores.
+* VAE decode of the finished block: the Wan2.1 VAE decoder's convs as implicit GEMMs (one
+  ``[pixels, C_in] @ [C_in, C_out]`` GEMM per kernel tap on the SBUF-resident input: the matmul model's
+  TensorE time x taps, floored by the input/output/weight HBM traffic), its norms/activations as
+  elementwise passes, split spatially over all cores (halo exchange ignored).
 """
 
 from __future__ import annotations
@@ -332,8 +334,13 @@ def vae_components(
             k = cin * math.prod(kern)
             pix = math.prod(r.out_shape[2:])
             mm = math.ceil(pix / cores)
-            prof = linear_profile(r.kind, mm, k, cout, matmul)
-            gemm_t += prof.latency_s
+            # implicit GEMM: one [M, Cin] @ [Cin, Cout] per kernel tap on the SBUF-resident input
+            # (TensorE time of the matmul model x taps); HBM traffic = input + output once + weights
+            taps = math.prod(kern)
+            prof = linear_profile(r.kind, mm, cin, cout, matmul)
+            tensor_s = prof.engine_busy_s.get("tensor", prof.latency_s) * taps
+            io = (math.prod(r.in_shape) + math.prod(r.out_shape)) // cores * 2 + cout * k * 2
+            gemm_t += max(tensor_s, io / params.hbm_Bps_per_core) + params.kernel_call_s
             gemm_flops += 2 * pix * k * cout
             launches += 1
             if r.kind == "Conv2d" and cout == 3 * cin:  # mid-block single-head spatial attention (qkv conv)

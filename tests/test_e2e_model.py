@@ -1,0 +1,142 @@
+"""Tests of the end-to-end performance model (perf/e2e.py, perf/footprint.py, perf/matmul_model.py).
+
+All figures under test are *modelled* (arithmetic), so the references are hand calculations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from perf.e2e import (
+    AnalyticKernels,
+    ChunkModel,
+    Component,
+    E2EParams,
+    chunk_model,
+    main,
+    summarize,
+)
+from perf.footprint import activation_peak_bytes, dit_param_count, footprint, kv_cache_bytes
+from perf.matmul_model import AnalyticMatmulProvider, BlockProfile, linear_profile
+from rolling_forcing.config import PipelineConfig, get_preset
+
+WAN = get_preset("wan2.1-1.3b")
+PIPE = PipelineConfig()
+
+
+def test_summation_of_known_parts():
+    parts = [
+        Component("a", "linear", 1e-3, 30, flops=10, per_layer=True),
+        Component("b", "attention", 2e-3, 30, flops=20, per_layer=True),
+        Component("c", "launch", 150e-6, 1, launches=0),
+        Component("d", "vae", 0.1, 1, flops=5),
+    ]
+    cm = ChunkModel("merged", 8, "TP4xSP2", 4, 2, tuple(parts), 12, E2EParams())
+    expected = 30 * 1e-3 + 30 * 2e-3 + 150e-6 + 0.1
+    assert cm.chunk_s == pytest.approx(expected, rel=1e-12)
+    assert cm.dit_s == pytest.approx(expected - 0.1, rel=1e-12)
+    assert sum(summarize(parts).values()) == pytest.approx(expected, rel=1e-12)
+    assert cm.flops == 30 * 10 + 30 * 20 + 5
+    assert cm.launches == 30 + 30 + 0 + 1
+    # fps / MFU / headroom arithmetic
+    assert cm.fps == pytest.approx(12 / expected)
+    assert cm.mfu == pytest.approx(cm.flops / (expected * 8 * 128 * 128 * 2 * 2.4e9))
+    assert cm.headroom(20.0) == pytest.approx(1 - expected / 0.6)
+
+
+def test_component_rejects_bad_group():
+    with pytest.raises(ValueError, match="group"):
+        Component("x", "nonsense", 1.0, 1)
+
+
+def test_kv_cache_hand_calculation():
+    # original contiguous 24-frame buffer: 37,440 tokens x 1,536 x 2 B x 2 (k, v) x 30 layers = 6.9 GB
+    assert PIPE.buffer_tokens(WAN) == 37_440
+    assert kv_cache_bytes(WAN, PIPE, 2) == 37_440 * 1_536 * 2 * 2 * 30
+    assert kv_cache_bytes(WAN, PIPE, 2) / 1e9 == pytest.approx(6.90, abs=0.01)
+    assert kv_cache_bytes(WAN, PIPE, 1) * 2 == kv_cache_bytes(WAN, PIPE, 2)
+
+
+def test_dit_params_hand_calculation():
+    d, f, layers = 1536, 8960, 30
+    per_block = 8 * d * d + 2 * d * f  # dominant weights only (no biases/norms)
+    n = dit_param_count(WAN)
+    assert per_block * layers < n < per_block * layers * 1.03  # biases, norms, embeddings are < 3 %
+    assert 1.3e9 < n < 1.5e9  # "1.3B" model, ~2.6-2.8 GB in bf16 (shared/docs/trn2_cost_model.md §5.3)
+
+
+def test_footprint_items_sum_and_sharding():
+    fp = footprint(WAN, PIPE, tp=4, sp=2, kv_bytes=2)
+    kv = fp.item("kv_cache")
+    assert kv.per_chip == kv_cache_bytes(WAN, PIPE, 2)
+    assert kv.per_core == math.ceil(kv.per_chip / 8)
+    w = fp.item("dit_weights")
+    assert w.per_chip == 8 * w.per_core  # replicated per core by default
+    assert fp.per_chip == sum(i.per_chip for i in fp.items)
+    shared = footprint(WAN, PIPE, tp=4, sp=2, kv_bytes=2, weight_copies=1)
+    assert fp.per_chip - shared.per_chip == 7 * w.per_core
+    fp8 = footprint(WAN, PIPE, tp=4, sp=2, kv_bytes=1)
+    assert fp.per_chip - fp8.per_chip == kv.per_chip // 2
+    with pytest.raises(ValueError, match="tp"):
+        footprint(WAN, PIPE, tp=5, sp=1)
+
+
+def test_activation_peak_hand_calculation():
+    a = activation_peak_bytes(WAN, PIPE, 4, 2)
+    n = math.ceil(28_080 / 8)
+    ffn = 4 * n * 1536 + n * 1536 * 2 + n * 8960 * 2 + n * 1536 * 2
+    assert a["ffn"] == ffn
+    assert a["peak"] == max(a["ffn"], a["attention"])
+
+
+def test_analytic_matmul_block_hand_calculation():
+    prov = AnalyticMatmulProvider()
+    b = prov.block(1024, 1536, 512)
+    # 8 token tiles x 12 K tiles matmuls of 512 cycles + as many 64-cycle transposes at 2.4 GHz
+    assert b.engine_busy_s["tensor"] == pytest.approx((96 * 512 + 96 * 64) / 2.4e9)
+    assert b.flops == 2 * 1024 * 1536 * 512
+    assert b.latency_s == pytest.approx(max(b.engine_busy_s.values()) + prov.hw.fixed_s)
+    with pytest.raises(ValueError, match="block_n"):
+        prov.block(128, 128, 1024)
+
+
+class _FixedBlocks:
+    name = "fixed"
+
+    def block(self, block_m: int, k: int, block_n: int) -> BlockProfile:
+        return BlockProfile(
+            block_m, block_n, k, 1e-6, {"tensor": 1e-6}, 0, 2 * block_m * k * block_n, 1, "fixed"
+        )
+
+
+def test_linear_profile_scales_blocks():
+    lp = linear_profile("x", 3_510, 1_536, 4_608, _FixedBlocks())
+    # M: ceil(3510/1024)=4 blocks of 896 rows; N: 4608/512 = 9 blocks
+    assert lp.block.block_m == 896
+    assert lp.blocks == 4 * 9
+    assert lp.latency_s == pytest.approx(36e-6)
+    assert lp.flops == 2 * 3_510 * 1_536 * 4_608
+
+
+def test_merged_vs_two_pass_flops_match_doc():
+    params = E2EParams()
+    kw = dict(vae=None, kernels=AnalyticKernels(params), matmul=_FixedBlocks(), params=params)
+    mg = chunk_model(WAN, PIPE, cores=8, variant="merged", **kw)
+    tw = chunk_model(WAN, PIPE, cores=8, variant="two_pass", **kw)
+    # shared/docs/trn2_cost_model.md §6: ~242 TFLOP per chunk for the two forwards
+    assert tw.dit_flops / 1e12 == pytest.approx(242.4, rel=0.02)
+    assert mg.dit_flops == pytest.approx(tw.dit_flops, rel=1e-3)
+    assert tw.launches > mg.launches
+
+
+def test_quick_command_writes_report(tmp_path):
+    assert main(["--quick", "--analytic", "--out-dir", str(tmp_path)]) == 0
+    report = (tmp_path / "REPORT_quick.md").read_text()
+    assert "modelled" in report and "published" in report
+    assert (tmp_path / "results" / "e2e_quick.png").stat().st_size > 0
+    rows = [json.loads(x) for x in (tmp_path / "results" / "e2e_quick.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in rows} == {"modelled"}
+    assert any(r["op"] == "e2e_chunk" and r["variant"] == "merged" and r["fps"] > 0 for r in rows)
