@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+SCORE_BUDGET_ELEMENTS = 1 << 26
+"""Max fp32 score elements held at once (256 MiB); longer queries are processed in row chunks."""
+
 
 def default_scale(head_dim: int) -> float:
     """Softmax scale used when ``scale=None``: ``1 / sqrt(head_dim)``."""
@@ -41,13 +44,24 @@ def attention(
     """
     if scale is None:
         scale = default_scale(q.shape[-1])
-    qf, kf, vf = q.float(), k.float(), v.float()
-    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
-    lse = torch.logsumexp(s, dim=-1)  # [B, H, Lq]
-    p = torch.exp(s - lse[..., None]) if s.shape[-1] else s
-    out = torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype).contiguous()
+    b, lq, h, _ = q.shape
+    kf, vf = k.float(), v.float()
+    # query rows are independent: process them in chunks so the fp32 score matrix stays bounded
+    rows = max(1, SCORE_BUDGET_ELEMENTS // max(1, b * h * k.shape[1]))
+    outs, lses = [], []
+    for lo in range(0, lq, rows):
+        qf = q[:, lo : lo + rows].float()
+        s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+        lse = torch.logsumexp(s, dim=-1)  # [B, H, rows]
+        p = torch.exp(s - lse[..., None]) if s.shape[-1] else s
+        outs.append(torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype))
+        lses.append(lse.permute(0, 2, 1))
+    out = torch.cat(outs, dim=1).contiguous() if outs else q.new_empty(q.shape)
     if return_lse:
-        return out, lse.permute(0, 2, 1).contiguous()
+        lse_all = (
+            torch.cat(lses, dim=1).contiguous() if lses else q.new_empty((b, lq, h), dtype=torch.float32)
+        )
+        return out, lse_all
     return out
 
 

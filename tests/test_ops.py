@@ -13,8 +13,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference
 from nki_kernels import ops
+from reference.attention import attention as ref_attention
+from reference.attention import attention_segments as ref_attention_segments
+from reference.kv_cache import kv_cache_slide as ref_kv_cache_slide
+from reference.kv_cache import kv_cache_write as ref_kv_cache_write
+from reference.rope3d import rope3d as ref_rope3d
 from tests.numerics import FLOORS, assert_within, reference_error, tolerance
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -46,12 +50,12 @@ def test_rope3d_op_matches_reference(
     seq = grid[0] * grid[1] * grid[2]
     q, k = rnd(b, seq, h, d, dtype=dtype, seed=1), rnd(b, seq, h, d, dtype=dtype, seed=2)
     qo, ko = ops.rope3d(q, k, grid, start, backend="reference")
-    qr, kr = reference.rope3d(q, k, grid, start)
+    qr, kr = ref_rope3d(q, k, grid, start)
     assert qo.dtype == dtype and qo.shape == q.shape
     assert torch.equal(qo, qr) and torch.equal(ko, kr)
     fp = [start + 2 * i for i in range(grid[0])]
     qo, ko = ops.rope3d(q, k, grid, frame_positions=fp, max_positions=1024)
-    assert torch.equal(qo, reference.rope3d(q, k, grid, frame_positions=fp)[0])
+    assert torch.equal(qo, ref_rope3d(q, k, grid, frame_positions=fp)[0])
 
 
 @given(
@@ -72,7 +76,7 @@ def test_attention_op_matches_reference(
         rnd(b, lk, h, d, dtype=dtype, seed=5),
     )
     res = ops.attention(q, k, v, return_lse=with_lse)
-    exp = reference.attention(q, k, v, return_lse=with_lse)
+    exp = ref_attention(q, k, v, return_lse=with_lse)
     if with_lse:
         assert isinstance(res, tuple) and isinstance(exp, tuple)
         assert res[1].shape == (b, lq, h) and res[1].dtype == F32
@@ -102,7 +106,7 @@ def test_attention_segments_op_matches_gathered(
     kv_k, kv_v = rnd(b, s, 2, 16, dtype=dtype, seed=7), rnd(b, s, 2, 16, dtype=dtype, seed=8)
     out, lse = ops.attention_segments(q, kv_k, kv_v, segments, scale=0.2, return_lse=True)
     idx = [a + i for a, n in segments for i in range(n)]
-    exp_out, exp_lse = reference.attention(q, kv_k[:, idx], kv_v[:, idx], scale=0.2, return_lse=True)
+    exp_out, exp_lse = ref_attention(q, kv_k[:, idx], kv_v[:, idx], scale=0.2, return_lse=True)
     assert torch.equal(out, exp_out) and torch.equal(lse, exp_lse)
 
 
@@ -120,8 +124,8 @@ def test_kv_cache_ops_match_reference(b: int, t: int, slots: int, dtype: torch.d
     ck, cv = rnd(b, s, 2, 8, dtype=dtype, seed=9), rnd(b, s, 2, 8, dtype=dtype, seed=10)
     k, v = rnd(b, t, 2, 8, dtype=dtype, seed=11), rnd(b, t, 2, 8, dtype=dtype, seed=12)
     for op, ref, arg in (
-        (ops.kv_cache_write, reference.kv_cache_write, slot),
-        (ops.kv_cache_slide, reference.kv_cache_slide, sink),
+        (ops.kv_cache_write, ref_kv_cache_write, slot),
+        (ops.kv_cache_slide, ref_kv_cache_slide, sink),
     ):
         a_k, a_v, e_k, e_v = ck.clone(), cv.clone(), ck.clone(), cv.clone()
         assert op(a_k, a_v, k, v, arg) is None
@@ -403,9 +407,9 @@ def test_tolerance_rule() -> None:
         tolerance(F32, float("nan"))
     # the bf16 reference error of attention is real and positive, and a perturbed result fails the check
     q, k, v = rnd(1, 20, 2, 16, seed=30), rnd(1, 30, 2, 16, seed=31), rnd(1, 30, 2, 16, seed=32)
-    ref_err, base = reference_error(reference.attention, [q, k, v], BF16)
+    ref_err, base = reference_error(ref_attention, [q, k, v], BF16)
     assert 0 < ref_err < 0.05
-    good = reference.attention(q.to(BF16), k.to(BF16), v.to(BF16))
+    good = ref_attention(q.to(BF16), k.to(BF16), v.to(BF16))
     assert_within(good, base, BF16, ref_err)
     bad = good.clone()
     bad[0, 0, 0, 0] += 2 * tolerance(BF16, ref_err)
@@ -447,9 +451,9 @@ class _Recorder:
             if fn == "rope3d_emulated":
                 return args[0], args[1] * 2  # q returned as-is: dispatch must not alias it
             if fn == "attention_emulated":
-                return reference.attention(*args, **kwargs)
+                return ref_attention(*args, **kwargs)
             if fn == "attention_segments_emulated":
-                return reference.attention_segments(*args, **kwargs)
+                return ref_attention_segments(*args, **kwargs)
             new_k, new_v = args[0].clone().fill_(7), args[1].clone().fill_(8)
             return new_k, new_v  # functional style: dispatch copies back into the caches
 
@@ -472,7 +476,7 @@ def test_emulator_dispatch_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
         "scale": 0.5,
         "return_lse": False,
     }
-    assert torch.equal(out, reference.attention(q, q, q, scale=0.5))
+    assert torch.equal(out, ref_attention(q, q, q, scale=0.5))
     ops.attention_segments(q, q, q, [(4, 2), (0, 3)], return_lse=True)
     name, args, kwargs = rec.calls[-1]
     assert name == "attention.attention_segments_emulated" and args[3] == [(4, 2), (0, 3)]
@@ -630,7 +634,7 @@ def test_emulator_rope3d_within_tolerance(dtype: torch.dtype) -> None:
         rnd(2, 42, 2, 32, dtype=torch.float64, seed=20),
         rnd(2, 42, 2, 32, dtype=torch.float64, seed=21),
     )
-    ref_err, base = reference_error(lambda q, k: reference.rope3d(q, k, grid, 5), [q64, k64], dtype)
+    ref_err, base = reference_error(lambda q, k: ref_rope3d(q, k, grid, 5), [q64, k64], dtype)
     got = ops.rope3d(q64.to(dtype), k64.to(dtype), grid, 5, backend="emulator")
     assert got[0].dtype == dtype
     assert_within(got, base, dtype, ref_err, "emulator rope3d")
@@ -641,12 +645,12 @@ def test_emulator_rope3d_within_tolerance(dtype: torch.dtype) -> None:
 def test_emulator_attention_within_tolerance(dtype: torch.dtype) -> None:
     _kernels_available("attention")
     q, k, v = rnd(1, 130, 2, 32, seed=22), rnd(1, 140, 2, 32, seed=23), rnd(1, 140, 2, 32, seed=24)
-    ref_err, base = reference_error(lambda *a: reference.attention(*a, return_lse=True), [q, k, v], dtype)
+    ref_err, base = reference_error(lambda *a: ref_attention(*a, return_lse=True), [q, k, v], dtype)
     got = ops.attention(q.to(dtype), k.to(dtype), v.to(dtype), return_lse=True, backend="emulator")
     assert_within(got, base, dtype, ref_err, "emulator attention")
     segs = [(100, 40), (0, 30)]
     ref_err, base = reference_error(
-        lambda *a: reference.attention_segments(*a, segs, return_lse=True), [q, k, v], dtype
+        lambda *a: ref_attention_segments(*a, segs, return_lse=True), [q, k, v], dtype
     )
     got = ops.attention_segments(
         q.to(dtype), k.to(dtype), v.to(dtype), segs, return_lse=True, backend="emulator"
@@ -661,8 +665,8 @@ def test_emulator_kv_cache_exact(dtype: torch.dtype) -> None:
     ck, cv = rnd(2, 40, 2, 16, dtype=dtype, seed=25), rnd(2, 40, 2, 16, dtype=dtype, seed=26)
     k, v = rnd(2, 9, 2, 16, dtype=dtype, seed=27), rnd(2, 9, 2, 16, dtype=dtype, seed=28)
     for op, ref, arg in (
-        (ops.kv_cache_write, reference.kv_cache_write, 3),
-        (ops.kv_cache_slide, reference.kv_cache_slide, 5),
+        (ops.kv_cache_write, ref_kv_cache_write, 3),
+        (ops.kv_cache_slide, ref_kv_cache_slide, 5),
     ):
         a_k, a_v, e_k, e_v = ck.clone(), cv.clone(), ck.clone(), cv.clone()
         op(a_k, a_v, k, v, arg, backend="emulator")
