@@ -6,11 +6,44 @@ video in memory. Frames are uint8 ``[T, H, W, 3]``; H and W must be even (yuv420
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """Pixel-side constants of Wan2.1 (``shared/docs/rolling_forcing.md`` §1.1).
+
+    ``fps``: sampling rate of the decoded video (16); ``temporal_stride``: video frames per latent frame
+    after the first (causal VAE, 4); ``spatial_stride``: pixels per latent pixel (8).
+    """
+
+    fps: float = 16.0
+    temporal_stride: int = 4
+    spatial_stride: int = 8
+
+    def __post_init__(self) -> None:
+        if self.fps <= 0 or self.temporal_stride < 1 or self.spatial_stride < 1:
+            raise ValueError(f"VideoSpec values must be positive, got {self}")
+
+    def video_frames(self, num_blocks: int, frames_per_block: int) -> int:
+        """Video frames of ``num_blocks`` blocks: ``stride * F - (stride - 1)`` for F latent frames."""
+        if num_blocks < 1:
+            return 0
+        return self.temporal_stride * num_blocks * frames_per_block - (self.temporal_stride - 1)
+
+    def blocks_for_seconds(self, seconds: float, frames_per_block: int) -> int:
+        """Fewest blocks whose decoded video lasts at least ``seconds`` at ``fps``."""
+        if not seconds > 0:
+            raise ValueError(f"seconds must be positive, got {seconds}")
+        want = math.ceil(seconds * self.fps - 1e-9)
+        per_block = self.temporal_stride * frames_per_block
+        return max(1, math.ceil((want + self.temporal_stride - 1) / per_block))
 
 
 class VideoWriter:
