@@ -384,6 +384,55 @@ def test_bad_input_raises_naming_the_argument(
         call()
 
 
+@given(
+    b=st.integers(1, 2),
+    s=st.integers(1, 300),
+    t=st.integers(1, 150),
+    slot=st.integers(-2, 12),
+    sink=st.integers(-2, 300),
+    dtype=st.sampled_from([BF16, F32]),
+)
+def test_cache_range_rules_property(b: int, s: int, t: int, slot: int, sink: int, dtype: torch.dtype) -> None:
+    """slot / sink_tokens are accepted exactly when the block fits, for arbitrary (non-128) lengths."""
+    ck, k = _q(b, s, 1, 4, dtype=dtype), torch.ones(b, t, 1, 4, dtype=dtype)
+    if slot >= 0 and (slot + 1) * t <= s:
+        ops.kv_cache_write(ck, ck.clone(), k, k, slot)
+        assert (ck[:, slot * t : (slot + 1) * t] == 1).all()
+    else:
+        with pytest.raises(ValueError, match=f"slot={slot} out of range"):
+            ops.kv_cache_write(ck, ck.clone(), k, k, slot)
+    if sink >= 0 and sink + t <= s:
+        ops.kv_cache_slide(ck, ck.clone(), k, k, sink)
+        assert (ck[:, s - t :] == 1).all()
+    else:
+        with pytest.raises(ValueError, match=f"sink_tokens={sink} out of range"):
+            ops.kv_cache_slide(ck, ck.clone(), k, k, sink)
+
+
+@given(
+    grid=st.tuples(st.integers(1, 4), st.integers(1, 9), st.integers(1, 9)),
+    extra=st.integers(-3, 3),
+    start=st.integers(0, 40),
+    table=st.integers(1, 48),
+)
+def test_rope_grid_and_table_rules_property(
+    grid: tuple[int, int, int], extra: int, start: int, table: int
+) -> None:
+    seq = grid[0] * grid[1] * grid[2] + extra
+    if seq < 1:
+        return
+    q = _q(2, seq, 1, 12, dtype=BF16)
+    fits = start + grid[0] - 1 < table and grid[1] - 1 < table and grid[2] - 1 < table
+    if extra != 0:
+        with pytest.raises(ValueError, match="grid"):
+            ops.rope3d(q, q, grid, start, max_positions=table)
+    elif not fits:
+        with pytest.raises(ValueError, match=f"max_positions={table}"):
+            ops.rope3d(q, q, grid, start, max_positions=table)
+    else:
+        ops.rope3d(q, q, grid, start, max_positions=table)
+
+
 def test_valid_edges_accepted() -> None:
     """The boundaries of each range rule are inclusive where they should be."""
     ops.rope3d(Q, Q, (1, 3, 4), 1023, max_positions=1024)  # last table row
