@@ -62,7 +62,7 @@ class RMSNorm(nn.Module):
 class LayerNorm(nn.LayerNorm):
     """LayerNorm returning the input dtype (Wan's ``WanLayerNorm``)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x).type_as(x)
 
 
@@ -207,7 +207,7 @@ class CausalWanModel(nn.Module):
             )
 
     def embed_text(self, context: torch.Tensor) -> torch.Tensor:
-        """``[B, L<=text_len, text_dim]`` -> zero-padded to text_len -> text_embedding -> ``[B, text_len, dim]``."""
+        """Zero-pad ``[B, L<=text_len, text_dim]`` to text_len; text_embedding -> ``[B, text_len, dim]``."""
         self._check_context(context)
         pad = self.cfg.text_len - context.shape[1]
         if pad:
@@ -221,7 +221,8 @@ class CausalWanModel(nn.Module):
         h = self.cfg.num_heads
         out = []
         for blk in self.blocks:
-            ca = blk.cross_attn  # type: ignore[union-attr]
+            assert isinstance(blk, WanBlock)
+            ca = blk.cross_attn
             k = ca.norm_k(ca.k(ctx)).view(b, lt, h, d // h)
             v = ca.v(ctx).view(b, lt, h, d // h)
             out.append((k, v))

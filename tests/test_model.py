@@ -16,8 +16,10 @@ CFG = get_preset("tiny")
 def _wan_keys(num_layers: int) -> set[str]:
     keys = {
         "patch_embedding.weight", "patch_embedding.bias",
-        "text_embedding.0.weight", "text_embedding.0.bias", "text_embedding.2.weight", "text_embedding.2.bias",
-        "time_embedding.0.weight", "time_embedding.0.bias", "time_embedding.2.weight", "time_embedding.2.bias",
+        "text_embedding.0.weight", "text_embedding.0.bias",
+        "text_embedding.2.weight", "text_embedding.2.bias",
+        "time_embedding.0.weight", "time_embedding.0.bias",
+        "time_embedding.2.weight", "time_embedding.2.bias",
         "time_projection.1.weight", "time_projection.1.bias",
         "head.head.weight", "head.head.bias", "head.modulation",
     }  # fmt: skip

@@ -1,0 +1,102 @@
+"""The rolling KV cache: per layer a sink slot plus a ring of block slots, and the text k/v cache.
+
+Layout per layer: ``k, v`` ``[B, buffer_slots * T, H, D]`` with T = tokens per block; slot ``i`` is
+tokens ``[i*T, (i+1)*T)``. Slot 0 holds the sink (block 0, un-roped); block ``b >= 1`` lives in ring
+slot ``rolling_forcing.schedule.slot_of(cfg, b)``. Writes go through ``nki_kernels.ops.kv_cache_write``;
+reads are token segments handed to ``nki_kernels.ops.attention_segments`` (in place). The stream
+position and the contents' meaning live in the pipeline's state, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nki_kernels import ops
+from rolling_forcing.config import ModelConfig, PipelineConfig
+
+
+@dataclass
+class LayerKVCache:
+    """KV buffers of one layer ``[B, S, H, D]`` (S = ``buffer_slots * tokens_per_block``) and its text k/v."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    tokens_per_block: int
+    text_k: torch.Tensor | None = None
+    text_v: torch.Tensor | None = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1] // self.tokens_per_block
+
+    def write(self, slot: int, k: torch.Tensor, v: torch.Tensor, *, backend: str | None = None) -> None:
+        """Write one block ``k, v`` ``[B, T, H, D]`` into ``slot`` in place (``ops.kv_cache_write``)."""
+        if k.shape[1] != self.tokens_per_block:
+            raise ValueError(f"a block write needs T={self.tokens_per_block} tokens, got k {tuple(k.shape)}")
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
+        ops.kv_cache_write(self.k, self.v, k.contiguous(), v.contiguous(), slot, backend=backend)
+
+    def block(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(k, v)`` ``[B, T, H, D]`` of ``slot``."""
+        t = self.tokens_per_block
+        return self.k[:, slot * t : (slot + 1) * t], self.v[:, slot * t : (slot + 1) * t]
+
+
+class RollingKVCache:
+    """All layers' KV buffers of one stream (allocated once; fixed size for any stream length)."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        pipe_cfg: PipelineConfig,
+        batch: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        num_heads: int | None = None,
+    ) -> None:
+        """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count)."""
+        dt = pipe_cfg.torch_dtype if dtype is None else dtype
+        h = model_cfg.num_heads if num_heads is None else num_heads
+        t = pipe_cfg.tokens_per_block(model_cfg)
+        s = pipe_cfg.buffer_tokens(model_cfg)
+        shape = (batch, s, h, model_cfg.head_dim)
+        self.layers = [
+            LayerKVCache(
+                torch.zeros(shape, dtype=dt, device=device), torch.zeros(shape, dtype=dt, device=device), t
+            )
+            for _ in range(model_cfg.num_layers)
+        ]
+
+    def set_text(self, text_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Install per-layer cross-attention k/v (the text cache) computed for a prompt."""
+        if len(text_kv) != len(self.layers):
+            raise ValueError(f"text_kv has {len(text_kv)} layers, the cache has {len(self.layers)}")
+        for layer, (k, v) in zip(self.layers, text_kv):
+            layer.text_k, layer.text_v = k, v
+
+    def text_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for i, layer in enumerate(self.layers):
+            if layer.text_k is None or layer.text_v is None:
+                raise RuntimeError(f"layer {i} has no text k/v: call set_text first")
+            out.append((layer.text_k, layer.text_v))
+        return out
+
+    def reset(self) -> None:
+        """Zero every buffer (a new stream)."""
+        for layer in self.layers:
+            layer.k.zero_()
+            layer.v.zero_()
+            layer.text_k = layer.text_v = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the self-attention KV buffers (all layers, k and v)."""
+        return sum(la.k.numel() * la.k.element_size() * 2 for la in self.layers)
+
+
+__all__ = ["LayerKVCache", "RollingKVCache"]

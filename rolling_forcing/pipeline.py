@@ -1,0 +1,354 @@
+"""The Rolling Forcing stream: rolling window, staggered noise, attention sink, dual KV-cache pass.
+
+Per window (plan from :func:`rolling_forcing.schedule.window_plan`):
+
+1. **Denoise pass** over the window's blocks at their staggered timesteps. Per layer: rope q/k of the
+   window, attend over [sink re-roped just before the working cache] + [working cache, read in place
+   from the ring with ``ops.attention_segments``] + [the window's own keys]. The original's placeholder
+   write of the start block is skipped: the update pass overwrites that slot before anything reads it
+   (the test against the reference loop, which does write it, checks this).
+2. **Re-noise** every block not at the last level to its next level with fresh noise.
+3. **Cache-update pass** of the start block's x0 at t = 0: its clean k/v go into its slot
+   (``ops.kv_cache_write``; the sink un-roped, other blocks roped in ``"absolute"`` mode) and it attends
+   to the last ``key_budget_blocks`` cached blocks (the sink only while it is among them).
+4. The start block, once at the last level, is final and yielded at once as a :class:`Chunk`.
+
+Partial attentions over disjoint key sets are merged exactly with their log-sum-exp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from nki_kernels import ops
+from rolling_forcing import schedule
+from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
+from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, add_noise, flow_to_x0
+from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One finished block of the stream.
+
+    Attributes:
+        block: block index (0-based); latent frames ``[block*fpb, (block+1)*fpb)``.
+        latents: final x0 latents ``[B, frames_per_block, C, H, W]`` in the pipeline dtype.
+        final: True: these latents never change again (every yielded chunk is final).
+        last: True for the stream's last block.
+        window: the window after which the block was finished.
+    """
+
+    block: int
+    latents: torch.Tensor
+    final: bool
+    last: bool
+    window: int
+
+
+class NoiseSource:
+    """Noise of a stream in the original's RNG order.
+
+    ``initial(block)``: the block's pure-noise input ``[B, fpb, C, H, W]``. With ``initial_noise`` given
+    (``[B, F, C, H, W]``, as the original draws up front) it is sliced from it; otherwise all of it is
+    drawn up front from ``generator`` when ``upfront=True`` (the original's order) or per block when it
+    enters the window (``upfront=False``: constant memory for endless streams; a different RNG order).
+    ``renoise(shape)``: a fresh sample over the whole window ``[B*n_frames, C, H, W]`` (the caller uses one
+    block's slice), drawn from ``generator`` (the global RNG when None).
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        frame_shape: tuple[int, int, int],
+        frames_per_block: int,
+        num_blocks: int,
+        dtype: torch.dtype,
+        *,
+        generator: torch.Generator | None = None,
+        initial_noise: torch.Tensor | None = None,
+        upfront: bool = True,
+    ) -> None:
+        self.batch, self.frame_shape, self.fpb, self.dtype = batch, frame_shape, frames_per_block, dtype
+        self.generator = generator
+        shape = (batch, num_blocks * frames_per_block, *frame_shape)
+        if initial_noise is not None:
+            if not isinstance(initial_noise, torch.Tensor):
+                raise TypeError(
+                    f"noise must be a torch.Tensor or NoiseSource, got {type(initial_noise).__name__}"
+                )
+            if tuple(initial_noise.shape) != shape:
+                raise ValueError(
+                    f"noise latents must be [B, F, C, H, W] = {shape} (F = num_blocks * frames_per_block), "
+                    f"got {tuple(initial_noise.shape)}"
+                )
+            self._initial: torch.Tensor | None = initial_noise.to(dtype)
+        elif upfront:
+            self._initial = self._randn(shape)
+        else:
+            self._initial = None
+
+    def _randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator, dtype=self.dtype)
+
+    def initial(self, block: int) -> torch.Tensor:
+        if self._initial is None:
+            return self._randn((self.batch, self.fpb, *self.frame_shape))
+        return self._initial[:, block * self.fpb : (block + 1) * self.fpb]
+
+    def renoise(self, num_frames: int) -> torch.Tensor:
+        return self._randn((self.batch * num_frames, *self.frame_shape))
+
+
+@dataclass
+class StreamState:
+    """Runtime state of one stream (owned by the pipeline; never global)."""
+
+    num_blocks: int
+    cache: RollingKVCache
+    noise: NoiseSource
+    window: int = 0
+    noisy: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> current noisy input
+    clean: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> x0 last cached (recache)
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Exact combination of attention partials ``(out, lse)`` over disjoint key sets."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])  # [P, B, Lq, H]
+    lse = torch.logsumexp(lses, dim=0)
+    out = sum(torch.exp(lses[i] - lse)[..., None] * o.float() for i, (o, _) in enumerate(parts))
+    assert isinstance(out, torch.Tensor)
+    return out.to(parts[0][0].dtype)
+
+
+class RollingForcingPipeline:
+    """Streaming Rolling Forcing on a :class:`~rolling_forcing.model.CausalWanModel`.
+
+    Args:
+        model: the DiT (weights in the dtype of ``pipe_cfg.dtype``).
+        model_cfg, pipe_cfg: configurations.
+        backend: ``nki_kernels.ops`` backend of every RoPE / attention / cache call (None: env/default).
+        positions: ``"absolute"`` (the original; at most ``rope_table_size`` latent frames) or
+            ``"relative"`` (positions re-based every pass; any length). None: ``pipe_cfg.positions``.
+    """
+
+    def __init__(
+        self,
+        model: CausalWanModel,
+        model_cfg: ModelConfig,
+        pipe_cfg: PipelineConfig,
+        *,
+        backend: str | None = None,
+        positions: str | None = None,
+    ) -> None:
+        mode = pipe_cfg.positions if positions is None else positions
+        if mode not in POSITION_MODES:
+            raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
+        self.backend = backend
+        self.positions = mode
+        self._table = pipe_cfg.scheduler_table()
+        self._pending_prompt: tuple[torch.Tensor, bool] | None = None
+        self.state: StreamState | None = None
+
+    # ---- public API ----------------------------------------------------------------------------
+    def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
+        """Switch the prompt; takes effect at the next window of the running (or next) stream.
+
+        The text k/v cache is recomputed for ``text_embeds`` ``[B, L<=text_len, text_dim]``. With
+        ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt
+        (LongLive's KV re-cache), oldest first, each attending to the cached blocks before it.
+        """
+        self.model._check_context(text_embeds)
+        self._pending_prompt = (text_embeds, bool(recache))
+
+    @torch.no_grad()
+    def stream(
+        self,
+        text_embeds: torch.Tensor,
+        num_blocks: int,
+        *,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | NoiseSource | None = None,
+    ) -> Iterator[Chunk]:
+        """Generate ``num_blocks`` blocks, yielding each :class:`Chunk` as soon as it is final.
+
+        Args:
+            text_embeds: ``[B, L<=text_len, text_dim]`` prompt embeddings.
+            num_blocks: blocks to generate (>= ``window_blocks``; in ``"absolute"`` mode at most
+                ``rope_table_size // frames_per_block``).
+            generator: RNG of all noise draws (global RNG when None).
+            noise: initial noise ``[B, num_blocks*fpb, C, H, W]`` (the original's ``noise`` argument), or a
+                :class:`NoiseSource`; None draws it from ``generator`` in the original order.
+        """
+        cfg, mcfg = self.pipe_cfg, self.model_cfg
+        self.model._check_context(text_embeds)
+        schedule.window_range(cfg, num_blocks, 0)  # validates num_blocks
+        if self.positions == "absolute":
+            schedule.check_positions(cfg, num_blocks, "absolute")
+        bsz = text_embeds.shape[0]
+        dtype = cfg.torch_dtype
+        device = self.model.patch_embedding.weight.device
+        if isinstance(noise, NoiseSource):
+            src = noise
+        else:
+            src = NoiseSource(
+                bsz, mcfg.latent_frame_shape(), cfg.frames_per_block, num_blocks, dtype,
+                generator=generator, initial_noise=noise,
+            )  # fmt: skip
+        cache = RollingKVCache(mcfg, cfg, bsz, device=device, dtype=dtype)
+        cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
+        self._pending_prompt = None
+        st = StreamState(num_blocks, cache, src)
+        self.state = st
+        fpb = cfg.frames_per_block
+        for w in range(schedule.num_windows(cfg, num_blocks)):
+            st.window = w
+            if self._pending_prompt is not None:
+                self._apply_prompt(st)
+            plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
+            parts = []
+            for b in plan.blocks:
+                parts.append(src.initial(b).to(device) if b == plan.fresh_block else st.noisy.pop(b))
+            x_in = torch.cat(parts, dim=1)
+            t_in = torch.tensor(schedule.frame_timesteps(cfg, plan.levels), dtype=torch.float32)
+            t_in = t_in[None].expand(bsz, -1).contiguous()
+            flow = self.model.forward_with(
+                x_in, t_in, cache.text_kv(), self._denoise_attn(plan), backend=self.backend
+            )
+            x0 = flow_to_x0(flow, x_in, t_in, self._table)
+            for b, nxt in plan.renoise:
+                eps = src.renoise(x0.shape[1]).to(device).unflatten(0, x0.shape[:2])
+                i = b - plan.start_block
+                blk = x0[:, i * fpb : (i + 1) * fpb]
+                st.noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], cfg.timesteps[nxt], self._table)
+            clean = x0[:, :fpb].contiguous()
+            self._update(st, plan, clean, cache.text_kv())
+            if plan.finished_block is not None:
+                yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
+        self.state = None
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _update(
+        self,
+        st: StreamState,
+        plan: WindowPlan,
+        clean: torch.Tensor,
+        text_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        cfg = self.pipe_cfg
+        bsz = clean.shape[0]
+        t0 = torch.full((bsz, cfg.frames_per_block), float(cfg.context_noise), dtype=torch.float32)
+        attn = self._update_attn(plan.update, plan.write_slot, plan.store_roped)
+        self.model.forward_with(clean, t0, text_kv, attn, backend=self.backend)
+        s = plan.start_block
+        st.clean[s] = clean
+        keep = {0} | set(range(max(1, s - cfg.ring_slots + 1), s + 1))
+        for b in [b for b in st.clean if b not in keep]:
+            del st.clean[b]
+
+    def _apply_prompt(self, st: StreamState) -> None:
+        assert self._pending_prompt is not None
+        emb, recache = self._pending_prompt
+        self._pending_prompt = None
+        if emb.shape[0] != st.cache.layers[0].k.shape[0]:
+            raise ValueError(
+                f"new prompt batch {emb.shape[0]} != stream batch {st.cache.layers[0].k.shape[0]}"
+            )
+        st.cache.set_text(self.model.text_kv(emb.to(self.pipe_cfg.torch_dtype)))
+        if not recache:
+            return
+        cfg = self.pipe_cfg
+        present = sorted(st.clean)
+        oldest_ring = min((b for b in present if b >= cfg.sink_blocks), default=0)
+        for b in present:
+            w_b = b + cfg.window_blocks - 1  # the window whose update pass cached block b
+            plan = schedule.window_plan(cfg, st.num_blocks, w_b, self.positions)
+            keys = tuple(
+                k for k in plan.update.cache_keys if k.block < cfg.sink_blocks or k.block >= oldest_ring
+            )
+            upd = PassPlan(plan.update.query_blocks, plan.update.query_position, keys, False)
+            attn = self._update_attn(upd, plan.write_slot, plan.store_roped)
+            t0 = torch.zeros(st.clean[b].shape[:2], dtype=torch.float32)
+            self.model.forward_with(st.clean[b], t0, st.cache.text_kv(), attn, backend=self.backend)
+
+    def _rope_copies(
+        self, layer: LayerKVCache, keys: list[KeyBlock], grid: Grid
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather blocks ``keys`` from the buffer and rope them at their positions (``[B, n*T, H, D]``)."""
+        fpb = self.pipe_cfg.frames_per_block
+        ks, vs = zip(*(layer.block(kb.slot) for kb in keys))
+        k = torch.cat(ks, dim=1).contiguous()
+        v = torch.cat(vs, dim=1).contiguous()
+        pos = [kb.position + i for kb in keys for i in range(fpb)]
+        _, kr = ops.rope3d(k, k, (len(pos), grid[1], grid[2]), frame_positions=pos, backend=self.backend)
+        return kr, v
+
+    def _attend(
+        self,
+        layer: LayerKVCache,
+        qr: torch.Tensor,
+        keys: tuple[KeyBlock, ...],
+        own: tuple[torch.Tensor, torch.Tensor] | None,
+        grid: Grid,
+    ) -> torch.Tensor:
+        be = self.backend
+        in_place = [kb for kb in keys if kb.roped_in_cache]
+        copies = [kb for kb in keys if not kb.roped_in_cache]
+        ks: list[torch.Tensor] = []
+        vs: list[torch.Tensor] = []
+        if copies:
+            ck, cv = self._rope_copies(layer, copies, grid)
+            ks.append(ck)
+            vs.append(cv)
+        if own is not None:
+            ks.append(own[0])
+            vs.append(own[1])
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if ks:
+            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
+            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
+            res = ops.attention(qr, k, v, return_lse=bool(in_place), backend=be)
+            if not in_place:
+                assert isinstance(res, torch.Tensor)
+                return res
+            assert isinstance(res, tuple)
+            parts.append(res)
+        if in_place:
+            segs = schedule.segments(in_place, layer.tokens_per_block)
+            res2 = ops.attention_segments(qr, layer.k, layer.v, segs, return_lse=True, backend=be)
+            assert isinstance(res2, tuple)
+            parts.append(res2)
+        return _merge(parts)
+
+    def _denoise_attn(self, plan: WindowPlan) -> SelfAttnFn:
+        cache = self.state.cache if self.state is not None else None
+        assert cache is not None
+        p = plan.denoise
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
+            return self._attend(cache.layers[layer], qr, p.cache_keys, (kr, v), grid)
+
+        return attn
+
+    def _update_attn(self, p: PassPlan, slot: int, store_roped: bool) -> SelfAttnFn:
+        cache = self.state.cache if self.state is not None else None
+        assert cache is not None
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
+            lc = cache.layers[layer]
+            lc.write(slot, kr if store_roped else k, v, backend=self.backend)
+            return self._attend(lc, qr, p.cache_keys, None, grid)
+
+        return attn
+
+
+__all__ = ["Chunk", "NoiseSource", "RollingForcingPipeline", "StreamState"]

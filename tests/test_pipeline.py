@@ -1,0 +1,177 @@
+"""RollingForcingPipeline against the independent reference loop (reference/rolling_forcing.py)."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from reference.rolling_forcing import rolling_forcing_reference
+from rolling_forcing.config import PipelineConfig, get_preset
+from rolling_forcing.model import CausalWanModel
+from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
+
+M = get_preset("tiny")
+P = PipelineConfig()
+NB = 8  # warm-up (5 windows), 4 steady windows incl. eviction-free, 4 tail windows
+FP32_EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    # the CI box has 2 cores shared by several jobs: intra-op threads only add contention here
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalWanModel:
+    return CausalWanModel(M).init_random(0).eval()
+
+
+def _text(seed: int = 1) -> torch.Tensor:
+    return torch.randn(1, M.text_len, M.text_dim, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def reference_out(model: CausalWanModel) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    noise = torch.randn(1, NB * 3, *M.latent_frame_shape(), generator=g)  # up front, as the original
+    sig, ts = P.scheduler_table()
+    with torch.no_grad():
+        return rolling_forcing_reference(
+            model, _text(), noise, denoising_timesteps=P.timesteps, sigmas=sig, timesteps=ts,
+            tokens_per_frame=M.tokens_per_frame, num_heads=M.num_heads, generator=g,
+        )  # fmt: skip
+
+
+def _stream(model: CausalWanModel, positions: str = "absolute", **kw: object) -> list:
+    pipe = RollingForcingPipeline(model, M, P, positions=positions)
+    return list(pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7), **kw))  # type: ignore[arg-type]
+
+
+def _baseline_err(model: CausalWanModel, ref: torch.Tensor) -> float:
+    out = torch.cat([c.latents for c in _stream(model)], dim=1)
+    return float((out - ref).abs().max())
+
+
+def test_pipeline_equals_reference_loop(model: CausalWanModel, reference_out: torch.Tensor) -> None:
+    chunks = _stream(model)
+    assert [c.block for c in chunks] == list(range(NB))
+    assert all(c.final for c in chunks) and [c.last for c in chunks] == [False] * (NB - 1) + [True]
+    assert [c.window for c in chunks] == list(range(4, NB + 4))
+    out = torch.cat([c.latents for c in chunks], dim=1)
+    assert out.shape == reference_out.shape
+    # same RNG stream (initial noise up front, then one window-sized draw per re-noised block): equal
+    # up to fp32 reordering (partials merged by log-sum-exp vs one concatenated softmax)
+    assert float((out - reference_out).abs().max()) < 1e-5
+    # non-trivial: blocks differ from each other and from the noise scale
+    assert float((out[:, :3] - out[:, -3:]).abs().max()) > 1e-2
+
+
+def test_each_chunk_is_final_when_yielded(model: CausalWanModel, reference_out: torch.Tensor) -> None:
+    pipe = RollingForcingPipeline(model, M, P)
+    seen = []
+    for c in pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7)):
+        # the reference's *end-of-stream* latents of this block already equal what we got now
+        ref = reference_out[:, c.block * 3 : (c.block + 1) * 3]
+        assert float((c.latents - ref).abs().max()) < 1e-5
+        assert pipe.state is not None and pipe.state.window == c.window
+        seen.append(c.block)
+    assert seen == sorted(seen)
+
+
+def test_relative_positions_equal_absolute(model: CausalWanModel, reference_out: torch.Tensor) -> None:
+    rel = torch.cat([c.latents for c in _stream(model, "relative")], dim=1)
+    ab = torch.cat([c.latents for c in _stream(model, "absolute")], dim=1)
+    # tolerance: 2 x (absolute pipeline vs reference: the fp32 reordering error of this stream), with a
+    # floor of 8 fp32 ulps of the output magnitude
+    base = max(_baseline_err(model, reference_out), 8 * FP32_EPS * float(ab.abs().max()))
+    assert float((rel - ab).abs().max()) <= 2 * base
+
+
+def test_injected_noise_source_equals_tensor(model: CausalWanModel) -> None:
+    g = torch.Generator().manual_seed(11)
+    noise = torch.randn(1, NB * 3, *M.latent_frame_shape(), generator=g)
+    a = _stream(model, noise=noise)
+    src = NoiseSource(1, M.latent_frame_shape(), 3, NB, torch.float32, initial_noise=noise,
+                      generator=torch.Generator().manual_seed(7))  # fmt: skip
+    pipe = RollingForcingPipeline(model, M, P)
+    b = list(pipe.stream(_text(), NB, noise=src))
+    for ca, cb in zip(a, b):
+        assert torch.equal(ca.latents, cb.latents)
+
+
+def test_prompt_switch_takes_effect_at_next_window(model: CausalWanModel) -> None:
+    base = _stream(model)
+    for recache in (False, True):
+        pipe = RollingForcingPipeline(model, M, P)
+        out = []
+        for c in pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7)):
+            out.append(c)
+            if c.block == 2:
+                pipe.set_prompt(_text(99), recache=recache)
+        for i in range(3):
+            assert torch.equal(out[i].latents, base[i].latents)
+        assert float((out[3].latents - base[3].latents).abs().max()) > 1e-3
+    # re-caching under the *same* prompt before any eviction reproduces the stream
+    pipe = RollingForcingPipeline(model, M, P)
+    same = []
+    for c in pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7)):
+        same.append(c)
+        if c.block == 1:
+            pipe.set_prompt(_text(), recache=True)
+    for a, b in zip(same, base):
+        assert float((a.latents - b.latents).abs().max()) < 1e-5
+
+
+def test_bad_input_raises(model: CausalWanModel) -> None:
+    pipe = RollingForcingPipeline(model, M, P)
+    with pytest.raises(ValueError, match="num_blocks=4 is too short"):
+        next(pipe.stream(_text(), 4))
+    with pytest.raises(ValueError, match="text embeddings must be"):
+        next(pipe.stream(torch.randn(1, M.text_len, M.text_dim + 1), NB))
+    with pytest.raises(ValueError, match="text embeddings must be"):
+        next(pipe.stream(torch.randn(1, M.text_len + 1, M.text_dim), NB))
+    with pytest.raises(ValueError, match="noise latents must be"):
+        next(pipe.stream(_text(), NB, noise=torch.randn(1, NB * 3 - 1, *M.latent_frame_shape())))
+    with pytest.raises(ValueError, match="beyond the 1024-position table"):
+        next(pipe.stream(_text(), 1024 // 3 + 1))
+    with pytest.raises(ValueError, match="positions must be"):
+        RollingForcingPipeline(model, M, P, positions="rotary")
+    with pytest.raises(ValueError, match="text embeddings must be"):
+        pipe.set_prompt(torch.randn(1, 3))
+
+
+def _long_relative(num_blocks: int) -> None:
+    mc = get_preset("micro")
+    model = CausalWanModel(mc).init_random(0).eval()
+    pipe = RollingForcingPipeline(model, mc, P, positions="relative")
+    text = torch.randn(1, mc.text_len, mc.text_dim)
+    src = NoiseSource(1, mc.latent_frame_shape(), 3, num_blocks, torch.float32,
+                      generator=torch.Generator().manual_seed(0), upfront=False)  # fmt: skip
+    rss = []
+    n = 0
+    for c in pipe.stream(text, num_blocks, noise=src):
+        st = pipe.state
+        assert st is not None
+        assert len(st.noisy) <= P.window_blocks and len(st.clean) <= P.buffer_slots
+        assert torch.isfinite(c.latents).all()
+        n += 1
+        if n % 50 == 0:
+            rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    assert n == num_blocks
+    assert rss[-1] - rss[0] < 20_000, rss  # KiB: flat (fixed-size cache, bounded state)
+
+
+def test_relative_stream_past_the_rope_table() -> None:
+    _long_relative(1050 // 3)  # 1,050 latent frames > 1,024 positions
+
+
+@pytest.mark.slow
+def test_relative_stream_3000_frames() -> None:
+    _long_relative(3000 // 3)
