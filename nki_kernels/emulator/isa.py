@@ -141,11 +141,14 @@ _ENGINE_TRACE = {
 
 
 def _emit(launch: _state.Launch, key: tuple, make: Any) -> None:
-    rec = launch.records.get(key)
-    if rec is None:
-        rec = make()
-        launch.records[key] = rec
-    launch.trace.add(rec)
+    """Count one issue of the record for ``key`` (built by ``make()`` on first sight)."""
+    ent = launch.records.get(key)
+    if ent is None:
+        ent = [make(), 0]
+        launch.records[key] = ent
+    ent[1] += 1
+    if launch.keep_order:
+        launch.trace.order.append(ent[0])
 
 
 def _onchip(t: Any, op: str, arg: str, launch: _state.Launch) -> NkiTensor:

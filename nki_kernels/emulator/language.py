@@ -10,6 +10,7 @@ activation functions -> ``activation``; other unary ALU ops -> ``tensor_scalar``
 
 from __future__ import annotations
 
+import builtins as _bi
 import contextlib
 import math
 from collections.abc import Callable, Iterator
@@ -283,7 +284,7 @@ def _result_dtype(dtype: Any, *xs: Any) -> str:
         return _dt.normalize(dtype)
     tensors = [x for x in xs if isinstance(x, NkiTensor)]
     dts = [t.dtype for t in tensors]
-    if all(d == dts[0] for d in dts):
+    if _bi.all(d == dts[0] for d in dts):
         return dts[0]
     if any(_dt.is_float(d) for d in dts):
         return float32

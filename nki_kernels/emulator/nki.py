@@ -189,6 +189,7 @@ def _launch(
             results.append(fn(*targs, **tkw))
     finally:
         _state.pop()
+        launch.flush()
         launch.epoch += 1  # storages freed after the launch no longer touch its accounting
     binder.finish()
     out = binder.from_result(

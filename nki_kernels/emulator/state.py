@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import EmulatorWarning, LaunchError, PsumLimitError, SbufCapacityError
 from .hw import HwConfig
-from .trace import Trace, TraceRecord
+from .trace import Trace
 
 
 class Launch:
@@ -30,6 +30,7 @@ class Launch:
         "records",
         "act_acc",
         "epoch",
+        "keep_order",
     )
 
     def __init__(self, hw: HwConfig, trace: Trace, trace_only: bool, num_programs: int) -> None:
@@ -42,7 +43,8 @@ class Launch:
         self.psum_used = 0
         self.shared_allocs: list[Any] = []
         self.shared_index = 0
-        self.records: dict[tuple, TraceRecord] = {}
+        self.records: dict[tuple, list] = {}  # key -> [TraceRecord, count]
+        self.keep_order = trace.keep_order
         self.act_acc: dict[int, Any] = {}
         self.epoch = 0
 
@@ -53,6 +55,13 @@ class Launch:
         self.psum_used = 0
         self.act_acc = {}
         self.epoch += 1
+
+    def flush(self) -> None:
+        """Move the per-key counts into the Trace (first-seen order)."""
+        counts = self.trace.counts
+        for rec, n in self.records.values():
+            counts[rec] += n
+        self.records = {}
 
     # allocation accounting -------------------------------------------------------------------------
     def alloc_onchip(self, kind: str, pbytes: int, shape: tuple[int, ...], dtype: str, name: str) -> None:

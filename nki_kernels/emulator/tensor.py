@@ -11,6 +11,7 @@ In trace-only mode ``storage.data`` is ``None``: views, bounds and rules work, v
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,20 @@ class Storage:
 
 
 def _normalize_shape(shape: Any, arg: str = "shape") -> tuple[int, ...]:
+    if type(shape) is tuple:
+        try:
+            return _shape_cached(shape)
+        except TypeError:
+            pass
+    return _normalize_shape_slow(shape, arg)
+
+
+@lru_cache(maxsize=65536)
+def _shape_cached(shape: tuple) -> tuple[int, ...]:
+    return _normalize_shape_slow(shape, "shape")
+
+
+def _normalize_shape_slow(shape: Any, arg: str = "shape") -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
     try:
@@ -144,6 +159,7 @@ def wrap_array(data: np.ndarray | None, shape: tuple[int, ...], dtype: str, buff
     return NkiTensor._make(st, 0, shape, _row_major(shape), dtype, name)
 
 
+@lru_cache(maxsize=65536)
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     acc = 1

@@ -1,0 +1,340 @@
+"""Every hardware/API rule the emulator enforces: a kernel that breaks it, and the message checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_kernels import emulator as emu
+from nki_kernels.emulator import HwConfig, TensorSpec, run
+from nki_kernels.emulator import isa as nisa
+from nki_kernels.emulator import language as nl
+
+pytestmark = pytest.mark.emulator
+
+
+def _run(fn, *args, **kw):
+    return run(fn, *args, **kw)
+
+
+def test_partition_limit_on_allocation():
+    def k():
+        nl.ndarray((256, 4), nl.float32, buffer=nl.sbuf)
+
+    with pytest.raises(emu.PartitionLimitError, match=r"\[partition-limit\].*\[256, 4\].*128"):
+        _run(k)
+
+
+def test_partition_limit_on_psum_and_load():
+    def k(x):
+        nl.load(x)  # [200, 8] HBM -> SBUF tile of 200 partitions
+
+    with pytest.raises(emu.PartitionLimitError, match="200"):
+        _run(k, np.zeros((200, 8), np.float32))
+
+
+def test_psum_total_limit():
+    def k():
+        keep = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]  # 8 banks: ok
+        nl.ndarray((128, 1), nl.float32, buffer=nl.psum)  # one more element per partition: over
+        return keep
+
+    with pytest.raises(emu.PsumLimitError, match=r"\[psum-total\].*16388 B/partition.*16384"):
+        _run(k)
+
+
+def test_psum_freed_when_tile_dropped():
+    def k():
+        for _ in range(20):  # each tile dies before the next is bound: never more than 2 live
+            t = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+            del t
+
+    _run(k)
+
+
+def test_psum_single_tensor_too_big():
+    def k():
+        nl.ndarray((128, 4097), nl.float32, buffer=nl.psum)
+
+    with pytest.raises(emu.PsumLimitError, match=r"\[psum-total\].*\[128, 4097\]"):
+        _run(k)
+
+
+def test_matmul_dst_must_fit_one_bank():
+    def k():
+        a = nl.zeros((128, 128), nl.bfloat16)
+        b = nl.zeros((128, 512), nl.bfloat16)
+        ps = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps[:, 0:512], a, b)  # bank 0: fine
+        nisa.nc_matmul(ps[:, 256:768], a, b)  # crosses bank 0/1
+
+    with pytest.raises(emu.PsumLimitError, match=r"\[psum-bank\].*\[1024, 3071\].*2048 B"):
+        _run(k)
+
+
+def test_sbuf_capacity():
+    hw = HwConfig(sbuf_bytes_per_partition=64 * 1024)
+
+    def k():
+        a = nl.ndarray((128, 8192), nl.float32)  # 32 KiB / partition
+        b = nl.ndarray((128, 8192), nl.float32)  # 64 KiB: exactly full
+        c = nl.ndarray((1, 1), nl.float32)  # over
+        return a, b, c
+
+    with pytest.raises(emu.SbufCapacityError, match=r"\[sbuf-capacity\].*\[1, 1\].*65540 B/partition.*65536"):
+        _run(k, hw=hw)
+
+
+def test_sbuf_capacity_default_is_trn2_budget():
+    def k():
+        nl.ndarray((128, 212_729), nl.uint8)
+
+    with pytest.raises(emu.SbufCapacityError, match="212728"):
+        _run(k, trace_only=True)
+
+
+def test_sbuf_freed_by_gc_and_at_kernel_exit():
+    hw = HwConfig(sbuf_bytes_per_partition=64 * 1024)
+
+    def k():
+        for _ in range(10):
+            t = nl.ndarray((128, 8192), nl.float32)  # 32 KiB, rebinding frees the previous one
+            del t
+
+    _run(k, hw=hw)
+    _run(k, hw=hw)  # a second launch starts from zero
+
+
+@pytest.mark.parametrize(
+    ("k_", "m", "n", "rule"),
+    [(128, 129, 64, "matmul-stationary"), (128, 64, 513, "matmul-moving")],
+)
+def test_matmul_free_limits(k_, m, n, rule):
+    def kern():
+        a = nl.ndarray((k_, m), nl.bfloat16)
+        b = nl.ndarray((k_, n), nl.bfloat16)
+        ps = nl.ndarray((min(m, 128), n), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, a, b)
+
+    with pytest.raises(emu.MatmulTileError, match=rf"\[{rule}\].*{m if 'stationary' in rule else n}"):
+        _run(kern, trace_only=True)
+
+
+def test_matmul_contraction_mismatch():
+    def kern():
+        a = nl.ndarray((128, 64), nl.bfloat16)
+        b = nl.ndarray((64, 64), nl.bfloat16)
+        ps = nl.ndarray((64, 64), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, a, b)
+
+    with pytest.raises(emu.MatmulTileError, match=r"\[matmul-contraction\].*\[128, 64\].*\[64, 64\]"):
+        _run(kern, trace_only=True)
+
+
+def test_matmul_memory_spaces():
+    def op_in_psum():
+        a = nl.ndarray((64, 64), nl.float32, buffer=nl.psum)
+        b = nl.ndarray((64, 64), nl.float32)
+        ps = nl.ndarray((64, 64), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, a, b)
+
+    def dst_in_sbuf():
+        a = nl.ndarray((64, 64), nl.float32)
+        d = nl.ndarray((64, 64), nl.float32)
+        nisa.nc_matmul(d, a, a)
+
+    with pytest.raises(emu.MemorySpaceError, match=r"operands must be in SBUF.*psum"):
+        _run(op_in_psum, trace_only=True)
+    with pytest.raises(emu.MemorySpaceError, match=r"dst=.*must be in PSUM"):
+        _run(dst_in_sbuf, trace_only=True)
+
+
+def test_matmul_dtype_pairing():
+    def k():
+        a = nl.ndarray((64, 64), nl.float32)
+        b = nl.ndarray((64, 64), nl.bfloat16)
+        ps = nl.ndarray((64, 64), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, a, b)
+
+    with pytest.raises(emu.DtypeError, match=r"\[matmul-dtype\].*float32.*bfloat16"):
+        _run(k, trace_only=True)
+
+
+def test_no_dma_from_psum():
+    def k(x):
+        ps = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+        nisa.dma_copy(x, ps)
+
+    with pytest.raises(emu.MemorySpaceError, match=r"dma_copy: src=.*PSUM"):
+        _run(k, np.zeros((4, 4), np.float32))
+
+
+def test_no_engine_op_on_hbm():
+    def k(x):
+        d = nl.ndarray((4, 4), nl.float32)
+        nisa.tensor_tensor(d, x, x, nl.add)
+
+    with pytest.raises(
+        emu.MemorySpaceError, match=r"tensor_tensor: operand data1=.*\[4, 4\] is in private_hbm"
+    ):
+        _run(k, np.zeros((4, 4), np.float32))
+    with pytest.raises(emu.MemorySpaceError, match="address space 'psum|sbuf'|expected psum\\|sbuf"):
+        _run(lambda x: nl.exp(x), np.zeros((4, 4), np.float32))
+
+
+def test_gpsimd_cannot_touch_psum():
+    def k():
+        ps = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+        s = nl.ndarray((4, 4), nl.float32)
+        nisa.tensor_copy(s, ps, engine=nisa.engine.gpsimd)
+
+    def k2():
+        ps = nl.ndarray((4, 4), nl.int32, buffer=nl.psum)
+        nisa.iota(ps, [[1, 4]])
+
+    with pytest.raises(emu.MemorySpaceError, match="GpSimd cannot access PSUM"):
+        _run(k, trace_only=True)
+    with pytest.raises(emu.MemorySpaceError, match="iota: dst=.*must be in SBUF"):
+        _run(k2, trace_only=True)
+
+
+def test_tensor_tensor_both_psum_and_partition_mismatch():
+    def both():
+        a = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+        d = nl.ndarray((4, 4), nl.float32)
+        nisa.tensor_tensor(d, a, a, nl.add)
+
+    def mism():
+        a = nl.ndarray((128, 512), nl.float32)
+        b = nl.ndarray((1, 512), nl.float32)
+        nisa.tensor_tensor(a, a, b, nl.add)
+
+    with pytest.raises(emu.MemorySpaceError, match="cannot both be in PSUM"):
+        _run(both, trace_only=True)
+    with pytest.raises(emu.ShapeMismatchError, match=r"\[partition-mismatch\].*\[128, 512\].*\[1, 512\]"):
+        _run(mism, trace_only=True)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (slice(0, 129), slice(None)),
+        (slice(None), slice(60, 70)),
+        (slice(None), 64),
+        (slice(None), -65),
+        (slice(None), slice(10, 5)),
+    ],
+)
+def test_out_of_bounds_slices(index):
+    def k():
+        t = nl.ndarray((128, 64), nl.float32)
+        return t[index]
+
+    with pytest.raises(emu.OutOfBoundsError, match=r"\[out-of-bounds\]"):
+        _run(k, trace_only=True)
+
+
+def test_out_of_bounds_ds_and_ap():
+    def k_ds():
+        nl.ndarray((128, 64), nl.float32)[:, nl.ds(60, 8)]
+
+    def k_ap(x):
+        x.ap([[64, 4], [1, 65]], offset=0)
+
+    with pytest.raises(emu.OutOfBoundsError, match=r"nl.ds\(60, 8\)"):
+        _run(k_ds, trace_only=True)
+    with pytest.raises(emu.OutOfBoundsError, match=r"ap pattern.*\[0, 256\]"):
+        _run(k_ap, np.zeros((4, 64), np.float32))
+
+
+def _scatter(buf, row, src, mode):
+    idx = nl.ndarray((1, 1), nl.int32)
+    nisa.dma_copy(idx, row)
+    t = nl.load(src)
+    dst = buf.ap([[buf.shape[1], 1], [1, buf.shape[1]]], offset=0, scalar_offset=idx, indirect_dim=0)
+    nisa.dma_copy(dst, t, oob_mode=mode)
+
+
+def test_runtime_oob_error_and_skip():
+    buf = np.zeros((4, 8), np.float32)
+    src = np.ones((1, 8), np.float32)
+    with pytest.raises(emu.OutOfBoundsError, match=r"runtime index 4 .*oob_mode=error"):
+        _run(_scatter, buf, np.array([[4]], np.int32), src, nisa.oob_mode.error)
+    _run(_scatter, buf, np.array([[4]], np.int32), src, nisa.oob_mode.skip)
+    assert not buf.any()  # skipped: untouched
+    _run(_scatter, buf, np.array([[2]], np.int32), src, nisa.oob_mode.error)
+    np.testing.assert_array_equal(buf[2], 1.0)
+    assert buf[[0, 1, 3]].sum() == 0
+
+
+def test_partition_stride_illegal():
+    def k_slice():
+        nl.ndarray((128, 4), nl.float32)[0:128:2, :]
+
+    def k_ap():
+        nl.ndarray((16, 32), nl.float32).ap([[64, 8], [1, 32]])
+
+    with pytest.raises(emu.ViewError, match=r"\[partition-stride\]"):
+        _run(k_slice, trace_only=True)
+    with pytest.raises(emu.ViewError, match=r"\[ap-partition\].*32"):
+        _run(k_ap, trace_only=True)
+
+
+def test_view_rules():
+    def perm():
+        nl.ndarray((4, 8, 2), nl.float32).permute((1, 0, 2))
+
+    def bcast():
+        nl.ndarray((4, 8), nl.float32).broadcast(1, 4)
+
+    def reshape():
+        t = nl.ndarray((4, 8, 2), nl.float32, buffer=nl.sbuf)
+        t.permute((0, 2, 1)).reshape((4, 16))
+
+    with pytest.raises(emu.ViewError, match=r"\[permute\].*partition dim first"):
+        _run(perm, trace_only=True)
+    with pytest.raises(emu.ViewError, match=r"\[broadcast\].*size 8"):
+        _run(bcast, trace_only=True)
+    with pytest.raises(emu.ViewError, match=r"\[reshape\].*cannot express"):
+        _run(reshape, trace_only=True)
+
+
+def test_dma_size_and_hwdge_dtype():
+    def size(x):
+        t = nl.ndarray((4, 4), nl.float32)
+        nisa.dma_copy(t, x)
+
+    def hw(x):
+        t = nl.ndarray((4, 4), nl.bfloat16)
+        nisa.dma_copy(t, x, dge_mode=nisa.dge_mode.hwdge)
+
+    with pytest.raises(emu.ShapeMismatchError, match=r"\[dma-size\].*\[4, 4\].*\[4, 5\]"):
+        _run(size, TensorSpec((4, 5), "float32"), trace_only=True)
+    with pytest.raises(emu.DtypeError, match=r"hwdge.*bfloat16.*float32"):
+        _run(hw, TensorSpec((4, 4), "float32"), trace_only=True)
+
+
+def test_nc_transpose_limits():
+    def k():
+        a = nl.ndarray((64, 64), nl.float32)
+        d = nl.ndarray((64, 64), nl.float32)
+        nisa.nc_transpose(d, a, engine=nisa.engine.vector)
+
+    with pytest.raises(emu.MatmulTileError, match=r"\[transpose-size\].*32x32"):
+        _run(k, trace_only=True)
+
+
+def test_ops_outside_kernel_and_string_buffer():
+    with pytest.raises(emu.LaunchError, match="inside a kernel launch"):
+        nl.ndarray((4, 4), nl.float32)
+    with pytest.raises(TypeError, match="string buffer names are rejected"):
+        _run(lambda: nl.ndarray((4, 4), nl.float32, buffer="sbuf"), trace_only=True)
+
+
+def test_op_must_be_nl_function():
+    def k():
+        t = nl.ndarray((4, 4), nl.float32)
+        nisa.tensor_tensor(t, t, t, "add")
+
+    with pytest.raises(TypeError, match="op: expected an nl function"):
+        _run(k, trace_only=True)
