@@ -1,0 +1,394 @@
+"""Attention fused with its transposes (standalone NKI 0.6 API, imported through :mod:`nki_kernels._nki`).
+
+Math, per batch b, head h, query i: ``out[b, i, h] = sum_j softmax_j(scale * q_i . k_j) v_j`` over the keys
+``j`` given (all of ``k`` for :func:`attention_emulated`, the concatenation of ``(start, length)`` segments
+of a KV buffer for :func:`attention_segments_emulated`); optional ``lse[b, i, h] = log sum_j exp(scale *
+q_i . k_j)`` (fp32, natural log) for merging partial results.
+
+Layouts (no permute/transpose pass exists before or after the kernel):
+
+* q ``[B, Lq, H, D]``, k/v (or the KV buffers) ``[B, Lk|S, H, D]``: the projection output viewed per head.
+  out ``[B, Lq, H, D]``: what the output projection consumes. lse ``[B, Lq, H]`` fp32.
+* q and k tiles are loaded **transposed** (D on partitions) straight from that layout with
+  ``nisa.dma_transpose`` (2-byte dtypes) of the HBM view ``x[b, l0:l0+n, h, :]``; fp32 inputs use a
+  permuted HBM view (``.permute((1, 0))``) in a plain ``dma_copy`` (element-sized descriptors: a
+  correctness path for tests, not a fast one). v tiles are loaded as they are (keys on partitions).
+* Per (b, h) the whole K^T ``[D, Lk]`` and V ``[128, Lk/128, D]`` stay resident in SBUF (Wan: 2 x 64 KiB per
+  partition) and every query tile of 128 rows streams over them: k and v are read from HBM once per head.
+  Segments are loaded in place from the buffers into consecutive key positions (never gathered in HBM).
+
+Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (2048 for 2-byte dtypes, four
+PSUM banks; 1024 for fp32):
+
+1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank.
+2. VectorE: row max of the chunk; new negated scaled max ``nm = min(nm_old, -scale*max)``.
+3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
+   (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
+4. TensorE: P is transposed per 128x128 block (``nc_transpose`` into PSUM), evicted to SBUF (split between
+   VectorE and ScalarE), then ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k, D])``
+   accumulates the chunk in one PSUM bank.
+5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
+
+At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
+``lse = log(l) - nm``. Tails (Lq or Lk not multiples of 128 or 512) are handled by slicing with ``min``.
+LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nki_kernels._nki import nisa, nki, nl
+
+PMAX = 128
+BANK = 512
+"""fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
+
+SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 3, 8
+"""Fraction of the P^T blocks evicted PSUM->SBUF by ScalarE (3/8, i.e. 6 of 16 per 2048-key chunk; the rest
+on VectorE), chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in
+the trn2 cost model."""
+
+GPSIMD_MAX_MIN_WIDTH = 1024
+"""Chunks at least this wide halve their bf16 score copy with GpSimdE ``maximum`` before VectorE reduces."""
+
+
+def _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w):
+    """Row max of the PSUM scores ``s_view`` ``[qr, nsub, w]`` into ``bmax`` ``[qr, 1]``.
+
+    VectorE copies the fp32 scores to bf16 in SBUF (half rate from PSUM); GpSimdE (which cannot read PSUM)
+    halves the row with elementwise ``maximum`` while the row is >= :data:`GPSIMD_MAX_MIN_WIDTH` and even;
+    VectorE reduces the rest at the bf16 rate. The max is only the softmax stabiliser: the same (bf16-rounded)
+    value is used in every exp and in the lse, so the rounding cancels exactly up to fp32 arithmetic.
+    """
+    s_flat = s_bf[:qr, :kc].reshape_dim(1, (nsub, w))
+    nisa.tensor_copy(s_flat, s_view, engine=nisa.vector_engine)
+    cur = s_bf
+    width = kc
+    bufs = (mx_a, mx_b)
+    i = 0
+    while width >= GPSIMD_MAX_MIN_WIDTH and width % 2 == 0:
+        half = width // 2
+        dst = bufs[i % 2]
+        nisa.tensor_tensor(
+            dst[:qr, :half], cur[:qr, :half], cur[:qr, half:width], nl.maximum, engine=nisa.gpsimd_engine
+        )
+        cur = dst
+        width = half
+        i += 1
+    nisa.tensor_reduce(bmax[:qr], nl.maximum, cur[:qr, :width], axis=1)
+
+
+def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
+    """Key chunks ``(c0, n)``: full ``kc`` chunks, then a multiple of 512, then a < 512 tail."""
+    out = []
+    c0 = 0
+    while c0 < total:
+        rem = total - c0
+        n = kc if rem >= kc else (rem // BANK) * BANK if rem >= BANK else rem
+        out.append((c0, n))
+        c0 += n
+    return out
+
+
+def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
+    """Load the segments' keys (transposed) and values of head h into consecutive key positions."""
+    off = 0
+    for start, length in segments:
+        for p0 in range(0, length, PMAX):
+            n = min(PMAX, length - p0)
+            src = kbuf[b, start + p0 : start + p0 + n, h, :]  # [n, D] HBM view, rows H*D apart
+            if two_byte:
+                nisa.dma_transpose(dst=kT_sb[:D, off + p0 : off + p0 + n], src=src, axes=(1, 0))
+            else:
+                nisa.dma_copy(dst=kT_sb[:D, off + p0 : off + p0 + n], src=src.permute((1, 0)))
+        # values: key position j lives at partition j % 128 of tile j // 128
+        j = off
+        while j < off + length:
+            t, p = divmod(j, PMAX)
+            n = min(PMAX - p, off + length - j)
+            if p == 0 and n == PMAX:
+                nt = (off + length - j) // PMAX
+                src = vbuf[b, start + (j - off) : start + (j - off) + nt * PMAX, h, :]
+                src = src.reshape_dim(0, (nt, PMAX)).permute((1, 0, 2))
+                nisa.dma_copy(dst=v_sb[:, t : t + nt, :], src=src)
+                n = nt * PMAX
+            else:
+                src = vbuf[b, start + (j - off) : start + (j - off) + n, h, :]
+                nisa.dma_copy(dst=v_sb[p : p + n, t, :], src=src)
+            j += n
+        off += length
+
+
+def _attention_body(q, kbuf, vbuf, segments, scale, return_lse):
+    B, Lq, H, D = q.shape
+    Lk = sum(n for _, n in segments)
+    dt = q.dtype
+    two_byte = dt != nl.float32
+    f32 = nl.float32
+    KC = 2048 if two_byte else 1024
+    nkt = (Lk + PMAX - 1) // PMAX
+    out = nl.ndarray(q.shape, dtype=dt, buffer=nl.shared_hbm)
+    lse = nl.ndarray((B, Lq, H), dtype=f32, buffer=nl.shared_hbm) if return_lse else None
+    pid = nl.program_id(0)
+    nprog = nl.num_programs()
+
+    kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
+    v_sb = nl.ndarray((PMAX, nkt, D), dtype=dt, buffer=nl.sbuf)
+    qT = nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf)
+    s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
+    pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
+    pv_ps = nl.ndarray((PMAX, D), dtype=f32, buffer=nl.psum)
+    p_sb = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
+    pT_sb = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
+    o_acc = nl.ndarray((PMAX, D), dtype=f32, buffer=nl.sbuf)
+    o_out = nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf)
+    bmax = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
+    s_bf = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
+    mx_a = nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf)
+    mx_b = nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf)
+    rs = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    l_sum = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    alpha = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    nm_a = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    nm_b = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    lse_t = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    chunks = _chunks(Lk, KC)
+
+    pair = 0
+    for b in range(B):
+        for h in range(H):
+            mine = pair % nprog == pid
+            pair += 1
+            if not mine:
+                continue
+            _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
+            for q0 in range(0, Lq, PMAX):
+                qr = min(PMAX, Lq - q0)
+                qsrc = q[b, q0 : q0 + qr, h, :]
+                if two_byte:
+                    nisa.dma_transpose(dst=qT[:D, :qr], src=qsrc, axes=(1, 0))
+                else:
+                    nisa.dma_copy(dst=qT[:D, :qr], src=qsrc.permute((1, 0)))
+                nm_old, nm_new = nm_a, nm_b
+                for ci, (c0, kc) in enumerate(chunks):
+                    nsub = (kc + BANK - 1) // BANK
+                    w = min(kc, BANK)
+                    for j in range(nsub):
+                        nisa.nc_matmul(
+                            s_ps[:qr, j, :w],
+                            stationary=qT[:D, :qr],
+                            moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + w],
+                            accumulate=False,
+                        )
+                    s_view = s_ps[:qr, :nsub, :w]
+                    _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w)
+                    p_view = p_sb[:qr, :kc].reshape_dim(1, (nsub, w))
+                    if ci == 0:
+                        nisa.tensor_scalar(
+                            nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine
+                        )
+                        nisa.activation_reduce(
+                            p_view,
+                            nl.exp,
+                            s_view,
+                            reduce_op=nl.add,
+                            reduce_res=l_sum[:qr],
+                            bias=nm_new[:qr],
+                            scale=scale,
+                        )
+                    else:
+                        nisa.tensor_scalar(
+                            nm_new[:qr],
+                            bmax[:qr],
+                            nl.multiply,
+                            -scale,
+                            op1=nl.minimum,
+                            operand1=nm_old[:qr],
+                            engine=nisa.vector_engine,
+                        )
+                        # alpha = exp(nm_new - nm_old) = exp(scale*(m_old - m_new))
+                        nisa.activation(alpha[:qr], nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
+                        nisa.activation_reduce(
+                            p_view,
+                            nl.exp,
+                            s_view,
+                            reduce_op=nl.add,
+                            reduce_res=rs[:qr],
+                            bias=nm_new[:qr],
+                            scale=scale,
+                        )
+                        nisa.scalar_tensor_tensor(
+                            l_sum[:qr], l_sum[:qr], nl.multiply, alpha[:qr], nl.add, rs[:qr]
+                        )
+                    # P^T per 128-key block on TensorE, evicted to SBUF (VectorE / ScalarE split)
+                    nblk = (kc + PMAX - 1) // PMAX
+                    for t in range(nblk):
+                        kr = min(PMAX, kc - t * PMAX)
+                        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
+                        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
+                            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
+                        else:
+                            nisa.tensor_copy(
+                                pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine
+                            )
+                    for t in range(nblk):
+                        kr = min(PMAX, kc - t * PMAX)
+                        kt = (c0 + t * PMAX) // PMAX
+                        nisa.nc_matmul(
+                            pv_ps[:qr, :D],
+                            stationary=pT_sb[:kr, t, :qr],
+                            moving=v_sb[:kr, kt, :D],
+                            accumulate=t > 0,
+                        )
+                    if ci == 0:
+                        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :D], engine=nisa.vector_engine)
+                    else:
+                        nisa.scalar_tensor_tensor(
+                            o_acc[:qr], o_acc[:qr], nl.multiply, alpha[:qr], nl.add, pv_ps[:qr, :D]
+                        )
+                    nm_old, nm_new = nm_new, nm_old
+                # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
+                nisa.reciprocal(rl[:qr], l_sum[:qr])
+                nisa.tensor_scalar(o_out[:qr], o_acc[:qr], nl.multiply, rl[:qr], engine=nisa.vector_engine)
+                nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
+                if return_lse:
+                    nisa.activation(lse_t[:qr], nl.log, l_sum[:qr])
+                    nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
+                    nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+    if return_lse:
+        return out, lse
+    return out
+
+
+@nki.jit
+def attention_kernel(q, k, v, scale, return_lse):
+    """Flash attention ``[B, Lq, H, D] x [B, Lk, H, D]`` -> out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]``).
+
+    ``scale`` (float) and ``return_lse`` (bool) are compile-time constants.
+    """
+    return _attention_body(q, k, v, ((0, k.shape[1]),), scale, return_lse)
+
+
+@nki.jit
+def attention_segments_kernel(q, kv_k, kv_v, segments, scale, return_lse):
+    """Attention over keys/values read in place from ordered ``(start, length)`` segments of ``[B, S, H, D]``
+    buffers (compile-time tuple of int pairs)."""
+    return _attention_body(q, kv_k, kv_v, tuple(segments), scale, return_lse)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch-facing entries
+
+
+def _validate(q: Any, k: Any, v: Any, kname: str, vname: str) -> None:
+    import torch
+
+    for name, t in (("q", q), (kname, k), (vname, v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(
+                f"{name} must be a 4-D torch tensor [B, L, H, D], got {getattr(t, 'shape', t)!r}"
+            )
+        if t.dtype != q.dtype or t.dtype not in (torch.bfloat16, torch.float32):
+            raise TypeError(f"{name} dtype {t.dtype} must be bfloat16 or float32 and match q ({q.dtype})")
+    if k.shape != v.shape:
+        raise ValueError(f"{vname} shape {tuple(v.shape)} must equal {kname} shape {tuple(k.shape)}")
+    if (k.shape[0], k.shape[2], k.shape[3]) != (q.shape[0], q.shape[2], q.shape[3]):
+        raise ValueError(f"{kname} shape {tuple(k.shape)} must match q {tuple(q.shape)} in B, H and D")
+    if q.shape[3] > PMAX:
+        raise ValueError(f"head_dim D={q.shape[3]} must be <= {PMAX} (D lives on the partitions)")
+
+
+def _finish(res: Any, q: Any, return_lse: bool) -> Any:
+    import torch
+
+    from nki_kernels.rope3d import _to_torch
+
+    if return_lse:
+        out, lse = res
+        return _to_torch(out, q.dtype), _to_torch(lse, torch.float32)
+    return _to_torch(res, q.dtype)
+
+
+def attention_emulated(
+    q: Any, k: Any, v: Any, scale: float | None = None, return_lse: bool = False, lnc: int = 1
+) -> Any:
+    """Attention through :func:`attention_kernel` on the emulator.
+
+    Args:
+        q: torch ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``; bf16 or fp32 (all the same); D <= 128; Lk >= 1.
+        scale: softmax scale (default ``1/sqrt(D)``).
+        return_lse: also return lse ``[B, Lq, H]`` fp32.
+        lnc: logical cores (1 or 2).
+
+    Returns:
+        out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``.
+    """
+    from nki_kernels.emulator import run
+
+    _validate(q, k, v, "k", "v")
+    if k.shape[1] < 1:
+        raise ValueError("k must hold at least one key (Lk >= 1)")
+    sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    res, _ = run(
+        attention_kernel, q.contiguous(), k.contiguous(), v.contiguous(), sc, bool(return_lse), lnc=lnc
+    )
+    return _finish(res, q, return_lse)
+
+
+def attention_segments_emulated(
+    q: Any,
+    kv_k: Any,
+    kv_v: Any,
+    segments: Sequence[tuple[int, int]],
+    scale: float | None = None,
+    return_lse: bool = False,
+    lnc: int = 1,
+) -> Any:
+    """Attention over ordered ``(start, length)`` segments of KV buffers ``[B, S, H, D]``, read in place.
+
+    Segments with length 0 are skipped; each must satisfy ``0 <= start`` and ``start + length <= S``; at
+    least one key in total. Other arguments as :func:`attention_emulated`.
+    """
+    from nki_kernels.emulator import run
+
+    _validate(q, kv_k, kv_v, "kv_k", "kv_v")
+    s = kv_k.shape[1]
+    segs = []
+    for i, seg in enumerate(segments):
+        start, length = (int(x) for x in seg)
+        if start < 0 or length < 0 or start + length > s:
+            raise ValueError(
+                f"segments[{i}]=({start}, {length}) must satisfy 0 <= start, start + length <= S={s}"
+            )
+        if length:
+            segs.append((start, length))
+    if not segs:
+        raise ValueError("segments must hold at least one key in total")
+    sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    res, _ = run(
+        attention_segments_kernel,
+        q.contiguous(),
+        kv_k.contiguous(),
+        kv_v.contiguous(),
+        tuple(segs),
+        sc,
+        bool(return_lse),
+        lnc=lnc,
+    )
+    return _finish(res, q, return_lse)
+
+
+_ = np
+
+__all__ = [
+    "attention_emulated",
+    "attention_kernel",
+    "attention_segments_emulated",
+    "attention_segments_kernel",
+]

@@ -1,0 +1,134 @@
+"""Attention kernels (nki_kernels.attention) on the NKI emulator against reference.attention (fp32 softmax)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nki_kernels.attention import (
+    attention_emulated,
+    attention_kernel,
+    attention_segments_emulated,
+    attention_segments_kernel,
+)
+from nki_kernels.emulator import TensorSpec, run
+from reference.attention import attention, attention_segments
+from tests.numerics import assert_within, reference_error
+
+pytestmark = pytest.mark.emulator
+
+DTYPES = st.sampled_from([torch.bfloat16, torch.float32])
+
+
+def _qkv(b, lq, lk, h, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, n, h, d, generator=g) for n in (lq, lk, lk)]
+
+
+def _check(b, lq, lk, h, d, dtype, seed, scale=None) -> None:
+    q, k, v = _qkv(b, lq, lk, h, d, seed)
+    ref_err, (base_o, base_l) = reference_error(attention, [q, k, v], dtype, scale=scale, return_lse=True)
+    out, lse = attention_emulated(q.to(dtype), k.to(dtype), v.to(dtype), scale=scale, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (b, lq, h)
+    assert_within(out, base_o, dtype, ref_err, what=f"attention out {dtype} {(b, lq, lk, h, d)}")
+    assert_within(lse, base_l, dtype, ref_err, what=f"attention lse {dtype} {(b, lq, lk, h, d)}")
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    lq=st.integers(1, 200),
+    lk=st.integers(1, 700),
+    h=st.integers(1, 2),
+    d=st.sampled_from([16, 64, 128]),
+    dtype=DTYPES,
+)
+def test_attention_kernel_matches_reference(b, lq, lk, h, d, dtype) -> None:
+    _check(b, lq, lk, h, d, dtype, seed=lq * 1000 + lk)
+
+
+def test_attention_kernel_multi_chunk_tails_bf16() -> None:
+    # Lk = 2048 + 512 + 77: a full 4-bank chunk (GpSimd max tree), a 512 chunk and a tail; Lq = 128 + 33.
+    _check(2, 161, 2637, 1, 64, torch.bfloat16, seed=1, scale=0.2)
+
+
+def test_attention_kernel_multi_chunk_fp32() -> None:
+    _check(1, 130, 1100, 2, 32, torch.float32, seed=2)
+
+
+def test_attention_without_lse_and_lnc2() -> None:
+    q, k, v = (x.bfloat16() for x in _qkv(1, 70, 300, 3, 32, seed=3))
+    a = attention_emulated(q, k, v)
+    c = attention_emulated(q, k, v, lnc=2)
+    assert isinstance(a, torch.Tensor) and torch.equal(a, c)
+
+
+@settings(max_examples=4, deadline=None)
+@given(data=st.data(), dtype=DTYPES)
+def test_attention_segments_matches_reference(data, dtype) -> None:
+    s = data.draw(st.integers(20, 400))
+    nseg = data.draw(st.integers(1, 3))
+    segs = []
+    for _ in range(nseg):
+        start = data.draw(st.integers(0, s - 1))
+        segs.append((start, data.draw(st.integers(1, s - start))))
+    q, kk, vv = _qkv(2, data.draw(st.integers(1, 140)), s, 2, 32, seed=s)
+    ref_err, base = reference_error(attention_segments, [q, kk, vv, segs], dtype)
+    out = attention_segments_emulated(q.to(dtype), kk.to(dtype), vv.to(dtype), segs)
+    assert_within(out, base, dtype, ref_err, what=f"attention_segments {dtype} {segs}")
+
+
+def test_attention_rejects_bad_input() -> None:
+    q, k, v = _qkv(1, 4, 6, 2, 8, seed=4)
+    with pytest.raises(TypeError, match="dtype"):
+        attention_emulated(q, k.bfloat16(), v)
+    with pytest.raises(ValueError, match="H and D"):
+        attention_emulated(q, torch.randn(1, 6, 3, 8), torch.randn(1, 6, 3, 8))
+    with pytest.raises(ValueError, match="segments"):
+        attention_segments_emulated(q, k, v, [(4, 5)])
+    with pytest.raises(ValueError, match="D=256"):
+        attention_emulated(torch.randn(1, 2, 1, 256), torch.randn(1, 2, 1, 256), torch.randn(1, 2, 1, 256))
+
+
+def _spec(b, n, h, d):
+    return TensorSpec((b, n, h, d), "bfloat16")
+
+
+def test_attention_trace_no_transpose_pass_over_hbm() -> None:
+    """q/k are transposed by the DMA on their way in, P on TensorE; HBM traffic is q, k, v read once per head
+    and out written once: no HBM->HBM copy, no store of a transposed intermediate, no HBM re-read."""
+    b, lq, lk, h, d = 1, 300, 1000, 2, 128
+    _, tr = run(
+        attention_kernel,
+        _spec(b, lq, h, d),
+        _spec(b, lk, h, d),
+        _spec(b, lk, h, d),
+        0.1,
+        False,
+        trace_only=True,
+    )
+    dmas = [(r, n) for r, n in tr.entries() if r.engine == "dma"]
+    assert not [r for r, _ in dmas if r.direction == "hbm->hbm"]
+    read = sum(r.bytes_read * n for r, n in dmas if r.direction == "hbm->sbuf")
+    written = sum(r.bytes_written * n for r, n in dmas if r.direction == "sbuf->hbm")
+    assert read == (lq + 2 * lk) * h * d * 2 * b
+    assert written == lq * h * d * 2 * b  # exactly the output, in its [B, Lq, H, D] layout
+    assert tr.count(op="dma_transpose") > 0 and tr.count(op="nc_transpose") > 0
+    # segments: the same bytes as the gathered keys, read in place from the buffer
+    segs = ((0, 300), (500, 200), (900, 100))
+    _, tr2 = run(
+        attention_segments_kernel,
+        _spec(b, lq, h, d),
+        _spec(b, lk, h, d),
+        _spec(b, lk, h, d),
+        segs,
+        0.1,
+        False,
+        trace_only=True,
+    )
+    read2 = sum(
+        r.bytes_read * n for r, n in tr2.entries() if r.engine == "dma" and r.direction == "hbm->sbuf"
+    )
+    assert read2 == (lq + 2 * 600) * h * d * 2 * b
