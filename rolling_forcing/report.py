@@ -32,7 +32,7 @@ from typing import Any
 class ChunkTiming:
     """Wall-clock record of one chunk (``ready_s`` is measured from the stream start)."""
 
-    index: int
+    block: int
     ready_s: float
     video_frames: int
     generate_s: float = 0.0
@@ -146,7 +146,7 @@ class LatencyReport:
         for i, (c, lat) in enumerate(zip(self.chunks, self.latencies_s)):
             verdict = "first (warm-up)" if i == 0 else ("MISS" if lat > self.deadline_s else "ok")
             lines.append(
-                f"{c.index:>5} {c.video_frames:>6} {lat * 1e3:>10.1f} {c.generate_s * 1e3:>8.1f} "
+                f"{c.block:>5} {c.video_frames:>6} {lat * 1e3:>10.1f} {c.generate_s * 1e3:>8.1f} "
                 f"{c.decode_s * 1e3:>9.1f} {c.write_s * 1e3:>8.1f}  {verdict}"
             )
         s = self.summary()
@@ -173,9 +173,9 @@ class ChunkTimer:
         return time.perf_counter() - self.start
 
     def add(
-        self, index: int, video_frames: int, *, generate_s: float, decode_s: float, write_s: float
+        self, block: int, video_frames: int, *, generate_s: float, decode_s: float, write_s: float
     ) -> None:
-        self.rows.append(ChunkTiming(index, self.now(), video_frames, generate_s, decode_s, write_s))
+        self.rows.append(ChunkTiming(block, self.now(), video_frames, generate_s, decode_s, write_s))
 
     def report(self, deadline: float, fps: float, meta: dict[str, Any] | None = None) -> LatencyReport:
         return LatencyReport(deadline, fps, tuple(self.rows), dict(meta or {}))

@@ -1,0 +1,337 @@
+"""``rolling-forcing`` command line (typer): ``generate``, ``plan``, ``bench kernels``, ``bench e2e``.
+
+``rolling-forcing generate --preset tiny --seconds 10 --out demo.mp4`` streams a video on CPU with no
+download: random seeded weights for the tiny DiT, seeded prompt embeddings and the preview decoder
+(see :mod:`rolling_forcing.decode`), writes an MP4 chunk by chunk and prints the per-chunk latency
+report against the real-time deadline (all figures *measured*, CPU wall clock). Real weights come in
+through ``--checkpoint`` (Wan / RF / diffusers key layouts), ``--vae`` (diffusers ``AutoencoderKLWan``
+directory), ``--text-encoder`` (umT5 directory) or ``--prompt-embeds`` (``.safetensors``). Local paths
+only.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="rolling-forcing",
+    help="Rolling Forcing streaming video generation (Wan2.1 causal DiT) with NKI kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks (perf/): kernels on the emulator + cost model, end-to-end model.")
+app.add_typer(bench_app, name="bench")
+
+
+class Backend(str, Enum):
+    reference = "reference"
+    emulator = "emulator"
+    neuron = "neuron"
+
+
+class Positions(str, Enum):
+    absolute = "absolute"
+    relative = "relative"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Everything ``generate`` needs; the typer command only fills this in."""
+
+    out: Path
+    preset: str = "tiny"
+    seconds: float = 10.0
+    blocks: int | None = None
+    prompt: str = "a red fox running through fresh snow, cinematic"
+    seed: int = 0
+    checkpoint: Path | None = None
+    use_ema: bool = False
+    vae: Path | None = None
+    text_encoder: Path | None = None
+    prompt_embeds: Path | None = None
+    backend: str = "reference"
+    positions: str = "absolute"
+    dtype: str = "float32"
+    report_json: Path | None = None
+    progress: bool = True
+    threads: int | None = None
+
+
+def _fail(msg: str) -> typer.Exit:
+    typer.secho(f"error: {msg}", err=True, fg=typer.colors.RED)
+    return typer.Exit(code=2)
+
+
+def _build_text(opts: GenerateOptions, model_cfg: Any) -> tuple[Any, str]:
+    from rolling_forcing import text as text_mod
+
+    if opts.prompt_embeds is not None and opts.text_encoder is not None:
+        raise ValueError("give at most one of --prompt-embeds and --text-encoder")
+    if opts.prompt_embeds is not None:
+        emb = text_mod.load_prompt_embeds(opts.prompt_embeds, model_cfg.text_len, model_cfg.text_dim, batch=1)
+        return emb, f"precomputed embeddings {opts.prompt_embeds}"
+    if opts.text_encoder is not None:
+        enc = text_mod.UMT5TextEncoder(opts.text_encoder, model_cfg.text_len)
+        emb = enc.encode([opts.prompt])
+        return text_mod.validate_prompt_embeds(
+            emb, model_cfg.text_len, model_cfg.text_dim, batch=1, name="umT5 output"
+        ), f"umT5 from {opts.text_encoder}"
+    if opts.preset != "tiny":
+        raise ValueError(
+            f"preset {opts.preset!r} needs real text conditioning: pass --text-encoder DIR (umT5) or "
+            f"--prompt-embeds FILE.safetensors (seeded embeddings are only for the tiny preset)"
+        )
+    enc_s = text_mod.SeededTextEncoder(model_cfg.text_len, model_cfg.text_dim)
+    return enc_s.encode([opts.prompt]), "seeded embeddings (tiny preset; SHA-256 of the prompt)"
+
+
+def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any) -> tuple[Any, str]:
+    from rolling_forcing.decode import PreviewDecoder, WanVAEStreamingDecoder
+
+    if opts.vae is not None:
+        dec = WanVAEStreamingDecoder.from_pretrained(opts.vae)
+        if dec.channels != model_cfg.out_channels:
+            raise ValueError(
+                f"--vae has z_dim={dec.channels} but the model outputs {model_cfg.out_channels} channels"
+            )
+        return dec, f"AutoencoderKLWan from {opts.vae} (streaming, causal cache)"
+    dec_p = PreviewDecoder(
+        model_cfg.out_channels,
+        spatial_stride=spec.spatial_stride,
+        temporal_stride=spec.temporal_stride,
+        seed=opts.seed,
+    )
+    return dec_p, "preview decoder (fixed linear latent->RGB, not a trained VAE)"
+
+
+def run_generate(opts: GenerateOptions, *, echo: Any = print) -> dict[str, Any]:
+    """Stream a video to ``opts.out`` and return the JSON report dict (also written to ``report_json``)."""
+    import torch
+    from tqdm import tqdm
+
+    from rolling_forcing.checkpoint import load_checkpoint
+    from rolling_forcing.config import PipelineConfig, get_preset
+    from rolling_forcing.decode import to_uint8_frames
+    from rolling_forcing.model import CausalWanModel
+    from rolling_forcing.pipeline import RollingForcingPipeline
+    from rolling_forcing.report import ChunkTimer, deadline_s
+    from rolling_forcing.video import VideoSpec, VideoWriter
+
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
+    model_cfg = get_preset(opts.preset)
+    pipe_cfg = PipelineConfig(dtype=opts.dtype, positions=opts.positions)
+    spec = VideoSpec()
+    num_blocks = (
+        opts.blocks
+        if opts.blocks is not None
+        else spec.blocks_for_seconds(opts.seconds, pipe_cfg.frames_per_block)
+    )
+    if num_blocks < pipe_cfg.window_blocks:
+        min_s = spec.video_frames(pipe_cfg.window_blocks, pipe_cfg.frames_per_block) / spec.fps
+        raise ValueError(
+            f"the stream needs at least window_blocks={pipe_cfg.window_blocks} blocks (Rolling Forcing's "
+            f"window schedule breaks with fewer); got {num_blocks} blocks - ask for --seconds >= {min_s:g} "
+            f"or --blocks >= {pipe_cfg.window_blocks}"
+        )
+    if opts.checkpoint is None and opts.preset != "tiny":
+        raise ValueError(
+            f"preset {opts.preset!r} needs --checkpoint (random weights only for the tiny preset)"
+        )
+
+    torch.manual_seed(opts.seed)
+    model = CausalWanModel(model_cfg)
+    weights = f"random (torch.manual_seed({opts.seed}))"
+    if opts.checkpoint is not None:
+        fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema)
+        weights = f"{opts.checkpoint} ({fmt} key layout{', EMA' if opts.use_ema else ''})"
+    model = model.to(pipe_cfg.torch_dtype).eval()
+
+    text_embeds, text_src = _build_text(opts, model_cfg)
+    decoder, dec_src = _build_decoder(opts, model_cfg, spec)
+    pipe = RollingForcingPipeline(model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions)
+    generator = torch.Generator().manual_seed(opts.seed)
+
+    total_frames = spec.video_frames(num_blocks, pipe_cfg.frames_per_block)
+    echo(
+        f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
+        f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "
+        f"backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
+        f"  weights: {weights}\n  text: {text_src}\n  decoder: {dec_src}\n  out: {opts.out}"
+    )
+    deadline = deadline_s(pipe_cfg.frames_per_block, spec.temporal_stride, spec.fps)
+    decoder.reset()
+    timer = ChunkTimer()
+    bar = tqdm(total=num_blocks, unit="chunk", desc="streaming", disable=not opts.progress, file=sys.stderr)
+    with torch.inference_mode(), VideoWriter(opts.out, spec.fps) as writer:
+        stream = pipe.stream(text_embeds.to(pipe_cfg.torch_dtype), num_blocks, generator=generator)
+        t_prev = time.perf_counter()
+        for chunk in stream:
+            t_gen = time.perf_counter()
+            video = decoder.decode(chunk.latents.float())
+            t_dec = time.perf_counter()
+            frames = to_uint8_frames(video)
+            writer.write(frames)
+            t_wr = time.perf_counter()
+            timer.add(
+                int(chunk.block),
+                frames.shape[0],
+                generate_s=t_gen - t_prev,
+                decode_s=t_dec - t_gen,
+                write_s=t_wr - t_dec,
+            )
+            bar.update(1)
+            t_prev = time.perf_counter()
+    bar.close()
+    if writer.frames_written != total_frames:
+        raise RuntimeError(f"wrote {writer.frames_written} frames, expected {total_frames}")
+    meta = {
+        "command": " ".join(sys.argv) if sys.argv else "",
+        "preset": opts.preset,
+        "num_blocks": num_blocks,
+        "backend": opts.backend,
+        "positions": opts.positions,
+        "dtype": opts.dtype,
+        "seed": opts.seed,
+        "weights": weights,
+        "text": text_src,
+        "decoder": dec_src,
+        "out": str(opts.out),
+        "torch_threads": torch.get_num_threads(),
+    }
+    report = timer.report(deadline, spec.fps, meta)
+    echo(report.format_table())
+    if opts.report_json is not None:
+        report.write_json(opts.report_json)
+        echo(f"report written to {opts.report_json}")
+    echo(f"video written to {opts.out} ({writer.frames_written} frames)")
+    return report.to_json_dict()
+
+
+@app.command()
+def generate(
+    out: Annotated[Path, typer.Option("--out", "-o", help="output .mp4 path")] = Path("demo.mp4"),
+    preset: Annotated[str, typer.Option(help="model preset: tiny | wan2.1-1.3b")] = "tiny",
+    seconds: Annotated[float, typer.Option(help="video length; rounded up to whole blocks")] = 10.0,
+    blocks: Annotated[
+        int | None, typer.Option(help="number of 3-latent-frame blocks (overrides --seconds)")
+    ] = None,
+    prompt: Annotated[str, typer.Option(help="text prompt")] = GenerateOptions.prompt,
+    seed: Annotated[int, typer.Option(help="seed of the noise (and of the tiny preset's weights)")] = 0,
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="DiT weights: .safetensors (preferred), shard dir or weights-only .pt")
+    ] = None,
+    use_ema: Annotated[bool, typer.Option(help="RF training checkpoint: use generator_ema")] = False,
+    vae: Annotated[Path | None, typer.Option(help="local diffusers AutoencoderKLWan directory")] = None,
+    text_encoder: Annotated[Path | None, typer.Option(help="local umT5 directory (transformers)")] = None,
+    prompt_embeds: Annotated[
+        Path | None, typer.Option(help="precomputed [1, text_len, text_dim] embeddings (.safetensors)")
+    ] = None,
+    backend: Annotated[
+        Backend, typer.Option(help="kernel backend for rope/attention/KV cache")
+    ] = Backend.reference,
+    positions: Annotated[Positions, typer.Option(help="RoPE positions: absolute (original) or relative")] = (
+        Positions.absolute
+    ),
+    dtype: Annotated[DType, typer.Option(help="weights and activations dtype")] = DType.float32,
+    report_json: Annotated[Path | None, typer.Option(help="write the latency report as JSON")] = None,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
+    opts = GenerateOptions(
+        out=out,
+        preset=preset,
+        seconds=seconds,
+        blocks=blocks,
+        prompt=prompt,
+        seed=seed,
+        checkpoint=checkpoint,
+        use_ema=use_ema,
+        vae=vae,
+        text_encoder=text_encoder,
+        prompt_embeds=prompt_embeds,
+        backend=backend.value,
+        positions=positions.value,
+        dtype=dtype.value,
+        report_json=report_json,
+        progress=progress,
+        threads=threads,
+    )
+    try:
+        run_generate(opts, echo=typer.echo)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+@app.command()
+def plan(
+    heads: Annotated[int, typer.Option(help="attention heads (Wan2.1-1.3B: 12)")] = 12,
+    cores: Annotated[int, typer.Option(help="NeuronCores")] = 8,
+) -> None:
+    """Print the TP x SP sharding plan and its alternatives (communication is modelled)."""
+    try:
+        from sharding.plan import plan_table
+    except ImportError as exc:
+        raise _fail(f"sharding.plan is not available ({exc})") from exc
+    try:
+        typer.echo(plan_table(heads, cores))
+    except (ValueError, TypeError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _run_module_main(module: str, args: Sequence[str]) -> None:
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            raise _fail(
+                f"{module} is not available in this checkout ({exc}); see perf/ in the README"
+            ) from exc
+        raise
+    main_fn = getattr(mod, "main", None)
+    if main_fn is None:
+        raise _fail(f"{module} has no main() entry point")
+    code = main_fn(list(args))
+    if code:
+        raise typer.Exit(code=int(code))
+
+
+@bench_app.command("kernels", context_settings=_PASS_THROUGH)
+def bench_kernels(ctx: typer.Context) -> None:
+    """Kernel benchmarks (``perf.bench_kernels``); extra arguments are passed through."""
+    _run_module_main("perf.bench_kernels", ctx.args)
+
+
+@bench_app.command("e2e", context_settings=_PASS_THROUGH)
+def bench_e2e(ctx: typer.Context) -> None:
+    """End-to-end model (``perf.e2e``); extra arguments are passed through."""
+    _run_module_main("perf.e2e", ctx.args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point ``rolling-forcing``."""
+    app(args=list(argv) if argv is not None else None, prog_name="rolling-forcing")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,119 @@
+"""The ``rolling-forcing`` CLI: generate (tiny preset, CPU, no download), plan, bench, entry points."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from rolling_forcing.cli import app
+from rolling_forcing.video import VideoSpec, read_video
+
+runner = CliRunner()
+
+
+def test_generate_tiny_writes_video_and_report(tmp_path) -> None:
+    out, rep = tmp_path / "demo.mp4", tmp_path / "report.json"
+    blocks = 5  # the minimum stream (one full window)
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            str(blocks),
+            "--out",
+            str(out),
+            "--report-json",
+            str(rep),
+        ]
+        + ["--no-progress", "--seed", "3"],
+    )
+    assert result.exit_code == 0, result.output
+    spec = VideoSpec()
+    frames = spec.video_frames(blocks, 3)  # 9 + 4 * 12 = 57
+    video = read_video(out)
+    assert video.shape == (frames, 8 * 8, 8 * 8, 3)  # tiny latents 8x8, spatial stride 8
+    assert video.std() > 1.0  # not a blank video
+    data = json.loads(rep.read_text())
+    s = data["summary"]
+    assert s["kind"] == "measured"
+    assert s["chunks"] == blocks and s["video_frames"] == frames
+    assert s["deadline_s"] == pytest.approx(0.75)
+    assert [c["block"] for c in data["chunks"]] == list(range(blocks))
+    assert [c["video_frames"] for c in data["chunks"]] == [9, 12, 12, 12, 12]
+    ready = [c["ready_s"] for c in data["chunks"]]
+    assert ready == sorted(ready) and s["time_to_first_frame_s"] == pytest.approx(ready[0])
+    assert 0 <= s["deadline_misses"] <= blocks - 1
+    assert "time to first frame" in result.output and "deadline misses" in result.output
+
+
+def test_generate_is_deterministic_per_seed(tmp_path) -> None:
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"d{i}.mp4"
+        r = runner.invoke(
+            app, ["generate", "--blocks", "5", "--out", str(out), "--no-progress", "--seed", "7"]
+        )
+        assert r.exit_code == 0, r.output
+        outs.append(read_video(out))
+    assert (outs[0] == outs[1]).all()
+
+
+def test_generate_rejects_too_few_blocks(tmp_path) -> None:
+    r = runner.invoke(app, ["generate", "--seconds", "1", "--out", str(tmp_path / "x.mp4"), "--no-progress"])
+    assert r.exit_code == 2
+    assert "at least window_blocks=5 blocks" in r.output
+    assert not (tmp_path / "x.mp4").exists()
+
+
+def test_generate_rejects_wrong_prompt_embeds(tmp_path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "e.safetensors"
+    save_file({"prompt_embeds": torch.zeros(1, 7, 32)}, str(bad))
+    r = runner.invoke(
+        app, ["generate", "--blocks", "5", "--prompt-embeds", str(bad), "--out", str(tmp_path / "y.mp4")]
+    )
+    assert r.exit_code == 2
+    assert "text_len=16, text_dim=32" in r.output
+
+
+def test_wan_preset_needs_weights(tmp_path) -> None:
+    r = runner.invoke(app, ["generate", "--preset", "wan2.1-1.3b", "--out", str(tmp_path / "z.mp4")])
+    assert r.exit_code == 2 and "--checkpoint" in r.output
+
+
+def test_plan_prints_table() -> None:
+    r = runner.invoke(app, ["plan", "--heads", "12", "--cores", "8"])
+    assert r.exit_code == 0, r.output
+    from sharding.plan import plan_table
+
+    assert r.output.strip() == plan_table(12, 8).strip()
+
+
+def test_bench_missing_module_is_a_clear_error(monkeypatch) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name: str, *a, **k):
+        if name == "perf.e2e":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    r = runner.invoke(app, ["bench", "e2e"])
+    assert r.exit_code == 2 and "perf.e2e is not available" in r.output
+
+
+def test_python_dash_m_entry_point() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "rolling_forcing", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and "generate" in r.stdout and "plan" in r.stdout
