@@ -1,4 +1,4 @@
-"""Attention kernels (nki_kernels.attention) on the NKI emulator against reference.attention (fp32 softmax)."""
+"""Attention kernels (nki_kernels.attention) on the NKI emulator against reference.attention (fp32)."""
 
 from __future__ import annotations
 

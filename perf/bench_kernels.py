@@ -1,0 +1,233 @@
+"""Modelled trn2 benchmark of the NKI kernels at Wan2.1-1.3B Rolling Forcing shapes.
+
+Every kernel and variant (naive ones included) runs **trace-only** on the NKI emulator (no arithmetic) and
+the trace goes through the trn2 cost model (:mod:`nki_kernels.emulator.cost`). All figures are
+**modelled**, never measured. Rows are appended to ``perf/results/bench_kernels.jsonl`` and printed.
+
+Run: ``python -m perf.bench_kernels`` (Wan shapes, ~1 min) or ``python -m perf.bench_kernels --quick``.
+
+Attention is traced with ``traced_heads`` heads (one per logical core) at the full Lq, Lk and D; heads are
+independent and identical, and H only changes the HBM row stride (not any descriptor size), so the
+per-layer figure is ``per_head_latency * H / lnc`` (stated in the row).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nki_kernels.attention import attention_kernel, attention_segments_kernel
+from nki_kernels.emulator import TensorSpec, run
+from nki_kernels.emulator.cost import profile
+from nki_kernels.kv_cache import kv_cache_slide_kernel, kv_cache_write_kernel
+from nki_kernels.rope3d import rope3d_kernel, rope3d_naive_kernel
+from perf.runner import BenchRow, append_rows, figures_from_profile, print_table, run_case
+
+BF16 = 2
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Benchmark shapes (defaults: Wan2.1-1.3B Rolling Forcing, 480x832, one layer)."""
+
+    tokens_per_frame: int = 1560
+    heads: int = 12
+    head_dim: int = 128
+    window_frames: int = 15
+    block_frames: int = 3
+    cache_blocks: int = 8
+    key_frames: int = 21
+
+    @property
+    def lq(self) -> int:
+        return self.window_frames * self.tokens_per_frame
+
+    @property
+    def lk(self) -> int:
+        return self.key_frames * self.tokens_per_frame
+
+    @property
+    def block(self) -> int:
+        return self.block_frames * self.tokens_per_frame
+
+    @property
+    def cache(self) -> int:
+        return self.cache_blocks * self.block
+
+
+WAN = Shapes()
+QUICK = Shapes(tokens_per_frame=96, window_frames=3, key_frames=9)
+
+
+def _spec(*shape: int, dtype: str = "bfloat16") -> TensorSpec:
+    return TensorSpec(shape, dtype)
+
+
+def _prof(
+    kernel: Any, args: tuple, lnc: int, hbm_min: int, extra: dict[str, Any]
+) -> Callable[[], dict[str, Any]]:
+    def fn() -> dict[str, Any]:
+        _, tr = run(kernel, *args, lnc=lnc, trace_only=True)
+        p = profile(tr, cores=lnc)
+        figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
+        figs["extra"].update(
+            {
+                "dma_bound_ratio": round(p.latency_ns / p.dma_bound_ns, 3) if p.dma_bound_ns else None,
+                "min_descriptor_bytes": min(p.descriptor_histogram) if p.descriptor_histogram else None,
+                "engine_busy_us": {k: round(v / 1e3, 2) for k, v in p.engine_busy_ns.items()},
+                "cores": lnc,
+            }
+        )
+        figs["extra"].update(extra)
+        return figs
+
+    return fn
+
+
+def _attention_fn(
+    kernel: Any, args: tuple, lnc: int, heads_total: int, hbm_min: int, extra: dict
+) -> Callable:
+    def fn() -> dict[str, Any]:
+        _, tr = run(kernel, *args, lnc=lnc, trace_only=True)
+        p = profile(tr, cores=lnc)
+        per_head_us = p.latency_ns / 1e3  # one traced head per core
+        figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
+        figs["latency_us"] = per_head_us * heads_total / lnc
+        figs["extra"].update(
+            {
+                "per_head_us": round(per_head_us, 1),
+                "per_layer_us": round(per_head_us * heads_total / lnc, 1),
+                "latency_is": f"per layer = per_head x {heads_total} heads / {lnc} cores",
+                "engine_busy_us_per_head": {k: round(v / 1e3, 1) for k, v in p.engine_busy_ns.items()},
+                "transpose_passes_over_hbm": sum(
+                    n for r, n in tr.entries() if r.engine == "dma" and r.direction == "hbm->hbm"
+                ),
+                "pe_transposes": tr.count(op="nc_transpose"),
+                "cores": lnc,
+            }
+        )
+        figs["extra"].update(extra)
+        return figs
+
+    return fn
+
+
+def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
+    h, d, row = s.heads, s.head_dim, s.heads * s.head_dim
+    out: list[tuple[str, str, dict[str, Any], Callable[[], Any]]] = []
+    lq = s.lq
+    rope_args = (
+        _spec(1, lq, h, d),
+        _spec(1, lq, h, d),
+        _spec(lq, d // 2, dtype="float32"),
+        _spec(lq, d // 2, dtype="float32"),
+    )
+    rope_min = 4 * lq * row * BF16
+    cfg = {"B": 1, "L": lq, "H": h, "D": d, "dtype": "bf16"}
+    target = {"target": "latency <= 1.25 x dma_bound, q/k descriptors >= 2 KiB"}
+    for lnc in (1, 2):
+        out.append(
+            (
+                "rope3d",
+                f"sbuf_deinterleave_lnc{lnc}",
+                cfg,
+                _prof(rope3d_kernel, rope_args, lnc, rope_min, target),
+            )
+        )
+    out.append(
+        ("rope3d", "naive_stride2_dma", cfg, _prof(rope3d_naive_kernel, rope_args, 1, rope_min, target))
+    )
+
+    cache, blk = s.cache, s.block
+    kv_args = (_spec(1, cache, h, d), _spec(1, cache, h, d), _spec(1, blk, h, d), _spec(1, blk, h, d))
+    kcfg = {"B": 1, "S": cache, "T": blk, "H": h, "D": d, "dtype": "bf16"}
+    for lnc in (1, 2):
+        out.append(
+            (
+                "kv_cache_write",
+                f"ring_lnc{lnc}",
+                kcfg,
+                _prof(
+                    kv_cache_write_kernel,
+                    (*kv_args, _spec(1, 1, dtype="int32")),
+                    lnc,
+                    2 * 2 * blk * row * BF16,
+                    {"target": "<= 100 us per layer"},
+                ),  # fmt: skip
+            )
+        )
+        out.append(
+            (
+                "kv_cache_slide",
+                f"contiguous_lnc{lnc}",
+                {**kcfg, "sink": blk},
+                _prof(
+                    kv_cache_slide_kernel,
+                    (*kv_args, blk),
+                    lnc,
+                    2 * 2 * (cache - blk) * row * BF16,
+                    {"target": "<= 2000 us per layer (published 1.9 ms)"},
+                ),  # fmt: skip
+            )
+        )
+
+    lk = s.lk
+    th = 2
+    acfg = {"B": 1, "Lq": lq, "Lk": lk, "H": h, "D": d, "dtype": "bf16", "traced_heads": th}
+    amin = th * (lq * 2 + 2 * lk) * d * BF16
+    att_args = (_spec(1, lq, th, d), _spec(1, lk, th, d), _spec(1, lk, th, d), 1.0 / d**0.5, False)
+    tgt = {"target": "TensorE util >= 70%, zero transpose passes over HBM"}
+    out.append(
+        ("attention", "flash_fused_lnc2", acfg, _attention_fn(attention_kernel, att_args, 2, h, amin, tgt))
+    )
+    # segments: sink block + working cache + window's own keys, read in place from a cache-sized buffer
+    segs = ((0, blk), (2 * blk, lk - lq - blk), (cache - lq, lq))
+    seg_args = (
+        _spec(1, lq, th, d),
+        _spec(1, cache, th, d),
+        _spec(1, cache, th, d),
+        segs,
+        1.0 / d**0.5,
+        False,
+    )
+    out.append(
+        (
+            "attention_segments",
+            "in_place_segments_lnc2",
+            {**acfg, "S": cache, "segments": [list(x) for x in segs]},
+            _attention_fn(attention_segments_kernel, seg_args, 2, h, amin, tgt),
+        )
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[BenchRow]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes (seconds) instead of Wan shapes")
+    ap.add_argument("--no-save", action="store_true", help="print only, do not append to perf/results")
+    a = ap.parse_args(argv)
+    shapes = QUICK if a.quick else WAN
+    rows = [
+        run_case(fn, op=op, variant=var, config=cfg, kind="modelled") for op, var, cfg, fn in cases(shapes)
+    ]
+    if not a.no_save:
+        append_rows(rows, "bench_kernels_quick" if a.quick else "bench_kernels")
+    print_table(rows)
+    for r in rows:
+        ex = r.extra
+        keys = (
+            "dma_bound_ratio",
+            "per_head_us",
+            "per_layer_us",
+            "bottleneck",
+            "min_descriptor_bytes",
+            "target",
+        )
+        print(f"{r.op}/{r.variant}: " + ", ".join(f"{k}={ex[k]}" for k in keys if k in ex))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
