@@ -133,7 +133,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse):
     KC = 2048 if two_byte else 1024
     nkt = (Lk + PMAX - 1) // PMAX
     out = nl.ndarray(q.shape, dtype=dt, buffer=nl.shared_hbm)
-    lse = nl.ndarray((B, Lq, H), dtype=f32, buffer=nl.shared_hbm) if return_lse else None
+    lse: Any = nl.ndarray((B, Lq, H), dtype=f32, buffer=nl.shared_hbm) if return_lse else None
     pid = nl.program_id(0)
     nprog = nl.num_programs()
 
