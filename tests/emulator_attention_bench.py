@@ -38,10 +38,10 @@ def attention_like(qT, kT, v):
                 nisa.tensor_reduce(mx, nl.maximum, s_ps, axis=1)
                 m_new = nl.ndarray((nq, 1), nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(m_new, mx, m, nl.maximum)
-                alpha = nl.ndarray((nq, 1), nl.float32, buffer=nl.sbuf)
-                nisa.activation(alpha, nl.exp, m, bias=m_new, scale=-1.0)
                 neg = nl.ndarray((nq, 1), nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(neg, m_new, nl.multiply, -1.0)
+                alpha = nl.ndarray((nq, 1), nl.float32, buffer=nl.sbuf)
+                nisa.activation(alpha, nl.exp, m, bias=neg)  # exp(m_old - m_new)
                 p = nl.ndarray((nq, nk), nl.bfloat16, buffer=nl.sbuf)
                 rs = nl.ndarray((nq, 1), nl.float32, buffer=nl.sbuf)
                 nisa.activation(p, nl.exp, s_ps, bias=neg, reduce_op=nl.add, reduce_res=rs,

@@ -129,6 +129,9 @@ def get_nc_sub_version() -> int:
     return 0
 
 
+_OOB = oob_mode
+_DGE = dge_mode
+
 _ENGINE_TRACE = {
     engine.tensor: "tensor",
     engine.vector: "vector",
@@ -387,9 +390,9 @@ def dma_copy(
             raise PartitionLimitError(
                 f"[partition-limit] dma_copy: {a}={t._desc()} exceeds {launch.hw.pmax} partitions"
             )
-    if not isinstance(oob_mode, type(globals()["oob_mode"].error)):
+    if type(oob_mode) is not _OOB:
         raise TypeError(f"dma_copy: oob_mode must be an nisa.oob_mode member, got {oob_mode!r}")
-    if dge_mode is globals()["dge_mode"].hwdge and dst.dtype != src.dtype:
+    if dge_mode is _DGE.hwdge and dst.dtype != src.dtype:
         raise DtypeError(
             f"[dma-dtype] dma_copy with dge_mode=hwdge needs equal dtypes, got dst {dst.dtype} / src "
             f"{src.dtype} (use .view() or swdge)"
@@ -397,7 +400,7 @@ def dma_copy(
     _dma_record(op, dst, src, launch)
     if launch.trace_only:
         return NkiInstruction(op)
-    skip = oob_mode is globals()["oob_mode"].skip
+    skip = oob_mode is _OOB.skip
     vals = src.read(oob_skip=skip)
     if vals is None:
         return NkiInstruction(op)
@@ -474,7 +477,7 @@ def tensor_copy(
     _onchip(dst, op, "dst", launch)
     _onchip(src, op, "src", launch)
     _same_pf(op, dst, "dst", src, "src")
-    eng = _pick_engine(engine, globals()["engine"].vector, op, (_E.vector, _E.scalar, _E.gpsimd))
+    eng = _pick_engine(engine, _E.vector, op, (_E.vector, _E.scalar, _E.gpsimd))
     _no_gpsimd_psum(op, eng, dst, src)
     en = _ENGINE_TRACE[eng]
     key = (

@@ -13,6 +13,7 @@ the i-th of program 0).
 from __future__ import annotations
 
 import functools
+import gc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -182,6 +183,10 @@ def _launch(
     targs = tuple(binder.to_tensor(a, f"arg{i}") for i, a in enumerate(args))
     tkw = {k: binder.to_tensor(v, k) for k, v in kwargs.items()}
     results = []
+    # The cyclic GC is paused during a launch: kernels allocate millions of small acyclic objects
+    # (views, tiles) that reference counting frees; generation-0 collections only cost time.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     _state.push(launch)
     try:
         for pid in range(lnc):
@@ -189,6 +194,8 @@ def _launch(
             results.append(fn(*targs, **tkw))
     finally:
         _state.pop()
+        if gc_was_enabled:
+            gc.enable()
         launch.flush()
         launch.epoch += 1  # storages freed after the launch no longer touch its accounting
     binder.finish()

@@ -141,8 +141,11 @@ def allocate(shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "", *, fi
             data = np.empty(size, dtype=npdt)
     st = Storage(shape, dtype, buffer, name, data)
     if buffer.on_chip:
-        pbytes = math.prod(shape[1:]) * _dt.itemsize(dtype)
-        launch.alloc_onchip(buffer.name, pbytes, shape, dtype, name)
+        pbytes = _pbytes(shape, dtype)
+        if buffer is sbuf and launch.sbuf_used + pbytes <= launch.hw.sbuf_bytes_per_partition:
+            launch.sbuf_used += pbytes
+        else:
+            launch.alloc_onchip(buffer.name, pbytes, shape, dtype, name)
         st.pbytes = pbytes
         st.launch = launch
         st.epoch = launch.epoch
@@ -151,6 +154,11 @@ def allocate(shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "", *, fi
     elif buffer is shared_hbm and launch.num_programs > 1 and launch.program_id == 0:
         launch.shared_allocs.append(st)
     return NkiTensor._make(st, 0, shape, _row_major(shape), dtype, name)
+
+
+@lru_cache(maxsize=65536)
+def _pbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape[1:]) * _dt.itemsize(dtype)
 
 
 def wrap_array(data: np.ndarray | None, shape: tuple[int, ...], dtype: str, buffer: MemoryRegion, name: str):
@@ -284,7 +292,7 @@ class NkiTensor:
         if not isinstance(key, tuple):
             key = (key,)
         nd = len(self.shape)
-        if any(k is Ellipsis for k in key):
+        if Ellipsis in key:
             i = next(j for j, k in enumerate(key) if k is Ellipsis)
             if any(k is Ellipsis for k in key[i + 1 :]):
                 raise IndexError("an index can only have a single ellipsis ('...')")
@@ -301,14 +309,24 @@ class NkiTensor:
         for d, k in enumerate(key):
             n = self.shape[d]
             s = self.strides[d]
-            if isinstance(k, slice):
-                step = 1 if k.step is None else k.step
-                if not isinstance(step, (int, np.integer)) or step < 1:
+            if type(k) is slice:
+                step = k.step
+                if step is None:
+                    step = 1
+                elif not isinstance(step, (int, np.integer)) or step < 1:
                     raise ViewError(
                         f"[slice] step must be an int >= 1, got {k.step!r} on dim {d} of {self._desc()}"
                     )
-                start = 0 if k.start is None else _norm_index(k.start, n, d, self, allow_end=False)
-                stop = n if k.stop is None else _norm_index(k.stop, n, d, self, allow_end=True)
+                start = k.start
+                if start is None:
+                    start = 0
+                elif type(start) is not int or not 0 <= start < n:
+                    start = _norm_index(start, n, d, self, allow_end=False)
+                stop = k.stop
+                if stop is None:
+                    stop = n
+                elif type(stop) is not int or not 0 < stop <= n:
+                    stop = _norm_index(stop, n, d, self, allow_end=True)
                 if stop <= start:
                     raise OutOfBoundsError(
                         f"[out-of-bounds] empty or reversed slice {start}:{stop} on dim {d} of {self._desc()}"
@@ -333,7 +351,7 @@ class NkiTensor:
                 shape.append(size)
                 strides.append(s)
             elif isinstance(k, (int, np.integer)):
-                i = _norm_index(k, n, d, self, allow_end=False)
+                i = k if (type(k) is int and 0 <= k < n) else _norm_index(k, n, d, self, allow_end=False)
                 offset += i * s
                 if d == 0 and on_chip:
                     shape.append(1)
