@@ -119,7 +119,8 @@ class KernelCost:
 class KernelProvider(Protocol):
     """Source of per-core kernel costs.  Shapes are the per-core shapes (local heads, local queries)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def attention(self, lq: int, lk: int, heads: int, head_dim: int) -> KernelCost: ...
 
@@ -173,12 +174,115 @@ class AnalyticKernels:
         return KernelCost(b / self.params.hbm_Bps_per_core + self.params.kernel_call_s, 0, b, {}, "analytic")
 
 
-def default_kernel_provider(params: E2EParams) -> KernelProvider:
-    """Traced kernels (D's ``perf.bench_kernels`` helpers + the cost model) when available, else analytic."""
-    try:
-        from perf import e2e_traced  # type: ignore[attr-defined]
+@dataclass
+class TracedKernels:
+    """Per-core costs from trace-only emulator runs of the project's NKI kernels through the cost model.
 
-        return e2e_traced.TracedKernels(params)  # type: ignore[no-any-return]
+    Kernels: ``nki_kernels.attention.attention_kernel`` (``[1, Lq, H, D]`` over ``[1, Lk, H, D]``),
+    ``nki_kernels.rope3d.rope3d_kernel`` (q and k ``[1, L, H, D]``, fp32 tables ``[L, D/2]``) and
+    ``nki_kernels.kv_cache.kv_cache_write_kernel`` (one block into a ``[1, S, H, D]`` ring buffer).
+    Costs are cached per shape.  Attention is traced at its exact per-core shape when it has at most
+    ``max_heads`` local heads; with more heads (the 1- and 2-core points of the scaling sweep) it is
+    traced at the largest divisor ``h <= max_heads`` of the head count and multiplied by ``heads / h``
+    (heads are independent loop iterations of the kernel).  Anything that fails to trace falls back to
+    :class:`AnalyticKernels` and says so in ``source``.
+    """
+
+    params: E2EParams = field(default_factory=E2EParams)
+    max_heads: int = 3
+    name: str = "traced"
+    _cache: dict[tuple[Any, ...], KernelCost] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from nki_kernels.emulator import TensorSpec, run
+        from nki_kernels.emulator.cost import profile
+
+        self._run, self._spec, self._profile = run, TensorSpec, profile
+        self._fallback = AnalyticKernels(self.params)
+
+    def _trace(self, kernel: Any, *args: Any) -> Any:
+        _, tr = self._run(kernel, *args, trace_only=True)
+        return self._profile(tr)
+
+    def _attn_exact(self, lq: int, lk: int, heads: int, d: int) -> float:
+        import ml_dtypes
+
+        from nki_kernels.attention import attention_kernel
+
+        bf = ml_dtypes.bfloat16
+        q, kv = self._spec((1, lq, heads, d), bf), self._spec((1, lk, heads, d), bf)
+        prof = self._trace(attention_kernel, q, kv, kv, 1.0 / math.sqrt(d), False)
+        return float(prof.latency_ns) * 1e-9
+
+    def attention(self, lq: int, lk: int, heads: int, head_dim: int) -> KernelCost:
+        key = ("attn", lq, lk, heads, head_dim)
+        if key not in self._cache:
+            flops = 4 * lq * lk * heads * head_dim
+            try:
+                if heads <= self.max_heads:
+                    t, src = self._attn_exact(lq, lk, heads, head_dim), "traced"
+                else:
+                    h = max(x for x in range(1, self.max_heads + 1) if heads % x == 0)
+                    t = self._attn_exact(lq, lk, h, head_dim) * (heads // h)
+                    src = f"traced at {h} heads x {heads // h}"
+                self._cache[key] = KernelCost(t + self.params.kernel_call_s, flops, 0, {}, src)
+            except Exception as e:  # noqa: BLE001 - any emulator failure -> labelled fallback
+                c = self._fallback.attention(lq, lk, heads, head_dim)
+                self._cache[key] = replace(c, source=f"analytic (trace failed: {type(e).__name__})")
+        return self._cache[key]
+
+    def rope(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
+        key = ("rope", tokens, heads, head_dim)
+        if key not in self._cache:
+            try:
+                import ml_dtypes
+
+                from nki_kernels.rope3d import rope3d_kernel
+
+                x = self._spec((1, tokens, heads, head_dim), ml_dtypes.bfloat16)
+                tab = self._spec((tokens, head_dim // 2), "float32")
+                prof = self._trace(rope3d_kernel, x, x, tab, tab)
+                self._cache[key] = KernelCost(
+                    float(prof.latency_ns) * 1e-9 + self.params.kernel_call_s,
+                    0,
+                    int(prof.hbm_bytes),
+                    {},
+                    "traced",
+                )
+            except Exception as e:  # noqa: BLE001
+                c = self._fallback.rope(tokens, heads, head_dim)
+                self._cache[key] = replace(c, source=f"analytic (trace failed: {type(e).__name__})")
+        return self._cache[key]
+
+    def kv_write(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
+        key = ("kvw", tokens, heads, head_dim)
+        if key not in self._cache:
+            try:
+                import ml_dtypes
+
+                from nki_kernels.kv_cache import kv_cache_write_kernel
+
+                bf = ml_dtypes.bfloat16
+                cache = self._spec((1, 8 * tokens, heads, head_dim), bf)
+                new = self._spec((1, tokens, heads, head_dim), bf)
+                prof = self._trace(kv_cache_write_kernel, cache, cache, new, new, self._spec((1, 1), "int32"))
+                self._cache[key] = KernelCost(
+                    float(prof.latency_ns) * 1e-9 + self.params.kernel_call_s,
+                    0,
+                    int(prof.hbm_bytes),
+                    {},
+                    "traced",
+                )
+            except Exception as e:  # noqa: BLE001
+                c = self._fallback.kv_write(tokens, heads, head_dim)
+                self._cache[key] = replace(c, source=f"analytic (trace failed: {type(e).__name__})")
+        return self._cache[key]
+
+
+def default_kernel_provider(params: E2EParams) -> KernelProvider:
+    """:class:`TracedKernels` when the emulator and cost model import, else :class:`AnalyticKernels`."""
+    try:
+        return TracedKernels(params)
     except (ImportError, AttributeError):
         return AnalyticKernels(params)
 
@@ -766,9 +870,9 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     L.append("## Scaling with core count (modelled, merged forward, end to end)\n")
     L.append("| cores | plan | fps | DiT-only fps |")
     L.append("|---|---|---|---|")
-    for c, name, f, df in r.scaling:
-        note = " (2 chips)" if c > 8 else ""
-        L.append(f"| {c}{note} | {name} | {f:.2f} | {df:.2f} |")
+    for nc, name, f, df in r.scaling:
+        note = " (2 chips)" if nc > 8 else ""
+        L.append(f"| {nc}{note} | {name} | {f:.2f} | {df:.2f} |")
     L.append("")
     L.append("## HBM footprint (modelled arithmetic; formulas in `perf/footprint.py`)\n")
     for fp in r.footprints:

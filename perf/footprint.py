@@ -157,7 +157,8 @@ def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
     from diffusers import AutoencoderKLWan
 
     with torch.device("meta"):
-        vae = AutoencoderKLWan().eval()
+        vae: Any = AutoencoderKLWan()
+    vae.eval()
     recs: list[VaeLayer] = []
 
     def hook(mod: Any, inp: Any, out: Any) -> None:
@@ -207,7 +208,7 @@ def vae_strides() -> tuple[int, int]:
     from diffusers import AutoencoderKLWan
 
     with torch.device("meta"):
-        vae = AutoencoderKLWan()
+        vae: Any = AutoencoderKLWan()
     return int(vae.config.scale_factor_temporal), int(vae.config.scale_factor_spatial)
 
 

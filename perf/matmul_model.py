@@ -73,8 +73,19 @@ class MatmulHw:
 
     def dma_eff(self, run_bytes: int) -> float:
         """Published trn2 DMA efficiency vs bytes per partition (doc section 3), step-interpolated."""
-        table = ((32, 0.014), (64, 0.026), (128, 0.05), (256, 0.10), (512, 0.21), (1024, 0.42), (2048, 0.81))
-        table = (*table, (4096, 0.97), (8192, 0.98), (16384, 0.99), (32768, 1.0))
+        table: tuple[tuple[int, float], ...] = (
+            (32, 0.014),
+            (64, 0.026),
+            (128, 0.05),
+            (256, 0.10),
+            (512, 0.21),
+            (1024, 0.42),
+            (2048, 0.81),
+            (4096, 0.97),
+            (8192, 0.98),
+            (16384, 0.99),
+            (32768, 1.0),
+        )
         eff = table[0][1]
         for size, e in table:
             if run_bytes >= size:
@@ -125,7 +136,8 @@ class LinearProfile:
 class MatmulProvider(Protocol):
     """Pluggable source of block profiles (traced or analytic)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def block(self, block_m: int, k: int, block_n: int) -> BlockProfile: ...
 
