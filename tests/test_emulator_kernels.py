@@ -226,3 +226,20 @@ def test_backend_name_prints_emulator() -> None:
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "emulator"
+
+
+def test_keep_order_lists_every_instruction_in_program_order() -> None:
+    _, trace = run(softmax_kernel, TensorSpec((256, 64), "float32"), trace_only=True, keep_order=True)
+    assert [r.op for r in trace.order] == [
+        "dma_copy", "tensor_reduce", "activation", "reciprocal", "tensor_scalar", "dma_copy",
+    ] * 2  # fmt: skip
+    assert len(trace.order) == trace.num_instructions
+
+
+def test_hwconfig_is_frozen_and_validated() -> None:
+    hw = emu.HwConfig()
+    assert hw.psum_bytes_per_partition == 16 * 1024 and hw.psum_bank_fmax == 512
+    with pytest.raises(Exception, match="cannot assign"):
+        hw.pmax = 64  # type: ignore[misc]
+    with pytest.raises(ValueError, match="sbuf_bytes_per_partition"):
+        emu.HwConfig(sbuf_bytes_per_partition=0)
