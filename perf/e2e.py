@@ -1024,7 +1024,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = run_model(a.preset, a.height, a.width, a.cores, params=params, kernels=kernels, matmul=matmul)
     from perf.runner import append_rows, current_command, print_table
 
-    r.command = current_command()
+    argv_s = list(sys.argv[1:] if argv is None else argv)
+    r.command = (
+        " ".join(["python -m perf.e2e", *argv_s]) if argv_s or argv is not None else "python -m perf.e2e"
+    )
+    del current_command  # rows keep the runner's exact command line
     stem = "e2e_quick" if a.quick else "e2e"
     pngs = write_plots(r, out / "results", stem)
     rows = _rows(r)
