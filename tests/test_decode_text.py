@@ -156,3 +156,40 @@ def test_latency_report_figures(tmp_path) -> None:
     assert data["summary"]["deadline_misses"] == 1 and len(data["chunks"]) == 5
     assert "MISS" in rep.format_table()
     assert percentile([], 50) != percentile([], 50)  # nan for no values
+
+
+def test_umt5_encoder_from_local_dir_pads_and_zeroes(tmp_path) -> None:
+    """A tiny random umT5 + word-level tokenizer saved locally: RF's padding rule, checked against the
+    encoder run directly on the unpadded ids (independent of our tokenisation and masking code)."""
+    tokenizers = pytest.importorskip("tokenizers", reason="builds a local tokenizer")
+    transformers = pytest.importorskip("transformers", reason="UMT5EncoderModel")
+    from rolling_forcing.text import UMT5TextEncoder
+
+    words = ["<pad>", "</s>", "<unk>", "a", "red", "fox", "runs", "in", "snow"]
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.save_pretrained(str(tmp_path / "tokenizer"))
+    torch.manual_seed(0)
+    cfg = transformers.UMT5Config(
+        vocab_size=len(words), d_model=32, num_layers=1, num_heads=2, d_kv=8, d_ff=64, pad_token_id=0
+    )
+    model = transformers.UMT5EncoderModel(cfg).eval()
+    model.save_pretrained(str(tmp_path / "text_encoder"))
+
+    enc = UMT5TextEncoder(tmp_path, text_len=12)
+    assert enc.text_dim == 32
+    emb = enc.encode(["a red  fox runs", "snow"])
+    assert emb.shape == (2, 12, 32)
+    with torch.no_grad():
+        ref0 = model(input_ids=torch.tensor([[3, 4, 5, 6]])).last_hidden_state[0]
+        ref1 = model(input_ids=torch.tensor([[8]])).last_hidden_state[0]
+    torch.testing.assert_close(emb[0, :4], ref0, rtol=1e-5, atol=1e-5)  # fp32 round-off of masked softmax
+    torch.testing.assert_close(emb[1, :1], ref1, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(emb[0, 4:]) == 0 and torch.count_nonzero(emb[1, 1:]) == 0
+    with pytest.raises(ValueError, match="not a local directory"):
+        UMT5TextEncoder(tmp_path / "missing", text_len=12)
