@@ -117,3 +117,34 @@ def test_python_dash_m_entry_point() -> None:
         [sys.executable, "-m", "rolling_forcing", "--help"], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "generate" in r.stdout and "plan" in r.stdout
+
+
+def test_generate_with_local_weights_vae_and_embeds(tmp_path) -> None:
+    """The real-weights path on tiny shapes: diffusers-layout checkpoint, local AutoencoderKLWan, embeds."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from rolling_forcing.checkpoint import save_safetensors, wan_to_diffusers
+    from rolling_forcing.config import get_preset
+    from rolling_forcing.model import CausalWanModel
+    from rolling_forcing.text import SeededTextEncoder
+
+    cfg = get_preset("tiny")
+    ckpt = tmp_path / "dit.safetensors"
+    save_safetensors(wan_to_diffusers(CausalWanModel(cfg).init_random(5).state_dict()), ckpt)
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=cfg.out_channels, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    vae.save_pretrained(str(tmp_path / "vae"))
+    embeds = tmp_path / "embeds.safetensors"
+    save_safetensors({"prompt_embeds": SeededTextEncoder(cfg.text_len, cfg.text_dim).encode(["x"])}, embeds)
+    out, rep = tmp_path / "real.mp4", tmp_path / "real.json"
+    r = runner.invoke(
+        app,
+        ["generate", "--blocks", "5", "--checkpoint", str(ckpt), "--vae", str(tmp_path), "--prompt-embeds"]
+        + [str(embeds), "--out", str(out), "--report-json", str(rep), "--no-progress", "--no-warmup"],
+    )
+    assert r.exit_code == 0, r.output
+    assert "diffusers key layout" in r.output and "AutoencoderKLWan" in r.output
+    assert read_video(out).shape == (57, 64, 64, 3)
+    meta = json.loads(rep.read_text())["meta"]
+    assert meta["warmup"] is False and "dit.safetensors" in meta["weights"]
