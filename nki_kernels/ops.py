@@ -322,6 +322,146 @@ def _(cache_k, cache_v, k, v, sink_tokens, backend):
     return None
 
 
+# ---- static-shape variants: runtime indices as tensors (one graph for every window of a stream) ----
+
+
+def _int_values(name: str, t: torch.Tensor) -> list[Any]:
+    """Runtime (eager, inside an op) integer values of an index tensor."""
+    return t.tolist()  # type: ignore[no-any-return]
+
+
+@torch.library.custom_op("nki_ardiff::rope3d_positions", mutates_args=())
+def _rope3d_positions_op(
+    q: torch.Tensor, k: torch.Tensor, grid: list[int], frame_positions: torch.Tensor, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    fp = [int(x) for x in _int_values("frame_positions", frame_positions)]
+    for i, p in enumerate(fp):
+        if p < 0:
+            raise ValueError(f"frame_positions[{i}] must be >= 0, got {p}")
+    if _run_backend(backend) == "reference":
+        from reference.rope3d import rope3d as ref_rope3d
+
+        return ref_rope3d(q, k, tuple(grid), 0, fp)
+    # the rope kernel already takes per-frame positions as runtime values (host-built cos/sin tables)
+    fn = _kernel("rope3d", "rope3d_emulated")
+    qo, ko = fn(q, k, tuple(grid), start_frame=0, frame_positions=fp)
+    for name, t in (("q", qo), ("k", ko)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
+            raise RuntimeError(
+                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
+            )
+    return _fresh(qo, q, k), _fresh(ko, q, k)
+
+
+@_rope3d_positions_op.register_fake
+def _(q, k, grid, frame_positions, backend):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("nki_ardiff::kv_cache_write_at", mutates_args=("cache_k", "cache_v"))
+def _kv_cache_write_at_op(
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot: torch.Tensor,
+    backend: str,
+) -> None:
+    s_val = int(slot.item())
+    t, s = k.shape[1], cache_k.shape[1]
+    if s_val < 0 or (s_val + 1) * t > s:
+        raise ValueError(
+            f"slot={s_val} out of range: need 0 <= slot and (slot+1)*T <= S with T={t}, S={s} "
+            f"(valid slots 0..{s // t - 1})"
+        )
+    if _run_backend(backend) == "reference":
+        from reference.kv_cache import kv_cache_write as ref_write
+
+        ref_write(cache_k, cache_v, k, v, s_val)
+        return
+    # the ring-write kernel takes the slot as a runtime scalar (DMA offset), so a tensor slot maps 1:1
+    res = _kernel("kv_cache", "kv_cache_write_emulated")(cache_k, cache_v, k, v, s_val)
+    _copy_back(res, cache_k, cache_v)
+
+
+@_kv_cache_write_at_op.register_fake
+def _(cache_k, cache_v, k, v, slot, backend):
+    return None
+
+
+BLOCK_TABLE_KERNEL = ("attention", "attention_block_table_emulated")
+"""``(module, function)`` the kernel backends dispatch :func:`attention_block_table` to, with the signature
+``fn(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=, return_lse=)`` returning ``out``
+or ``(out, lse)``. Until that kernel exists the kernel backends raise ``NotImplementedError``."""
+
+
+def _check_table_values(
+    table: list[Any], sizes: Sequence[int], block_tokens: int, name: str = "block_table"
+) -> None:
+    for g, row in enumerate(table):
+        seen: set[tuple[int, int]] = set()
+        for n, (src, blk) in enumerate(row):
+            if src == -1:
+                continue
+            if not 0 <= src < len(sizes):
+                raise ValueError(
+                    f"{name}[{g}, {n}] source={src} must be -1 (empty) or in [0, {len(sizes)}) "
+                    f"(the number of k_sources)"
+                )
+            nblk = sizes[src] // block_tokens
+            if not 0 <= blk < nblk:
+                raise ValueError(
+                    f"{name}[{g}, {n}] block={blk} is out of source {src}'s {nblk} blocks of "
+                    f"{block_tokens} tokens"
+                )
+            if (src, blk) in seen:
+                raise ValueError(f"{name}[{g}] lists block ({src}, {blk}) twice (keys would count twice)")
+            seen.add((src, blk))
+
+
+@torch.library.custom_op("nki_ardiff::attention_block_table", mutates_args=())
+def _attention_block_table_op(
+    q: torch.Tensor,
+    k_sources: list[torch.Tensor],
+    v_sources: list[torch.Tensor],
+    block_table: torch.Tensor,
+    q_groups: list[int],
+    block_tokens: int,
+    scale: float,
+    return_lse: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    table = _int_values("block_table", block_table)
+    _check_table_values(table, [int(t.shape[1]) for t in k_sources], block_tokens)
+    be = _run_backend(backend)
+    if be == "reference":
+        from reference.attention import attention_block_table as ref_table
+
+        res: Any = ref_table(
+            q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale, return_lse=return_lse
+        )
+    else:
+        import importlib
+
+        module, name = BLOCK_TABLE_KERNEL
+        fn = getattr(importlib.import_module(f"nki_kernels.{module}"), name, None)
+        if fn is None:
+            raise NotImplementedError(
+                f"attention_block_table: backend={be!r} has no NKI kernel yet (nki_kernels.{module}.{name} "
+                "does not exist); use backend='reference' for this op (or the two-pass pipeline, which only "
+                "needs attention / attention_segments)"
+            )
+        res = fn(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale,
+                 return_lse=return_lse)  # fmt: skip
+    out, lse = _split_out_lse(res, return_lse, q)
+    return _fresh(out, q, *k_sources, *v_sources), _fresh(lse, q, *k_sources, *v_sources)
+
+
+@_attention_block_table_op.register_fake
+def _(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, backend):
+    return torch.empty_like(q), _empty_lse(q, return_lse)
+
+
 # --------------------------------------------------------------------------------------------------
 # public API
 
@@ -624,14 +764,174 @@ def kv_cache_slide(
     _kv_cache_slide_op(cache_k, cache_v, k, v, int(sink_tokens), be)
 
 
+def _check_index_tensor(
+    name: str, t: Any, shape: tuple[int, ...] | None = None, rank: int | None = None
+) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor (int32/int64), got {t.dtype}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if rank is not None and t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {tuple(t.shape)}")
+
+
+def rope3d_positions(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    grid: Sequence[int],
+    frame_positions: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope3d` with the per-frame time positions given as a **tensor** (static-shape variant).
+
+    Args:
+        q, k: ``[B, L, H, D]`` as in :func:`rope3d`.
+        grid: ``(F, Hp, Wp)`` Python ints (static), ``F*Hp*Wp == L``.
+        frame_positions: integer tensor ``[F]`` of time positions (values checked when the op runs: each
+            ``>= 0``). Being a tensor, new positions do not change a compiled graph (no recompilation).
+        backend: see module docstring.
+
+    Returns ``(q_rot, k_rot)`` like :func:`rope3d` (same reference, :func:`reference.rope3d.rope3d`).
+    """
+    _check_tensor("q", q)
+    _check_tensor("k", k)
+    _check_same(("q", "k"), (q, k))
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)} ([B, L, H, D])")
+    if q.shape[3] % 2:
+        raise ValueError(f"q/k head_dim D={q.shape[3]} must be even (interleaved complex pairs)")
+    if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) or len(grid) != 3:
+        raise ValueError(f"grid must be a sequence (F, Hp, Wp) of 3 ints, got {grid!r}")
+    for i, g in enumerate(grid):
+        _check_int(f"grid[{i}]", g)
+        if g < 1:
+            raise ValueError(f"grid[{i}] must be >= 1, got grid={tuple(grid)}")
+    f, hp, wp = (int(g) for g in grid)
+    if f * hp * wp != q.shape[1]:
+        raise ValueError(
+            f"grid {tuple(grid)} gives F*Hp*Wp={f * hp * wp} tokens but q/k have L={q.shape[1]} (dim 1)"
+        )
+    _check_index_tensor("frame_positions", frame_positions, shape=(f,))
+    return _rope3d_positions_op(q, k, [f, hp, wp], frame_positions, _op_backend(backend))
+
+
+def kv_cache_write_at(
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    """:func:`kv_cache_write` with the slot given as a 0-d integer **tensor** (static-shape variant).
+
+    Writes tokens ``[slot*T, (slot+1)*T)`` of ``cache_k, cache_v`` ``[B, S, H, D]`` in place with ``k, v``
+    ``[B, T, H, D]``. The slot's range (``0 <= slot``, ``(slot+1)*T <= S``) is checked when the op runs.
+    """
+    _check_cache_block(cache_k, cache_v, k, v)
+    _check_index_tensor("slot", slot, shape=())
+    _kv_cache_write_at_op(cache_k, cache_v, k, v, slot, _op_backend(backend))
+
+
+def attention_block_table(
+    q: torch.Tensor,
+    k_sources: Sequence[torch.Tensor],
+    v_sources: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    q_groups: Sequence[int],
+    block_tokens: int,
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Grouped attention over key blocks read in place from several KV sources through a block table.
+
+    The static-shape attention of the merged forward: every shape is fixed by the arguments' shapes and
+    the static ``q_groups`` / ``block_tokens``; which blocks are read is runtime data (``block_table``),
+    as a kernel would read it with runtime DMA offsets. No key is gathered by a kernel.
+
+    Args:
+        q: ``[B, Lq, H, D]``, split into consecutive query groups of ``q_groups`` tokens (static ints >= 1,
+            summing to Lq).
+        k_sources, v_sources: equally long non-empty lists; source i is ``[B, S_i, H, D]`` for k and v,
+            ``S_i`` a multiple of ``block_tokens``. Contiguous, the dtype of q, same B, H, D.
+        block_table: integer tensor ``[G, NB, 2]`` (G = len(q_groups), NB >= 1): entry ``(g, n)`` =
+            ``(source, block)``, the n-th key block of group g = tokens ``[block*T, (block+1)*T)`` of
+            source ``source``; ``source = -1`` marks an empty entry. Checked when the op runs: sources in
+            ``[-1, len(k_sources))``, blocks within their source, no block twice in a group. A group with
+            no keys gives zeros (lse ``-inf``).
+        block_tokens: T, tokens per block (static int >= 1).
+        scale, return_lse: as in :func:`attention`.
+        backend: see module docstring. The kernel backends dispatch to :data:`BLOCK_TABLE_KERNEL` and raise
+            ``NotImplementedError`` while no such NKI kernel exists (no fallback).
+
+    Returns:
+        ``out`` ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)`` with lse ``[B, Lq, H]`` fp32.
+    """
+    _check_tensor("q", q)
+    for name, srcs in (("k_sources", k_sources), ("v_sources", v_sources)):
+        if isinstance(srcs, torch.Tensor) or not isinstance(srcs, Sequence) or len(srcs) == 0:
+            raise TypeError(
+                f"{name} must be a non-empty list of [B, S, H, D] tensors, got {type(srcs).__name__}"
+            )
+    if len(k_sources) != len(v_sources):
+        raise ValueError(f"k_sources has {len(k_sources)} tensors but v_sources has {len(v_sources)}")
+    _check_int("block_tokens", block_tokens)
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    for i, (ks, vs) in enumerate(zip(k_sources, v_sources)):
+        _check_tensor(f"k_sources[{i}]", ks)
+        _check_tensor(f"v_sources[{i}]", vs)
+        _check_same(("q", f"k_sources[{i}]", f"v_sources[{i}]"), (q, ks, vs))
+        _check_dims(f"k_sources[{i}]", ks, "q", q, {0: "batch B", 2: "heads H", 3: "head_dim D"})
+        if tuple(vs.shape) != tuple(ks.shape):
+            raise ValueError(
+                f"v_sources[{i}] shape {tuple(vs.shape)} must equal k_sources[{i}] shape {tuple(ks.shape)}"
+            )
+        if ks.shape[1] % block_tokens:
+            raise ValueError(
+                f"k_sources[{i}] length S={ks.shape[1]} must be a multiple of block_tokens={block_tokens}"
+            )
+    if isinstance(q_groups, (str, bytes)) or not isinstance(q_groups, Sequence) or len(q_groups) == 0:
+        raise ValueError(f"q_groups must be a non-empty sequence of ints, got {q_groups!r}")
+    for i, n in enumerate(q_groups):
+        _check_int(f"q_groups[{i}]", n)
+        if n < 1:
+            raise ValueError(f"q_groups[{i}] must be >= 1, got {n}")
+    if sum(int(n) for n in q_groups) != q.shape[1]:
+        raise ValueError(f"q_groups {list(q_groups)} sum to {sum(q_groups)} but q has Lq={q.shape[1]} tokens")
+    _check_index_tensor("block_table", block_table, rank=3)
+    if block_table.shape[0] != len(q_groups) or block_table.shape[2] != 2 or block_table.shape[1] < 1:
+        raise ValueError(
+            f"block_table must be [G, NB, 2] with G = len(q_groups) = {len(q_groups)} and NB >= 1, got "
+            f"{tuple(block_table.shape)}"
+        )
+    sc = _resolve_scale(scale, q.shape[3])
+    _check_bool("return_lse", return_lse)
+    be = _op_backend(backend)
+    out, lse = _attention_block_table_op(
+        q, list(k_sources), list(v_sources), block_table, [int(n) for n in q_groups], int(block_tokens),
+        sc, return_lse, be,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
 __all__ = [
     "BACKENDS",
     "BACKEND_ENV",
     "attention",
+    "attention_block_table",
     "attention_segments",
     "check_segments",
     "kv_cache_slide",
     "kv_cache_write",
+    "kv_cache_write_at",
     "resolve_backend",
     "rope3d",
+    "rope3d_positions",
 ]

@@ -117,4 +117,65 @@ def merge_attention(
     return out.to(outs[0].dtype), lse
 
 
-__all__ = ["attention", "attention_segments", "default_scale", "gather_segments", "merge_attention"]
+def attention_block_table(
+    q: torch.Tensor,
+    k_sources: Sequence[torch.Tensor],
+    v_sources: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    q_groups: Sequence[int],
+    block_tokens: int,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Grouped attention whose keys are whole blocks picked from several KV sources by a block table.
+
+    Args:
+        q: ``[B, Lq, H, D]``; its tokens are split into consecutive query groups of ``q_groups`` tokens.
+        k_sources, v_sources: KV sources, source i ``[B, S_i, H, D]`` (k and v alike), S_i a multiple of
+            ``block_tokens``; block j of source i is tokens ``[j*block_tokens, (j+1)*block_tokens)``.
+        block_table: integer ``[G, NB, 2]``: entry ``(g, n)`` = ``(source, block)`` is the n-th key block of
+            query group g; ``source = -1`` marks an empty entry (no keys). Keys of a group are its non-empty
+            entries concatenated in table order.
+        q_groups: query tokens per group (G values, summing to Lq).
+        block_tokens: tokens per key block.
+        scale, return_lse: as in :func:`attention`.
+
+    The reference gathers each group's blocks and calls :func:`attention` (a group with no keys gives
+    zeros and lse ``-inf``). Returns ``out`` ``[B, Lq, H, D]`` (and lse ``[B, Lq, H]`` fp32).
+    """
+    table = block_table.tolist()
+    outs, lses = [], []
+    lo = 0
+    for g, nq in enumerate(q_groups):
+        qg = q[:, lo : lo + int(nq)]
+        lo += int(nq)
+        ks, vs = [], []
+        for src, blk in table[g]:
+            if src < 0:
+                continue
+            a, b = blk * block_tokens, (blk + 1) * block_tokens
+            ks.append(k_sources[src][:, a:b])
+            vs.append(v_sources[src][:, a:b])
+        if ks:
+            res = attention(qg, torch.cat(ks, dim=1), torch.cat(vs, dim=1), scale=scale, return_lse=True)
+            assert isinstance(res, tuple)
+            o, lse = res
+        else:
+            o = torch.zeros_like(qg)
+            lse = torch.full(qg.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs, dim=1).contiguous()
+    if return_lse:
+        return out, torch.cat(lses, dim=1).contiguous()
+    return out
+
+
+__all__ = [
+    "attention",
+    "attention_block_table",
+    "attention_segments",
+    "default_scale",
+    "gather_segments",
+    "merge_attention",
+]
