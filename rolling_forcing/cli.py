@@ -73,6 +73,29 @@ class GenerateOptions:
     warmup: bool = True
 
 
+def command_line(opts: GenerateOptions) -> str:
+    """The ``rolling-forcing generate`` command that reproduces ``opts`` (recorded in the report)."""
+    import shlex
+
+    parts = ["rolling-forcing", "generate", "--preset", opts.preset]
+    parts += ["--blocks", str(opts.blocks)] if opts.blocks is not None else ["--seconds", f"{opts.seconds:g}"]
+    parts += ["--prompt", opts.prompt, "--seed", str(opts.seed), "--backend", opts.backend]
+    parts += ["--positions", opts.positions, "--dtype", opts.dtype, "--out", str(opts.out)]
+    for flag, value in (
+        ("--checkpoint", opts.checkpoint),
+        ("--vae", opts.vae),
+        ("--text-encoder", opts.text_encoder),
+        ("--prompt-embeds", opts.prompt_embeds),
+        ("--report-json", opts.report_json),
+        ("--threads", opts.threads),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    parts += ["--use-ema"] if opts.use_ema else []
+    parts += [] if opts.warmup else ["--no-warmup"]
+    return shlex.join(parts)
+
+
 def _fail(msg: str) -> typer.Exit:
     typer.secho(f"error: {msg}", err=True, fg=typer.colors.RED)
     return typer.Exit(code=2)
@@ -234,7 +257,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     if writer.frames_written != total_frames:
         raise RuntimeError(f"wrote {writer.frames_written} frames, expected {total_frames}")
     meta = {
-        "command": " ".join(sys.argv) if sys.argv else "",
+        "command": command_line(opts),
         "preset": opts.preset,
         "num_blocks": num_blocks,
         "backend": opts.backend,

@@ -148,3 +148,12 @@ def test_generate_with_local_weights_vae_and_embeds(tmp_path) -> None:
     assert read_video(out).shape == (57, 64, 64, 3)
     meta = json.loads(rep.read_text())["meta"]
     assert meta["warmup"] is False and "dit.safetensors" in meta["weights"]
+
+
+def test_report_records_a_reproducing_command(tmp_path) -> None:
+    from rolling_forcing.cli import GenerateOptions, command_line
+
+    opts = GenerateOptions(out=tmp_path / "a b.mp4", blocks=6, prompt="two words", warmup=False)
+    cmd = command_line(opts)
+    assert cmd.startswith("rolling-forcing generate --preset tiny --blocks 6 --prompt 'two words'")
+    assert cmd.endswith("--no-warmup") and f"'{tmp_path / 'a b.mp4'}'" in cmd
