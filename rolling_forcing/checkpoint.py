@@ -239,6 +239,8 @@ def read_state_dict(path: str | Path) -> object:
     if not p.exists():
         raise CheckpointError(f"checkpoint path {str(p)!r} does not exist (only local files are loaded)")
     if p.is_dir():
+        if not any(p.glob("*.safetensors")) and (p / "transformer").is_dir():
+            p = p / "transformer"  # a diffusers pipeline checkout: the DiT lives in transformer/
         index = sorted(p.glob("*.safetensors.index.json"))
         if index:
             shards = sorted(set(json.loads(index[0].read_text())["weight_map"].values()))

@@ -248,3 +248,27 @@ def test_forward_full_detects_a_wrong_mapping() -> None:
         want = dmodel(latents, t, context, return_dict=False)[0]
         got = ours.forward_full(latents, t, context)
     assert (got - want).abs().max().item() > 1e-3
+
+
+def test_sharded_directory_with_index(tmp_path) -> None:
+    """A diffusers-style checkout: transformer/ with two shards and an index json."""
+    import json
+
+    cfg = _tiny_cfg()
+    src = _our_model(cfg).init_random(4)
+    dsd = ck.wan_to_diffusers(src.state_dict())
+    keys = sorted(dsd)
+    half = len(keys) // 2
+    tdir = tmp_path / "transformer"
+    tdir.mkdir()
+    weight_map = {}
+    for i, part in enumerate((keys[:half], keys[half:])):
+        name = f"diffusion_pytorch_model-0000{i + 1}-of-00002.safetensors"
+        ck.save_safetensors({k: dsd[k] for k in part}, tdir / name)
+        weight_map.update({k: name for k in part})
+    (tdir / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": weight_map})
+    )
+    dst = _our_model(cfg)
+    assert ck.load_checkpoint(dst, tmp_path) == "diffusers"
+    assert all(torch.equal(v, src.state_dict()[k]) for k, v in dst.state_dict().items())
