@@ -921,6 +921,45 @@ def attention_block_table(
     return (out, lse) if return_lse else out
 
 
+_KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
+    "rope3d": ("rope3d", "rope3d_emulated"),
+    "rope3d_positions": ("rope3d", "rope3d_emulated"),
+    "attention": ("attention", "attention_emulated"),
+    "attention_segments": ("attention", "attention_segments_emulated"),
+    "attention_block_table": BLOCK_TABLE_KERNEL,
+    "kv_cache_write": ("kv_cache", "kv_cache_write_emulated"),
+    "kv_cache_write_at": ("kv_cache", "kv_cache_write_emulated"),
+    "kv_cache_slide": ("kv_cache", "kv_cache_slide_emulated"),
+}
+
+
+def has_kernel(op: str, backend: str | None = None) -> bool:
+    """Whether public op ``op`` can run on ``backend`` (None: ``$NKI_ARDIFF_BACKEND``, else reference).
+
+    Always True on ``"reference"``; on ``"emulator"`` / ``"neuron"`` True when the op's kernel entry point
+    exists (it does not check that the real ``nki`` package is importable: the ops raise for that).
+    """
+    if op not in _KERNEL_ENTRIES:
+        raise ValueError(f"op must be one of {sorted(_KERNEL_ENTRIES)}, got {op!r}")
+    be = (
+        backend
+        if backend is not None
+        else (os.environ.get(BACKEND_ENV, "").strip().lower() or DEFAULT_BACKEND)
+    )
+    if be not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {be!r}")
+    if be == "reference":
+        return True
+    import importlib
+
+    module, name = _KERNEL_ENTRIES[op]
+    try:
+        mod = importlib.import_module(f"nki_kernels.{module}")
+    except ImportError:
+        return False
+    return callable(getattr(mod, name, None))
+
+
 __all__ = [
     "BACKENDS",
     "BACKEND_ENV",
@@ -928,6 +967,7 @@ __all__ = [
     "attention_block_table",
     "attention_segments",
     "check_segments",
+    "has_kernel",
     "kv_cache_slide",
     "kv_cache_write",
     "kv_cache_write_at",

@@ -13,11 +13,16 @@ Per window (plan from :func:`rolling_forcing.schedule.window_plan`):
    to the last ``key_budget_blocks`` cached blocks (the sink only while it is among them).
 4. The start block, once at the last level, is final and yielded at once as a :class:`Chunk`.
 
+By default (``merged=True``) the cache-update pass of window w-1 and the denoise pass of window w run as
+ONE forward with static shapes (:mod:`rolling_forcing.merged`; equal to the two-pass stream, see
+``docs/merged_forward.md``); ``merged=False`` runs the two passes separately as described above.
+
 Partial attentions over disjoint key sets are merged exactly with their log-sum-exp.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -27,6 +32,14 @@ from nki_kernels import ops
 from rolling_forcing import schedule
 from rolling_forcing.cache import LayerKVCache, RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
+from rolling_forcing.merged import (
+    CompileSpec,
+    MergedForward,
+    MergedIndex,
+    MergedLayout,
+    merged_step,
+    tensor_signature,
+)
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, add_noise, flow_to_x0
 from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
 
@@ -116,6 +129,22 @@ class StreamState:
     clean: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> x0 last cached (recache)
 
 
+@dataclass
+class ForwardStats:
+    """Measured counts of one stream: model forwards by kind and their distinct input signatures."""
+
+    forwards: Counter[str] = field(default_factory=Counter)
+    signatures: Counter[tuple[object, ...]] = field(default_factory=Counter)
+
+    def log(self, kind: str, *tensors: torch.Tensor) -> None:
+        self.forwards[kind] += 1
+        self.signatures[(kind, tensor_signature(*tensors))] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.forwards.values())
+
+
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """Exact combination of attention partials ``(out, lse)`` over disjoint key sets."""
     if len(parts) == 1:
@@ -136,6 +165,13 @@ class RollingForcingPipeline:
         backend: ``nki_kernels.ops`` backend of every RoPE / attention / cache call (None: env/default).
         positions: ``"absolute"`` (the original; at most ``rope_table_size`` latent frames) or
             ``"relative"`` (positions re-based every pass; any length). None: ``pipe_cfg.positions``.
+        merged: True: one static-shape forward per window (update of w-1 + denoise of w,
+            :mod:`rolling_forcing.merged`); False: the two passes separately. None (default): merged when
+            the backend implements ``ops.attention_block_table`` (the reference backend does; the kernel
+            backends once an NKI kernel exists), else two-pass; ``self.merged`` tells which. Explicit
+            ``merged=True`` on a backend without that kernel raises ``NotImplementedError``.
+        compile: merged mode only: ``torch.compile(fullgraph=True)`` the merged forward (True, or a
+            dynamo backend name/callable); None: eager.
     """
 
     def __init__(
@@ -146,16 +182,32 @@ class RollingForcingPipeline:
         *,
         backend: str | None = None,
         positions: str | None = None,
+        merged: bool | None = None,
+        compile: CompileSpec = None,
     ) -> None:
         mode = pipe_cfg.positions if positions is None else positions
         if mode not in POSITION_MODES:
             raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        if merged is not None and not isinstance(merged, bool):
+            raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
+        supported = ops.has_kernel("attention_block_table", backend)
+        if merged and not supported:
+            raise NotImplementedError(
+                f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement "
+                "yet (no NKI kernel); use merged=False (two passes) or backend='reference'"
+            )
+        self.merged = supported if merged is None else merged
+        if compile not in (None, False) and not self.merged:
+            raise ValueError("compile= applies to the merged forward only; it needs merged=True")
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend = backend
         self.positions = mode
         self._table = pipe_cfg.scheduler_table()
         self._pending_prompt: tuple[torch.Tensor, bool] | None = None
         self.state: StreamState | None = None
+        self.stats = ForwardStats()
+        self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
+        self._merged_fwd = MergedForward(model, self._layout, backend, compile) if self.merged else None
 
     # ---- public API ----------------------------------------------------------------------------
     def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
@@ -207,34 +259,93 @@ class RollingForcingPipeline:
         self._pending_prompt = None
         st = StreamState(num_blocks, cache, src)
         self.state = st
+        self.stats = ForwardStats()
+        yield from (self._merged_windows(st) if self.merged else self._two_pass_windows(st))
+        self.state = None
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _window_input(self, st: StreamState, plan: WindowPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The window's latents ``[B, n*fpb, C, H, W]`` and per-frame timesteps ``[B, n*fpb]`` float32."""
+        device = self.model.patch_embedding.weight.device
+        parts = []
+        for b in plan.blocks:
+            parts.append(st.noise.initial(b).to(device) if b == plan.fresh_block else st.noisy.pop(b))
+        x_in = torch.cat(parts, dim=1)
+        t_in = torch.tensor(schedule.frame_timesteps(self.pipe_cfg, plan.levels), dtype=torch.float32)
+        return x_in, t_in[None].expand(x_in.shape[0], -1).contiguous()
+
+    def _renoise(self, st: StreamState, plan: WindowPlan, x0: torch.Tensor) -> None:
+        cfg, fpb = self.pipe_cfg, self.pipe_cfg.frames_per_block
+        device = x0.device
+        for b, nxt in plan.renoise:
+            eps = st.noise.renoise(x0.shape[1]).to(device).unflatten(0, x0.shape[:2])
+            i = b - plan.start_block
+            blk = x0[:, i * fpb : (i + 1) * fpb]
+            st.noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], cfg.timesteps[nxt], self._table)
+
+    def _merged_windows(self, st: StreamState) -> Iterator[Chunk]:
+        """One merged forward per window: update of the previous window + denoise of this one."""
+        assert self._merged_fwd is not None
+        cfg, lay = self.pipe_cfg, self._layout
         fpb = cfg.frames_per_block
-        for w in range(schedule.num_windows(cfg, num_blocks)):
+        cache = st.cache
+        ks = [la.k for la in cache.layers]
+        vs = [la.v for la in cache.layers]
+        device = ks[0].device
+        pending: tuple[WindowPlan, torch.Tensor] | None = None  # (plan, clean x0 of its start block)
+        for w in range(schedule.num_windows(cfg, st.num_blocks)):
+            st.window = w
+            if self._pending_prompt is not None:
+                if pending is not None:  # the pending update belongs to the old prompt: run it alone
+                    self._update(st, pending[0], pending[1], cache.text_kv())
+                    pending = None
+                self._apply_prompt(st)
+            plan = schedule.window_plan(cfg, st.num_blocks, w, self.positions)
+            x_win, t_win = self._window_input(st, plan)
+            bsz, nf = x_win.shape[:2]
+            step = merged_step(
+                cfg, lay, st.num_blocks, w, self.positions, pending[0].index if pending is not None else None
+            )
+            upd = pending[1] if pending is not None else x_win.new_zeros((bsz, fpb, *x_win.shape[2:]))
+            pad = x_win.new_zeros((bsz, lay.frames - fpb - nf, *x_win.shape[2:]))
+            x = torch.cat([upd, x_win, pad], dim=1)
+            t = torch.zeros(bsz, lay.frames, dtype=torch.float32)
+            t[:, :fpb] = float(cfg.context_noise)
+            t[:, fpb : fpb + nf] = t_win
+            idx = MergedIndex.from_step(step, lay, device)
+            self.stats.log("merged", x, t, *idx.tensors())
+            flow = self._merged_fwd(x, t, cache.text_kv(), ks, vs, idx)
+            x0 = flow_to_x0(flow[:, fpb : fpb + nf], x_win, t_win, self._table)
+            self._renoise(st, plan, x0)
+            if pending is not None:
+                self._record_clean(st, pending[0].start_block, pending[1])
+            clean = x0[:, :fpb].contiguous()
+            pending = (plan, clean)  # the last window's update is never read: it is not run
+            if plan.finished_block is not None:
+                yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
+
+    def _two_pass_windows(self, st: StreamState) -> Iterator[Chunk]:
+        """The original's order: denoise forward, re-noise, cache-update forward, per window."""
+        cfg = self.pipe_cfg
+        cache = st.cache
+        fpb = cfg.frames_per_block
+        for w in range(schedule.num_windows(cfg, st.num_blocks)):
             st.window = w
             if self._pending_prompt is not None:
                 self._apply_prompt(st)
-            plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
-            parts = []
-            for b in plan.blocks:
-                parts.append(src.initial(b).to(device) if b == plan.fresh_block else st.noisy.pop(b))
-            x_in = torch.cat(parts, dim=1)
-            t_in = torch.tensor(schedule.frame_timesteps(cfg, plan.levels), dtype=torch.float32)
-            t_in = t_in[None].expand(bsz, -1).contiguous()
+            plan = schedule.window_plan(cfg, st.num_blocks, w, self.positions)
+            x_in, t_in = self._window_input(st, plan)
+            self.stats.log("denoise", x_in, t_in)
             flow = self.model.forward_with(
                 x_in, t_in, cache.text_kv(), self._denoise_attn(plan), backend=self.backend
             )
             x0 = flow_to_x0(flow, x_in, t_in, self._table)
-            for b, nxt in plan.renoise:
-                eps = src.renoise(x0.shape[1]).to(device).unflatten(0, x0.shape[:2])
-                i = b - plan.start_block
-                blk = x0[:, i * fpb : (i + 1) * fpb]
-                st.noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], cfg.timesteps[nxt], self._table)
+            self._renoise(st, plan, x0)
             clean = x0[:, :fpb].contiguous()
             self._update(st, plan, clean, cache.text_kv())
             if plan.finished_block is not None:
-                yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
-        self.state = None
+                yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
 
-    # ---- internals -----------------------------------------------------------------------------
     def _update(
         self,
         st: StreamState,
@@ -246,8 +357,13 @@ class RollingForcingPipeline:
         bsz = clean.shape[0]
         t0 = torch.full((bsz, cfg.frames_per_block), float(cfg.context_noise), dtype=torch.float32)
         attn = self._update_attn(plan.update, plan.write_slot, plan.store_roped)
+        self.stats.log("update", clean, t0)
         self.model.forward_with(clean, t0, text_kv, attn, backend=self.backend)
-        s = plan.start_block
+        self._record_clean(st, plan.start_block, clean)
+
+    def _record_clean(self, st: StreamState, s: int, clean: torch.Tensor) -> None:
+        """Remember the x0 of block s, now cached (for re-caching at a prompt switch)."""
+        cfg = self.pipe_cfg
         st.clean[s] = clean
         keep = {0} | set(range(max(1, s - cfg.ring_slots + 1), s + 1))
         for b in [b for b in st.clean if b not in keep]:
@@ -351,4 +467,4 @@ class RollingForcingPipeline:
         return attn
 
 
-__all__ = ["Chunk", "NoiseSource", "RollingForcingPipeline", "StreamState"]
+__all__ = ["Chunk", "ForwardStats", "NoiseSource", "RollingForcingPipeline", "StreamState"]
