@@ -1,0 +1,542 @@
+"""The Rolling Forcing stream sharded TP (heads) x SP (tokens/queries) over ``plan.world_size`` ranks.
+
+Every rank runs the same window loop as :class:`rolling_forcing.pipeline.RollingForcingPipeline` (two
+passes per window: denoise, then the cache update at t = 0) in lockstep; only the forwards are split.
+
+**Per forward** (``L`` tokens of the pass, rank ``r``, plan ``tp x sp``):
+
+* *Outside attention* (adaLN modulation, norms, q/k/v/o projections, cross-attention to the text, FFN,
+  head) each rank works on its contiguous **token shard** ``local_tokens(L, plan, r)`` with all heads;
+  weights are replicated. The model's own :class:`~rolling_forcing.model.WanBlock` and
+  :class:`~rolling_forcing.model.Head` modules run on the shard: the per-frame modulation is expanded to
+  one row per token and the block is called with the grid ``(L_local, 1, 1)`` (one "frame" per token),
+  which is the same arithmetic as the unsharded per-frame broadcast. The patch embedding and the time
+  embedding are computed replicated (a few per cent of one layer) and sliced.
+* *Self-attention* goes through :func:`sharding.attention.sharded_attention`: an all-to-all in the TP
+  group regroups q, k, v to (head group x query shard), an all-gather in the SP group collects all of
+  the pass's new keys of the local heads, then the local step (``attention_fn``) ropes them, writes the
+  cache (update pass), and attends over [cache keys] + [own keys] exactly as the unsharded pipeline
+  (partials merged by log-sum-exp); the inverse all-to-all restores token shards.
+* The head's output ``[B, L_local, patch_out]`` is all-gathered over all ranks, so every rank holds the
+  full flow prediction; x0, re-noising and the noise draws are then replicated (cheap elementwise work;
+  every rank draws the same noise from the same generator state). Every rank therefore yields the same
+  chunks; rank 0 hands them to the caller.
+
+**KV cache per head group.** Rank ``r`` keeps a :class:`~rolling_forcing.cache.RollingKVCache` of only
+its heads ``local_heads(plan, r)``: buffers ``[B, S, H/tp, D]``. Within a head group (SP > 1) every SP
+rank holds the *whole key range* of its heads. Every query attends to every cached key, so a cache
+split along SP would have to be moved every layer of every pass (an all-gather of the whole cache, the
+largest tensor of the stream) or be attended locally with queries exchanged and partial outputs merged;
+replicating it costs ``sp`` x the cache memory of an SP-split cache but no cache traffic at all: the
+only K/V collective is the all-gather of the pass's *new* tokens, which every rank of the group writes
+into its own copy (the update pass) or attends directly (the denoise pass).
+
+Use :class:`ShardedRollingForcingPipeline` to run a stream on CPU ranks spawned by
+:func:`sharding.launch.launch` (rank 0 streams each chunk back as soon as it is final); use
+:class:`RankStream` inside ranks started some other way (``torchrun``, the XLA process group on
+Trainium). Not supported here: ``set_prompt`` (prompt switching mid-stream) and batch > 1 is untested.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import multiprocessing as mp
+import queue as queue_mod
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nki_kernels import ops
+from rolling_forcing import schedule
+from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
+from rolling_forcing.model import (
+    CausalWanModel,
+    Grid,
+    SelfAttnFn,
+    TextKV,
+    add_noise,
+    flow_to_x0,
+    sinusoidal_embedding_1d,
+)
+from rolling_forcing.pipeline import Chunk, NoiseSource
+from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
+from sharding.attention import (
+    DEFAULT_TIMEOUT_S,
+    ShardGroups,
+    build_groups,
+    local_heads,
+    local_tokens,
+    query_shard_tokens,
+    sharded_attention,
+    token_splits,
+)
+from sharding.launch import DEFAULT_PRELOAD, LaunchError, launch
+from sharding.plan import AttentionShape, ShardingPlan
+from sharding.plan import plan as make_plan
+
+__all__ = [
+    "RankStream",
+    "ShardedRollingForcingPipeline",
+    "attention_shape",
+    "pipeline_plan",
+]
+
+PRELOAD: tuple[str, ...] = (*DEFAULT_PRELOAD, "rolling_forcing.pipeline", "sharding.pipeline")
+
+
+def attention_shape(model_cfg: ModelConfig, pipe_cfg: PipelineConfig, batch: int = 1) -> AttentionShape:
+    """The self-attention shape of a full denoise window of this stream (what the planner models)."""
+    return AttentionShape(
+        num_queries=pipe_cfg.window_blocks * pipe_cfg.tokens_per_block(model_cfg),
+        num_keys=pipe_cfg.key_budget_tokens(model_cfg),
+        head_dim=model_cfg.head_dim,
+        dtype_bytes=pipe_cfg.torch_dtype.itemsize,
+        batch=batch,
+    )
+
+
+def pipeline_plan(
+    model_cfg: ModelConfig, pipe_cfg: PipelineConfig, cores: int, *, tp: int | None = None
+) -> ShardingPlan:
+    """The TP x SP plan of a stream on ``cores`` ranks (``tp`` forces a factorisation).
+
+    Raises ``ValueError`` if no balanced plan exists (see :func:`sharding.plan.plan`) or if a block has
+    fewer tokens than ranks (the cache-update pass of one block must give every rank at least a token).
+    """
+    p = make_plan(model_cfg.num_heads, cores, shape=attention_shape(model_cfg, pipe_cfg), tp=tp)
+    _check_plan(p, model_cfg, pipe_cfg)
+    return p
+
+
+def _check_plan(p: ShardingPlan, model_cfg: ModelConfig, pipe_cfg: PipelineConfig) -> None:
+    if p.num_heads != model_cfg.num_heads:
+        raise ValueError(f"plan is for num_heads={p.num_heads}, the model has {model_cfg.num_heads} heads")
+    t = pipe_cfg.tokens_per_block(model_cfg)
+    if t < p.world_size:
+        raise ValueError(
+            f"a block has {t} tokens but the plan has {p.world_size} ranks: the cache-update pass (one "
+            "block) needs at least one token per rank; use fewer cores"
+        )
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Exact combination of attention partials ``(out [B, Lq, H, D], lse [B, Lq, H])`` over disjoint keys."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])
+    lse = torch.logsumexp(lses, dim=0)
+    out = torch.zeros_like(parts[0][0], dtype=torch.float32)
+    for i, (o, _) in enumerate(parts):
+        out = out + torch.exp(lses[i] - lse)[..., None] * o.float()
+    return out.to(parts[0][0].dtype)
+
+
+class RankStream:
+    """One rank's share of a sharded stream; collective: every rank of ``groups.plan`` runs it in lockstep.
+
+    Args:
+        model: the DiT, replicated on every rank (weights in ``pipe_cfg``'s dtype).
+        model_cfg, pipe_cfg: configurations (``model_cfg.num_heads`` must equal the plan's).
+        groups: this rank's process groups from :func:`sharding.attention.build_groups`.
+        backend: ``nki_kernels.ops`` backend of every RoPE / attention / cache call.
+        positions: ``"absolute"`` or ``"relative"`` (None: ``pipe_cfg.positions``).
+        gather_group: group of all ranks for the head-output all-gather (None: the default group).
+
+    The KV cache holds only this rank's heads (``[B, S, H/tp, D]`` per layer and k/v); see the module
+    docstring. Every rank yields the same chunks.
+    """
+
+    def __init__(
+        self,
+        model: CausalWanModel,
+        model_cfg: ModelConfig,
+        pipe_cfg: PipelineConfig,
+        groups: ShardGroups,
+        *,
+        backend: str | None = None,
+        positions: str | None = None,
+        gather_group: Any = None,
+    ) -> None:
+        mode = pipe_cfg.positions if positions is None else positions
+        if mode not in POSITION_MODES:
+            raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        _check_plan(groups.plan, model_cfg, pipe_cfg)
+        self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
+        self.groups, self.plan, self.rank = groups, groups.plan, groups.rank
+        self.backend, self.positions, self.gather_group = backend, mode, gather_group
+        self.heads = local_heads(self.plan, self.rank)
+        self._table = pipe_cfg.scheduler_table()
+        self.cache: RollingKVCache | None = None
+
+    # ---- the stream (same loop as RollingForcingPipeline.stream) ------------------------------------
+    @torch.no_grad()
+    def stream(
+        self,
+        text_embeds: torch.Tensor,
+        num_blocks: int,
+        *,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ) -> Iterator[Chunk]:
+        """Generate ``num_blocks`` blocks; yield each :class:`~rolling_forcing.pipeline.Chunk` when final.
+
+        Arguments as :meth:`rolling_forcing.pipeline.RollingForcingPipeline.stream`; every rank must pass
+        the same text, noise and generator state (the noise is drawn replicated).
+        """
+        cfg, mcfg = self.pipe_cfg, self.model_cfg
+        self.model._check_context(text_embeds)
+        schedule.window_range(cfg, num_blocks, 0)  # validates num_blocks
+        if self.positions == "absolute":
+            schedule.check_positions(cfg, num_blocks, "absolute")
+        bsz, dtype, fpb = text_embeds.shape[0], cfg.torch_dtype, cfg.frames_per_block
+        src = NoiseSource(
+            bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype, generator=generator, initial_noise=noise
+        )
+        hpc = self.plan.heads_per_core
+        self.cache = cache = RollingKVCache(mcfg, cfg, bsz, dtype=dtype, num_heads=hpc)
+        text_kv = self.model.text_kv(text_embeds.to(dtype))  # all heads: cross-attention is token-sharded
+        noisy: dict[int, torch.Tensor] = {}
+        for w in range(schedule.num_windows(cfg, num_blocks)):
+            plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
+            parts = [src.initial(b) if b == plan.fresh_block else noisy.pop(b) for b in plan.blocks]
+            x_in = torch.cat(parts, dim=1)
+            t_in = torch.tensor(schedule.frame_timesteps(cfg, plan.levels), dtype=torch.float32)
+            t_in = t_in[None].expand(bsz, -1).contiguous()
+            flow = self.forward(x_in, t_in, text_kv, self._denoise_attn(cache, plan))
+            x0 = flow_to_x0(flow, x_in, t_in, self._table)
+            for b, nxt in plan.renoise:
+                eps = src.renoise(x0.shape[1]).unflatten(0, x0.shape[:2])
+                i = b - plan.start_block
+                blk = x0[:, i * fpb : (i + 1) * fpb]
+                noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], cfg.timesteps[nxt], self._table)
+            clean = x0[:, :fpb].contiguous()
+            t0 = torch.full((bsz, fpb), float(cfg.context_noise), dtype=torch.float32)
+            self.forward(clean, t0, text_kv, self._update_attn(cache, plan))
+            if plan.finished_block is not None:
+                yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
+        self.cache = None
+
+    # ---- one token-sharded forward -------------------------------------------------------------------
+    def forward(
+        self, x: torch.Tensor, timesteps: torch.Tensor, text_kv: TextKV, self_attn: SelfAttnFn
+    ) -> torch.Tensor:
+        """Flow prediction of ``x`` ``[B, F, C, H, W]`` at ``timesteps`` ``[B, F]``; collective.
+
+        Equals ``model.forward_with(x, timesteps, text_kv, attn)`` of the unsharded model when
+        ``self_attn`` is the sharded counterpart of ``attn``: ``self_attn(layer, q, k, v, grid)`` gets this
+        rank's token shard ``[B, L_local, H, D]`` (all heads) and the *full* grid ``(F, Hp, Wp)``.
+        Returns the full flow ``[B, F, C, H, W]`` (all-gathered: the same on every rank).
+        """
+        model, c = self.model, self.model_cfg
+        model._check_latents(x, "x", 1)
+        b, f = x.shape[:2]
+        if tuple(timesteps.shape) != (b, f):
+            raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
+        hp, wp = c.grid_hw
+        grid: Grid = (f, hp, wp)
+        n_tok = f * hp * wp
+        sl = local_tokens(n_tok, self.plan, self.rank)
+        n_loc = sl.stop - sl.start
+        dtype = model.patch_embedding.weight.dtype
+        tok = model.patch_embedding(x.permute(0, 2, 1, 3, 4).to(dtype)).flatten(2).transpose(1, 2)
+        tok = tok[:, sl].contiguous()  # [B, L_local, dim]
+        e = model.time_embedding(sinusoidal_embedding_1d(c.freq_dim, timesteps.flatten()).to(dtype))
+        e0 = model.time_projection(e).unflatten(1, (6, c.dim)).unflatten(0, (b, f))  # [B, F, 6, dim]
+        frame = torch.arange(sl.start, sl.stop) // (hp * wp)  # frame of each local token
+        e0_tok = e0[:, frame]  # [B, L_local, 6, dim]: one modulation row per token
+        tok_grid: Grid = (n_loc, 1, 1)  # one "frame" per token: modulation broadcasts row by row
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _g: Grid) -> torch.Tensor:
+            return self_attn(layer, q, k, v, grid)
+
+        for i, blk in enumerate(model.blocks):
+            tok = blk(i, tok, e0_tok, tok_grid, text_kv[i], attn, self.backend)
+        e_tok = e.unflatten(0, (b, f))[:, frame].unsqueeze(2)  # [B, L_local, 1, dim]
+        out = model.head(tok, e_tok, n_loc).flatten(1, 2)  # [B, L_local, patch_out]
+        out = self._gather_tokens(out, n_tok)  # [B, L, patch_out]
+        _, ph, pw = c.patch_size
+        out = out.view(b, f, hp, wp, ph, pw, c.out_channels)
+        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, f, c.out_channels, hp * ph, wp * pw)
+        return out.to(x.dtype)
+
+    def _gather_tokens(self, x: torch.Tensor, n_tok: int) -> torch.Tensor:
+        """All-gather token shards ``[B, L_local, ...]`` of all ranks into ``[B, L, ...]``."""
+        world = self.plan.world_size
+        if world == 1:
+            return x
+        splits = token_splits(n_tok, world)
+        top = max(splits)
+        if x.shape[1] < top:
+            x = torch.cat([x, x.new_zeros((x.shape[0], top - x.shape[1], *x.shape[2:]))], dim=1)
+        bufs = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(bufs, x.contiguous(), group=self.gather_group)
+        return torch.cat([buf[:, :n] for buf, n in zip(bufs, splits)], dim=1)
+
+    # ---- self-attention of the two passes ------------------------------------------------------------
+    def _rope(
+        self, q_s: torch.Tensor, k_all: torch.Tensor, grid: Grid, position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE of this rank's query shard and of all keys of the pass (local heads).
+
+        The query shard covers tokens ``query_shard_tokens(L, plan, rank)``, not necessarily whole
+        frames: it is placed into a zero tensor of the full length, roped with the keys in one call (RoPE
+        is per token, so this is the unsharded arithmetic) and sliced back.
+        """
+        n_tok = k_all.shape[1]
+        qsl = query_shard_tokens(n_tok, self.plan, self.rank)
+        if q_s.shape[1] == n_tok:
+            return ops.rope3d(q_s, k_all, grid, position, backend=self.backend)
+        q_full = q_s.new_zeros(k_all.shape)
+        q_full[:, qsl] = q_s
+        qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
+        return qr[:, qsl].contiguous(), kr
+
+    def _rope_copies(
+        self, layer: LayerKVCache, keys: list[KeyBlock], grid: Grid
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather blocks ``keys`` from the local buffer, roped at their positions: ``[B, n*T, H/tp, D]``."""
+        fpb = self.pipe_cfg.frames_per_block
+        ks, vs = zip(*(layer.block(kb.slot) for kb in keys))
+        k = torch.cat(ks, dim=1).contiguous()
+        v = torch.cat(vs, dim=1).contiguous()
+        pos = [kb.position + i for kb in keys for i in range(fpb)]
+        _, kr = ops.rope3d(k, k, (len(pos), grid[1], grid[2]), frame_positions=pos, backend=self.backend)
+        return kr, v
+
+    def _attend(
+        self,
+        layer: LayerKVCache,
+        qr: torch.Tensor,
+        keys: tuple[KeyBlock, ...],
+        own: tuple[torch.Tensor, torch.Tensor] | None,
+        grid: Grid,
+    ) -> torch.Tensor:
+        """Attention of roped local queries over [re-roped copies] + [own keys] and [in-place segments]."""
+        be = self.backend
+        in_place = [kb for kb in keys if kb.roped_in_cache]
+        copies = [kb for kb in keys if not kb.roped_in_cache]
+        ks: list[torch.Tensor] = []
+        vs: list[torch.Tensor] = []
+        if copies:
+            ck, cv = self._rope_copies(layer, copies, grid)
+            ks.append(ck)
+            vs.append(cv)
+        if own is not None:
+            ks.append(own[0])
+            vs.append(own[1])
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if ks:
+            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
+            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
+            res = ops.attention(qr, k, v, return_lse=bool(in_place), backend=be)
+            if not in_place:
+                assert isinstance(res, torch.Tensor)
+                return res
+            assert isinstance(res, tuple)
+            parts.append(res)
+        if in_place:
+            segs = schedule.segments(in_place, layer.tokens_per_block)
+            res2 = ops.attention_segments(qr, layer.k, layer.v, segs, return_lse=True, backend=be)
+            assert isinstance(res2, tuple)
+            parts.append(res2)
+        return _merge(parts)
+
+    def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
+        return self._pass_attn(cache, plan.denoise, None)
+
+    def _update_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
+        return self._pass_attn(cache, plan.update, (plan.write_slot, plan.store_roped))
+
+    def _pass_attn(self, cache: RollingKVCache, p: PassPlan, write: tuple[int, bool] | None) -> SelfAttnFn:
+        """Sharded self-attention of one pass; ``write = (slot, store_roped)`` for the update pass."""
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            lc = cache.layers[layer]
+            n_tok = grid[0] * grid[1] * grid[2]
+
+            def local(
+                q_s: torch.Tensor,
+                k_all: torch.Tensor,
+                v_all: torch.Tensor,
+                *,
+                scale: float | None,
+                return_lse: bool,
+                backend: str | None,
+            ) -> torch.Tensor:
+                qr, kr = self._rope(q_s, k_all, grid, p.query_position)
+                if write is None:
+                    return self._attend(lc, qr, p.cache_keys, (kr, v_all), grid)
+                slot, store_roped = write
+                lc.write(slot, kr if store_roped else k_all, v_all, backend=self.backend)
+                return self._attend(lc, qr, p.cache_keys, None, grid)
+
+            out = sharded_attention(
+                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_tok, attention_fn=local, backend=self.backend,
+            )  # fmt: skip
+            assert isinstance(out, torch.Tensor)
+            return out
+
+        return attn
+
+
+# ---- spawning ranks on CPU ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Job:
+    """Everything a spawned rank needs (pickled once per rank)."""
+
+    model: CausalWanModel
+    model_cfg: ModelConfig
+    pipe_cfg: PipelineConfig
+    plan: ShardingPlan
+    backend: str | None
+    positions: str
+    text_embeds: torch.Tensor
+    num_blocks: int
+    generator_state: torch.Tensor
+    noise: torch.Tensor | None
+    timeout_s: float
+    return_latents: bool
+
+
+def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
+    """Body of one spawned rank: build groups, run the stream, rank 0 puts every chunk on ``chunks``."""
+    if world != job.plan.world_size:
+        raise ValueError(f"launched {world} ranks for a plan of {job.plan.world_size}")
+    groups = build_groups(job.plan, timeout_s=job.timeout_s)
+    gather = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=job.timeout_s))
+    runner = RankStream(
+        job.model, job.model_cfg, job.pipe_cfg, groups,
+        backend=job.backend, positions=job.positions, gather_group=gather,
+    )  # fmt: skip
+    gen = torch.Generator()
+    gen.set_state(job.generator_state)
+    kept: list[torch.Tensor] = []
+    for chunk in runner.stream(job.text_embeds, job.num_blocks, generator=gen, noise=job.noise):
+        if rank == 0 and chunks is not None:
+            buf = io.BytesIO()
+            torch.save((chunk.block, chunk.latents, chunk.final, chunk.last, chunk.window), buf)
+            chunks.put(buf.getvalue())
+        if job.return_latents:
+            kept.append(chunk.latents)
+    latents = torch.cat(kept, dim=1) if kept else None
+    return {"rank": rank, "heads": local_heads(job.plan, rank), "latents": latents}
+
+
+class ShardedRollingForcingPipeline:
+    """Rolling Forcing on ``cores`` CPU ranks (gloo, spawned per stream); same interface as the pipeline.
+
+    Args:
+        model: the DiT (pickled to every rank; weights replicated).
+        model_cfg, pipe_cfg: configurations.
+        cores: number of ranks (>= 1). ``tp`` forces the heads split (default: the planner's choice at
+            this stream's window shape, :func:`pipeline_plan`).
+        backend, positions: as :class:`rolling_forcing.pipeline.RollingForcingPipeline`.
+        timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
+            at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
+
+    Raises ``ValueError`` for a plan that cannot be built (see :func:`pipeline_plan`).
+    """
+
+    def __init__(
+        self,
+        model: CausalWanModel,
+        model_cfg: ModelConfig,
+        pipe_cfg: PipelineConfig,
+        *,
+        cores: int,
+        tp: int | None = None,
+        backend: str | None = None,
+        positions: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        mode = pipe_cfg.positions if positions is None else positions
+        if mode not in POSITION_MODES:
+            raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
+        self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
+        self.backend, self.positions, self.timeout_s = backend, mode, timeout_s
+        self.last_results: list[dict[str, Any]] | None = None
+
+    def stream(
+        self,
+        text_embeds: torch.Tensor,
+        num_blocks: int,
+        *,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+        return_latents: bool = False,
+    ) -> Iterator[Chunk]:
+        """Spawn the ranks, stream the video, yield each chunk as soon as rank 0 has it final.
+
+        Arguments as :meth:`rolling_forcing.pipeline.RollingForcingPipeline.stream` (``generator``'s
+        state is copied to every rank; it is not advanced here). ``return_latents``: every rank also
+        returns its copy of all latents in :attr:`last_results` (for equivalence checks).
+
+        Raises :class:`sharding.launch.LaunchError` if a rank fails (its traceback in the message).
+        Closing the generator early waits for the ranks to finish the stream.
+        """
+        cfg = self.pipe_cfg
+        self.model._check_context(text_embeds)
+        schedule.window_range(cfg, num_blocks, 0)  # validates num_blocks before spawning
+        if self.positions == "absolute":
+            schedule.check_positions(cfg, num_blocks, "absolute")
+        state = generator.get_state() if generator is not None else torch.get_rng_state()
+        job = _Job(
+            self.model, self.model_cfg, cfg, self.plan, self.backend, self.positions,
+            text_embeds.detach().clone(), num_blocks, state.clone(),
+            None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
+        )  # fmt: skip
+        ctx: Any = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        chunks = ctx.Queue()
+        box: dict[str, Any] = {}
+        # the launch deadline (2 * timeout + 30 s) must cover the whole stream; dead or stuck ranks are
+        # caught by the collectives' own timeout_s (every group above is created with it)
+        launch_timeout = self.timeout_s * (schedule.num_windows(cfg, num_blocks) + 1)
+
+        def run() -> None:
+            try:
+                box["results"] = launch(
+                    _rank_main, self.plan.world_size, job, chunks, timeout_s=launch_timeout, preload=PRELOAD
+                )
+            except BaseException as exc:  # handed to the consuming thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name="sharded-stream-launch", daemon=True)
+        thread.start()
+        received = 0
+        try:
+            while received < num_blocks:
+                try:
+                    payload = chunks.get(timeout=0.05)
+                except queue_mod.Empty:
+                    if thread.is_alive():
+                        continue
+                    try:
+                        payload = chunks.get(timeout=0.5)
+                    except queue_mod.Empty:
+                        if "error" in box:
+                            raise box["error"] from None
+                        raise LaunchError(
+                            f"the ranks finished after {received} of {num_blocks} chunks", 0
+                        ) from None
+                block, latents, final, last, window = torch.load(io.BytesIO(payload), weights_only=True)
+                received += 1
+                yield Chunk(block, latents, final, last, window)
+        finally:
+            thread.join()
+            chunks.close()
+        if "error" in box:
+            raise box["error"]
+        self.last_results = box["results"]
