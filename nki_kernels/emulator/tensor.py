@@ -190,6 +190,9 @@ class DynSlice:
         return f"nl.ds({self.start}, {self.size})"
 
 
+_new = object.__new__
+
+
 class NkiTensor:
     """A strided view over a storage.  See the module docstring."""
 
@@ -289,8 +292,73 @@ class NkiTensor:
 
     # ---------------------------------------------------------------- indexing
     def __getitem__(self, key: Any) -> NkiTensor:
-        if not isinstance(key, tuple):
+        # Fast path (the common case in kernels): plain ints and unit-step slices with int/None bounds
+        # that lie inside the tensor.  Anything else (steps, nl.ds, negative or out-of-range indices,
+        # ellipsis, runtime indices, numpy ints, errors) goes through :meth:`_getitem_general`, which
+        # computes the same view or raises the rule error.
+        if type(key) is not tuple:
             key = (key,)
+        shp = self.shape
+        nk = len(key)
+        if nk > len(shp):
+            return self._getitem_general(key)
+        strd = self.strides
+        st = self._st
+        on_chip = st.buffer.on_chip
+        offset = self.offset
+        shape: list[int] = []
+        strides: list[int] = []
+        d = 0
+        for k in key:
+            tk = type(k)
+            if tk is slice:
+                if k.step is not None:
+                    return self._getitem_general(key)
+                n = shp[d]
+                start = k.start
+                stop = k.stop
+                if start is None:
+                    start = 0
+                elif type(start) is not int or start < 0:
+                    return self._getitem_general(key)
+                if stop is None:
+                    stop = n
+                elif type(stop) is not int or stop > n:
+                    return self._getitem_general(key)
+                if stop <= start:
+                    return self._getitem_general(key)
+                s = strd[d]
+                offset += start * s
+                shape.append(stop - start)
+                strides.append(s)
+            elif tk is int:
+                if not 0 <= k < shp[d]:
+                    return self._getitem_general(key)
+                s = strd[d]
+                offset += k * s
+                if d == 0 and on_chip:
+                    shape.append(1)
+                    strides.append(s)
+            else:
+                return self._getitem_general(key)
+            d += 1
+        if nk < len(shp):
+            shape.extend(shp[nk:])
+            strides.extend(strd[nk:])
+        if on_chip and len(shape) < 2 or not shape:
+            shape.append(1)
+            strides.append(1)
+        t = _new(NkiTensor)
+        t._st = st
+        t.offset = offset
+        t.shape = tuple(shape)
+        t.strides = tuple(strides)
+        t.dtype = self.dtype
+        t.name = self.name
+        t._dyn = self._dyn
+        return t
+
+    def _getitem_general(self, key: tuple) -> NkiTensor:
         nd = len(self.shape)
         if Ellipsis in key:
             i = next(j for j, k in enumerate(key) if k is Ellipsis)
