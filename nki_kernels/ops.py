@@ -327,7 +327,7 @@ def _(cache_k, cache_v, k, v, sink_tokens, backend):
 
 def _int_values(name: str, t: torch.Tensor) -> list[Any]:
     """Runtime (eager, inside an op) integer values of an index tensor."""
-    return t.tolist()  # type: ignore[no-any-return]
+    return t.tolist()
 
 
 @torch.library.custom_op("nki_ardiff::rope3d_positions", mutates_args=())
