@@ -173,6 +173,7 @@ class RankStream:
         self.heads = local_heads(self.plan, self.rank)
         self._table = pipe_cfg.scheduler_table()
         self.cache: RollingKVCache | None = None
+        self.cache_shape: tuple[int, ...] | None = None  # [B, S, H/tp, D] of the last stream's buffers
 
     # ---- the stream (same loop as RollingForcingPipeline.stream) ------------------------------------
     @torch.no_grad()
@@ -200,6 +201,7 @@ class RankStream:
         )
         hpc = self.plan.heads_per_core
         self.cache = cache = RollingKVCache(mcfg, cfg, bsz, dtype=dtype, num_heads=hpc)
+        self.cache_shape = tuple(cache.layers[0].k.shape)
         text_kv = self.model.text_kv(text_embeds.to(dtype))  # all heads: cross-attention is token-sharded
         noisy: dict[int, torch.Tensor] = {}
         for w in range(schedule.num_windows(cfg, num_blocks)):
@@ -428,7 +430,13 @@ def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
         if job.return_latents:
             kept.append(chunk.latents)
     latents = torch.cat(kept, dim=1) if kept else None
-    return {"rank": rank, "heads": local_heads(job.plan, rank), "latents": latents}
+    heads = local_heads(job.plan, rank)
+    return {
+        "rank": rank,
+        "heads": (heads.start, heads.stop),
+        "cache_shape": runner.cache_shape,
+        "latents": latents,
+    }
 
 
 class ShardedRollingForcingPipeline:

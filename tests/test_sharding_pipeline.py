@@ -1,0 +1,164 @@
+"""The TP x SP sharded Rolling Forcing stream equals the unsharded pipeline; rank failures fail loudly.
+
+Reference: :class:`rolling_forcing.pipeline.RollingForcingPipeline` (itself tested against the plain
+reference loop) on the same weights, prompt and generator seed, in this process: its two-pass mode
+(``merged=False``, the order the ranks run) in one test and its default merged forward in the other.
+
+Tolerance: 1e-5 absolute on the final latents (fp32), the issue's bound. Sharding changes no arithmetic
+except the row count of every matmul (token shards) and the head count of every attention call, which
+can change the fp32 summation order inside BLAS: a few ulps per op, compounded over 2 layers x 2 passes x
+every window of the stream. Measured: 1.4e-6 .. 1.7e-6 max abs difference on latents of magnitude <= 5.4
+(TP1xSP2, TP2xSP1, TP2xSP2, TP4xSP1, TP1xSP4; absolute and relative positions), i.e. 6x below 1e-5.
+
+Multi-process tests are few and small (2-core CI machine): one 2-rank stream, one 4-rank stream with
+token counts that do not divide the ranks, and one stream where a rank dies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rolling_forcing.config import PipelineConfig, get_preset
+from rolling_forcing.model import CausalWanModel, Head
+from rolling_forcing.pipeline import RollingForcingPipeline
+from sharding.launch import LaunchError
+from sharding.pipeline import ShardedRollingForcingPipeline, pipeline_plan
+
+TOL = 1e-5
+TIMEOUT_S = 20.0
+TINY = get_preset("tiny")  # 12 heads, 16 tokens per frame, 48 per block
+# 15 tokens per frame, 45 per block: every pass's token count is odd (splits 12/11/11/11 on 4 ranks)
+ODD = dataclasses.replace(TINY, name="tiny-odd", latent_height=6, latent_width=10)
+P = PipelineConfig()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _text(seed: int = 1) -> torch.Tensor:
+    return torch.randn(1, TINY.text_len, TINY.text_dim, generator=torch.Generator().manual_seed(seed))
+
+
+def _unsharded(model: CausalWanModel, positions: str, num_blocks: int, merged: bool) -> list:
+    pipe = RollingForcingPipeline(model, model.cfg, P, positions=positions, merged=merged)
+    return list(pipe.stream(_text(), num_blocks, generator=torch.Generator().manual_seed(7)))
+
+
+def _check_equal(sharded: ShardedRollingForcingPipeline, chunks: list, ref: list) -> tuple[float, float]:
+    assert [(c.block, c.final, c.last, c.window) for c in chunks] == [
+        (c.block, c.final, c.last, c.window) for c in ref
+    ]
+    out = torch.cat([c.latents for c in chunks], dim=1)
+    want = torch.cat([c.latents for c in ref], dim=1)
+    err = float((out - want).abs().max())
+    assert err < TOL, f"sharded vs unsharded latents differ by {err}"
+    assert float((want[:, :3] - want[:, -3:]).abs().max()) > 1e-2  # non-trivial stream
+    results = sharded.last_results
+    assert results is not None and len(results) == sharded.plan.world_size
+    p = sharded.plan
+    for r in results:
+        # every rank ends with the same (all-gathered) latents
+        assert float((r["latents"] - want).abs().max()) < TOL, f"rank {r['rank']}"
+        # its KV cache holds only its head group: [B, S, H/tp, D]
+        g = r["rank"] % p.tp
+        assert r["heads"] == (g * p.heads_per_core, (g + 1) * p.heads_per_core)
+        cfg = sharded.model_cfg
+        assert r["cache_shape"] == (1, P.buffer_tokens(cfg), cfg.num_heads // p.tp, cfg.head_dim)
+    return err, float(want.abs().max())
+
+
+@pytest.mark.distributed
+def test_2_ranks_stream_equals_unsharded() -> None:
+    """Default 2-core plan; 9 blocks: warm-up, steady windows, sink dropped from the update pass
+    (block >= 7), the ring wrapping (block 8 reuses slot 1), and the tail."""
+    nb = 9
+    model = CausalWanModel(TINY).init_random(0).eval()
+    ref = _unsharded(model, "absolute", nb, merged=False)  # the two-pass order the ranks run
+    sharded = ShardedRollingForcingPipeline(
+        model, TINY, P, cores=2, positions="absolute", timeout_s=TIMEOUT_S
+    )
+    chunks = list(
+        sharded.stream(_text(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
+    )
+    err, scale = _check_equal(sharded, chunks, ref)
+    print(f"\n{sharded.plan.name}: max |sharded - unsharded| = {err:.3g} (|latents| <= {scale:.3g})")
+
+
+@pytest.mark.distributed
+def test_4_ranks_tp2_sp2_odd_token_counts_equals_unsharded() -> None:
+    """TP2 x SP2 (all-to-all and K/V all-gather, cache replicated within the head group), token counts
+    that do not divide the ranks, relative positions (keys re-roped from the cache every pass)."""
+    nb = 6
+    model = CausalWanModel(ODD).init_random(3).eval()
+    ref = _unsharded(model, "relative", nb, merged=True)  # the default (merged) pipeline
+    sharded = ShardedRollingForcingPipeline(
+        model, ODD, P, cores=4, tp=2, positions="relative", timeout_s=TIMEOUT_S
+    )
+    assert (sharded.plan.tp, sharded.plan.sp) == (2, 2)
+    chunks = list(
+        sharded.stream(_text(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
+    )
+    assert P.tokens_per_block(ODD) % 4 != 0
+    err, scale = _check_equal(sharded, chunks, ref)
+    print(f"\n{sharded.plan.name} (45-token blocks): max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
+
+
+class DyingHead(Head):
+    """The model's head, except that rank 1 dies hard (no Python exception) at its 3rd call."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor, frames: int) -> torch.Tensor:
+        DyingHead.calls += 1
+        if dist.is_initialized() and dist.get_rank() == 1 and DyingHead.calls == 3:
+            os._exit(3)
+        return super().forward(x, e, frames)
+
+
+@pytest.mark.distributed
+def test_rank_dying_mid_stream_raises_launch_error() -> None:
+    model = CausalWanModel(TINY).init_random(0).eval()
+    head = DyingHead(TINY)
+    head.load_state_dict(model.head.state_dict())
+    model.head = head
+    sharded = ShardedRollingForcingPipeline(model, TINY, P, cores=2, tp=2, timeout_s=5.0)
+    got = []
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 1 exited with code 3") as info:
+        for chunk in sharded.stream(_text(), P.window_blocks, generator=torch.Generator().manual_seed(7)):
+            got.append(chunk.block)
+    assert info.value.rank == 1
+    assert got == []  # the 3rd forward is in window 1: no block was finished yet
+    assert time.monotonic() - t0 < 2 * 5.0 + 30
+
+
+def test_bad_plans_and_inputs_raise_before_spawning() -> None:
+    micro = get_preset("micro")  # 4 tokens per frame, 12 per block
+    with pytest.raises(ValueError, match="needs at least one token per rank"):
+        pipeline_plan(micro, P, 16)  # TP4 x SP4 exists, but a 12-token block cannot feed 16 ranks
+    with pytest.raises(ValueError, match="num_cores"):
+        pipeline_plan(TINY, P, 0)
+    with pytest.raises(ValueError, match="illegal|group size|balanced"):
+        pipeline_plan(TINY, P, 3)  # 3 ranks: not a legal Neuron collective group size
+    model = CausalWanModel(TINY).init_random(0).eval()
+    with pytest.raises(ValueError, match="positions"):
+        ShardedRollingForcingPipeline(model, TINY, P, cores=2, positions="sideways")
+    sharded = ShardedRollingForcingPipeline(model, TINY, P, cores=2)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="window_blocks"):
+        next(sharded.stream(_text(), P.window_blocks - 1))
+    with pytest.raises(ValueError, match="text embeddings"):
+        next(sharded.stream(torch.zeros(1, TINY.text_len, TINY.text_dim + 1), P.window_blocks))
+    assert time.monotonic() - t0 < 1.0  # rejected in the caller, no ranks spawned
