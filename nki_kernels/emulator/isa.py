@@ -89,6 +89,8 @@ class dma_engine(enum.Enum):  # noqa: N801
 
 NkiValidationError = NkiEmulatorError
 
+_FP8_E4M3_PAIR = ("float8_e4m3", "float8_e4m3fn")
+
 
 class NkiInstruction:
     """Handle returned by every ISA call (scheduling hints are accepted and ignored: execution is eager)."""
@@ -139,6 +141,8 @@ _ENGINE_TRACE = {
     engine.gpsimd: "gpsimd",
     engine.dma: "dma",
 }
+# Same mapping keyed by id(member): a dict lookup keyed by an enum member runs Enum.__hash__ (Python code).
+_ENGINE_TRACE_ID = {id(k): v for k, v in _ENGINE_TRACE.items()}
 
 # --------------------------------------------------------------------------------------------- helpers
 
@@ -169,8 +173,20 @@ def _onchip(t: Any, op: str, arg: str, launch: _state.Launch) -> NkiTensor:
     return t
 
 
+def _count(launch: _state.Launch, key: tuple) -> bool:
+    """Count one more issue of an already-seen record; False when ``key`` is new (caller builds it)."""
+    ent = launch.records.get(key)
+    if ent is None:
+        return False
+    ent[1] += 1
+    if launch.keep_order:
+        launch.trace.order.append(ent[0])
+    return True
+
+
 def _free(t: NkiTensor) -> int:
-    return math.prod(t.shape[1:])
+    sh = t.shape
+    return sh[1] if len(sh) == 2 else math.prod(sh[1:])
 
 
 def _same_pf(op: str, a: NkiTensor, an: str, b: NkiTensor, bn: str) -> None:
@@ -474,12 +490,17 @@ def tensor_copy(
     """On-chip copy with cast (same partitions and elements per partition); Vector by default."""
     launch = _state.current()
     op = "tensor_copy"
-    _onchip(dst, op, "dst", launch)
-    _onchip(src, op, "src", launch)
-    _same_pf(op, dst, "dst", src, "src")
-    eng = _pick_engine(engine, _E.vector, op, (_E.vector, _E.scalar, _E.gpsimd))
-    _no_gpsimd_psum(op, eng, dst, src)
-    en = _ENGINE_TRACE[eng]
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, op, "dst", launch)
+    if not (type(src) is NkiTensor and src._st.buffer.on_chip and src.shape[0] <= pmax):
+        _onchip(src, op, "src", launch)
+    if dst.shape != src.shape:
+        _same_pf(op, dst, "dst", src, "src")
+    eng = _E.vector if engine is _E.vector else _pick_engine(engine, _E.vector, op, _TC_ENGINES)
+    if eng is _E.gpsimd:
+        _no_gpsimd_psum(op, eng, dst, src)
+    en = _ENGINE_TRACE_ID[id(eng)]
     key = (
         op,
         en,
@@ -491,7 +512,8 @@ def tensor_copy(
         src._st.buffer,
         launch.program_id,
     )
-    _emit(launch, key, lambda: _rec(op, en, (dst, src), launch, flops=0))
+    if not _count(launch, key):
+        _emit(launch, key, lambda: _rec(op, en, (dst, src), launch, flops=0))
     if not launch.trace_only:
         v = np.asarray(src.read())
         if dst.dtype == src.dtype:
@@ -504,6 +526,8 @@ def tensor_copy(
 
 
 _E = engine
+_TC_ENGINES = (_E.vector, _E.scalar, _E.gpsimd)
+_TT_ENGINES = (_E.vector, _E.gpsimd)
 
 
 def _rec(
@@ -540,7 +564,7 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: An
         )
     if dst.dtype in _dt.PACKED_DTYPES and value != 0:
         raise DtypeError(f"[memset-dtype] x4-packed dtype {dst.dtype} accepts only 0, got {value!r}")
-    en = _ENGINE_TRACE[eng]
+    en = _ENGINE_TRACE_ID[id(eng)]
     key = (op, en, dst.shape, dst.dtype, dst._st.buffer, launch.program_id)
     _emit(launch, key, lambda: _rec(op, en, (dst,), launch, flops=0))
     if not launch.trace_only:
@@ -578,9 +602,10 @@ def nc_matmul(
     launch = _state.current()
     hw = launch.hw
     op = "nc_matmul"
-    for t, a in ((dst, "dst"), (stationary, "stationary"), (moving, "moving")):
-        if not isinstance(t, NkiTensor):
-            raise TypeError(f"nc_matmul: {a} must be an NkiTensor, got {type(t).__name__}")
+    if type(dst) is not NkiTensor or type(stationary) is not NkiTensor or type(moving) is not NkiTensor:
+        for t, a in ((dst, "dst"), (stationary, "stationary"), (moving, "moving")):
+            if not isinstance(t, NkiTensor):
+                raise TypeError(f"nc_matmul: {a} must be an NkiTensor, got {type(t).__name__}")
     if stationary._st.buffer is not sbuf or moving._st.buffer is not sbuf:
         bad = stationary if stationary._st.buffer is not sbuf else moving
         raise MemorySpaceError(
@@ -630,22 +655,30 @@ def nc_matmul(
             f"[matmul-dtype] nc_matmul: fp32/tf32 operands only pair with each other, got stationary "
             f"{stationary.dtype} and moving {moving.dtype}"
         )
-    if {stationary.dtype, moving.dtype} == {"float8_e4m3", "float8_e4m3fn"}:
+    sdt = stationary.dtype
+    mdt = moving.dtype
+    if sdt != mdt and sdt in _FP8_E4M3_PAIR and mdt in _FP8_E4M3_PAIR:
         raise DtypeError("[matmul-dtype] nc_matmul: float8_e4m3 and float8_e4m3fn cannot be mixed")
     if not is_transpose and dst.dtype != "float32" and not (hw.nc_version >= 4 and dst.dtype == "bfloat16"):
         raise DtypeError(f"[matmul-dtype] nc_matmul: dst dtype must be float32 (got {dst.dtype})")
-    if accumulate is not None and not isinstance(accumulate, (bool, np.bool_)):
+    if accumulate is not None and type(accumulate) is not bool and not isinstance(accumulate, np.bool_):
         raise TypeError(f"nc_matmul: accumulate must be None, True or False, got {accumulate!r}")
-    key = (op, dst.shape, dst.dtype, stationary.shape, stationary.dtype, moving.shape, moving.dtype,
+    key = (op, dst.shape, dst.dtype, stationary.shape, sdt, moving.shape, mdt,
            launch.program_id, bool(is_transpose))  # fmt: skip
-    _emit(
-        launch,
-        key,
-        lambda: _rec(
-            op, "tensor", (dst, stationary, moving), launch, flops=2 * K * M * N,
-            meta=(("K", K), ("M", M), ("N", N), ("dtype", moving.dtype), ("is_transpose", bool(is_transpose))),
-        ),
-    )  # fmt: skip
+    ent = launch.records.get(key)
+    if ent is None:
+        _emit(
+            launch,
+            key,
+            lambda: _rec(
+                op, "tensor", (dst, stationary, moving), launch, flops=2 * K * M * N,
+                meta=(("K", K), ("M", M), ("N", N), ("dtype", mdt), ("is_transpose", bool(is_transpose))),
+            ),
+        )  # fmt: skip
+    else:
+        ent[1] += 1
+        if launch.keep_order:
+            launch.trace.order.append(ent[0])
     if launch.trace_only:
         return NkiInstruction(op)
     a = _vals(stationary).reshape(K, M)
@@ -679,8 +712,11 @@ def nc_transpose(
     launch = _state.current()
     hw = launch.hw
     op = "nc_transpose"
-    _onchip(dst, op, "dst", launch)
-    _onchip(data, op, "data", launch)
+    pmax = hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, op, "dst", launch)
+    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+        _onchip(data, op, "data", launch)
     P = data.shape[0]
     F = _free(data)
     if engine is None or engine is _E.unknown:
@@ -708,7 +744,7 @@ def nc_transpose(
         raise MatmulTileError(
             f"[transpose-size] nc_transpose on {eng.name} engine handles at most {lim}x{lim}, got data{list(data.shape)}"
         )
-    en = _ENGINE_TRACE[eng]
+    en = _ENGINE_TRACE_ID[id(eng)]
     key = (
         op,
         en,
@@ -720,16 +756,19 @@ def nc_transpose(
         data._st.buffer,
         launch.program_id,
     )
-    meta = (
-        (("K", P), ("M", F), ("N", P), ("dtype", data.dtype), ("is_transpose", True))
-        if eng is _E.tensor
-        else ()
-    )
-    _emit(
-        launch,
-        key,
-        lambda: _rec(op, en, (dst, data), launch, flops=2 * P * F * P if eng is _E.tensor else 0, meta=meta),
-    )
+    if not _count(launch, key):
+        meta = (
+            (("K", P), ("M", F), ("N", P), ("dtype", data.dtype), ("is_transpose", True))
+            if eng is _E.tensor
+            else ()
+        )
+        _emit(
+            launch,
+            key,
+            lambda: _rec(
+                op, en, (dst, data), launch, flops=2 * P * F * P if eng is _E.tensor else 0, meta=meta
+            ),
+        )
     if not launch.trace_only:
         v = np.asarray(data.read()).reshape(P, F).T
         dst.write(np.ascontiguousarray(v).reshape(dst.shape))
@@ -792,9 +831,13 @@ _RC = reduce_cmd
 
 def _activation(opname, dst, op, data, bias, scale, reduce_op, reduce_res, rcmd) -> NkiInstruction:
     launch = _state.current()
-    _onchip(dst, opname, "dst", launch)
-    _onchip(data, opname, "data", launch)
-    _same_pf(opname, dst, "dst", data, "data")
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, opname, "dst", launch)
+    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+        _onchip(data, opname, "data", launch)
+    if dst.shape != data.shape:
+        _same_pf(opname, dst, "dst", data, "data")
     fname = opdefs.op_name(op, "op")
     if fname not in opdefs.ACTIVATION:
         raise ValueError(
@@ -820,8 +863,9 @@ def _activation(opname, dst, op, data, bias, scale, reduce_op, reduce_res, rcmd)
             rcmd = _RC.reset_reduce
     key = (opname, fname, dst.shape, dst.dtype, dst._st.buffer, data.shape, data.dtype, data._st.buffer,
            rname, launch.program_id)  # fmt: skip
-    ts = (dst, data) + ((reduce_res,) if reduce_res is not None else ())
-    _emit(launch, key, lambda: _rec(opname, "scalar", ts, launch, meta=(("func", fname),)))
+    if not _count(launch, key):
+        ts = (dst, data) + ((reduce_res,) if reduce_res is not None else ())
+        _emit(launch, key, lambda: _rec(opname, "scalar", ts, launch, meta=(("func", fname),)))
     if launch.trace_only:
         return NkiInstruction(opname)
     x = _vals(data)
@@ -860,25 +904,33 @@ def tensor_tensor(
     at most one operand in PSUM).  Arithmetic in fp32; bit-vector ops on integers."""
     launch = _state.current()
     opn = "tensor_tensor"
-    _onchip(dst, opn, "dst", launch)
-    _onchip(data1, opn, "data1", launch)
-    _onchip(data2, opn, "data2", launch)
-    _same_pf(opn, data1, "data1", data2, "data2")
-    _same_pf(opn, dst, "dst", data1, "data1")
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, opn, "dst", launch)
+    if not (type(data1) is NkiTensor and data1._st.buffer.on_chip and data1.shape[0] <= pmax):
+        _onchip(data1, opn, "data1", launch)
+    if not (type(data2) is NkiTensor and data2._st.buffer.on_chip and data2.shape[0] <= pmax):
+        _onchip(data2, opn, "data2", launch)
+    if data1.shape != data2.shape:
+        _same_pf(opn, data1, "data1", data2, "data2")
+    if dst.shape != data1.shape:
+        _same_pf(opn, dst, "dst", data1, "data1")
     if data1._st.buffer is psum and data2._st.buffer is psum:
         raise MemorySpaceError(
             f"[memory-space] tensor_tensor: data1 and data2 cannot both be in PSUM ({data1._desc()}, {data2._desc()})"
         )
     name_ = _binary_name(op, opn, "op")
     default = _E.gpsimd if name_ == "power" else _E.vector
-    eng = _pick_engine(engine, default, opn, (_E.vector, _E.gpsimd))
-    _no_gpsimd_psum(opn, eng, dst, data1, data2)
+    eng = engine if engine is _E.vector else _pick_engine(engine, default, opn, _TT_ENGINES)
+    if eng is _E.gpsimd:
+        _no_gpsimd_psum(opn, eng, dst, data1, data2)
     bitvec = name_ in opdefs.BITVEC
     if bitvec and not all(_dt.is_int(t.dtype) for t in (dst, data1, data2)):
         raise DtypeError(f"[bitvec-dtype] tensor_tensor op={name_} needs integer dtypes")
-    en = _ENGINE_TRACE[eng]
+    en = _ENGINE_TRACE_ID[id(eng)]
     key = (opn, en, name_, _sig(dst), _sig(data1), _sig(data2), launch.program_id)
-    _emit(launch, key, lambda: _rec(opn, en, (dst, data1, data2), launch, meta=(("alu", name_),)))
+    if not _count(launch, key):
+        _emit(launch, key, lambda: _rec(opn, en, (dst, data1, data2), launch, meta=(("alu", name_),)))
     if launch.trace_only:
         return NkiInstruction(opn)
     if bitvec:
@@ -908,15 +960,20 @@ def tensor_scalar(
     free dims; ``reverse*`` puts the operand first."""
     launch = _state.current()
     opn = "tensor_scalar"
-    _onchip(dst, opn, "dst", launch)
-    _onchip(data, opn, "data", launch)
-    _same_pf(opn, dst, "dst", data, "data")
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, opn, "dst", launch)
+    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+        _onchip(data, opn, "data", launch)
+    if dst.shape != data.shape:
+        _same_pf(opn, dst, "dst", data, "data")
     n0 = _binary_name(op0, opn, "op0")
     n1 = None if op1 is None else _binary_name(op1, opn, "op1")
     if (op1 is None) != (operand1 is None):
         raise ValueError("tensor_scalar: op1 and operand1 must be given together")
-    eng = _pick_engine(engine, _E.vector, opn, (_E.vector, _E.scalar, _E.gpsimd))
-    _no_gpsimd_psum(opn, eng, dst, data)
+    eng = _E.vector if engine is _E.vector else _pick_engine(engine, _E.vector, opn, _TC_ENGINES)
+    if eng is _E.gpsimd:
+        _no_gpsimd_psum(opn, eng, dst, data)
     P = data.shape[0]
     bitvec = n0 in opdefs.BITVEC or (n1 in opdefs.BITVEC)
     if bitvec and not (_dt.is_int(data.dtype) and _dt.is_int(dst.dtype)):
@@ -925,17 +982,20 @@ def tensor_scalar(
         )
     o0 = _operand(operand0, P, opn, "operand0", launch)
     o1 = None if operand1 is None else _operand(operand1, P, opn, "operand1", launch)
-    en = _ENGINE_TRACE[eng]
+    en = _ENGINE_TRACE_ID[id(eng)]
     vec0 = isinstance(operand0, NkiTensor)
     vec1 = isinstance(operand1, NkiTensor)
     key = (opn, en, n0, n1, _sig(dst), _sig(data), vec0, vec1, launch.program_id)
-    nops = 1 if n1 is None else 2
-    extra = tuple(t for t in (operand0, operand1) if isinstance(t, NkiTensor))
-    _emit(
-        launch,
-        key,
-        lambda: _rec(opn, en, (dst, data) + extra, launch, flops=nops * dst.size, meta=(("alu", (n0, n1)),)),
-    )
+    if not _count(launch, key):
+        nops = 1 if n1 is None else 2
+        extra = tuple(t for t in (operand0, operand1) if isinstance(t, NkiTensor))
+        _emit(
+            launch,
+            key,
+            lambda: _rec(
+                opn, en, (dst, data) + extra, launch, flops=nops * dst.size, meta=(("alu", (n0, n1)),)
+            ),
+        )
     if launch.trace_only:
         return NkiInstruction(opn)
     if bitvec:
@@ -968,11 +1028,17 @@ def scalar_tensor_tensor(
     """``dst = (data op0 operand0) op1 operand1``: operand0 scalar or (P,1), operand1 a full tile."""
     launch = _state.current()
     opn = "scalar_tensor_tensor"
-    _onchip(dst, opn, "dst", launch)
-    _onchip(data, opn, "data", launch)
-    _onchip(operand1, opn, "operand1", launch)
-    _same_pf(opn, dst, "dst", data, "data")
-    _same_pf(opn, data, "data", operand1, "operand1")
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, opn, "dst", launch)
+    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+        _onchip(data, opn, "data", launch)
+    if not (type(operand1) is NkiTensor and operand1._st.buffer.on_chip and operand1.shape[0] <= pmax):
+        _onchip(operand1, opn, "operand1", launch)
+    if dst.shape != data.shape:
+        _same_pf(opn, dst, "dst", data, "data")
+    if data.shape != operand1.shape:
+        _same_pf(opn, data, "data", operand1, "operand1")
     if data._st.buffer is psum and operand1._st.buffer is psum:
         raise MemorySpaceError(
             "[memory-space] scalar_tensor_tensor: data and operand1 cannot both be in PSUM"
@@ -991,13 +1057,14 @@ def scalar_tensor_tensor(
         isinstance(operand0, NkiTensor),
         launch.program_id,
     )
-    _emit(
-        launch,
-        key,
-        lambda: _rec(
-            opn, "vector", (dst, data, operand1), launch, flops=2 * dst.size, meta=(("alu", (n0, n1)),)
-        ),
-    )
+    if not _count(launch, key):
+        _emit(
+            launch,
+            key,
+            lambda: _rec(
+                opn, "vector", (dst, data, operand1), launch, flops=2 * dst.size, meta=(("alu", (n0, n1)),)
+            ),
+        )
     if launch.trace_only:
         return NkiInstruction(opn)
     x = _vals(data).reshape(dst.shape)
@@ -1030,8 +1097,11 @@ def tensor_reduce(
     ``negate`` multiplies the result by -1)."""
     launch = _state.current()
     opn = "tensor_reduce"
-    _onchip(dst, opn, "dst", launch)
-    _onchip(data, opn, "data", launch)
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, opn, "dst", launch)
+    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+        _onchip(data, opn, "data", launch)
     rn = opdefs.op_name(op, "op")
     red = opdefs.reduce_fn(rn, "op")
     ax = _axes(axis, data.ndim, opn)
@@ -1042,7 +1112,12 @@ def tensor_reduce(
             f"elements for data{list(data.shape)} reduced over axis {ax}"
         )
     key = (opn, rn, _sig(dst), _sig(data), ax, launch.program_id)
-    _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch, flops=data.size, meta=(("alu", rn),)))
+    if not _count(launch, key):
+        _emit(
+            launch,
+            key,
+            lambda: _rec(opn, "vector", (dst, data), launch, flops=data.size, meta=(("alu", rn),)),
+        )
     if launch.trace_only:
         return NkiInstruction(opn)
     if rn in opdefs.BITVEC:
@@ -1082,11 +1157,16 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> NkiInstruct
     """``dst = 1 / data`` on VectorE (fp32)."""
     launch = _state.current()
     opn = "reciprocal"
-    _onchip(dst, opn, "dst", launch)
-    _onchip(data, opn, "data", launch)
-    _same_pf(opn, dst, "dst", data, "data")
+    pmax = launch.hw.pmax
+    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+        _onchip(dst, opn, "dst", launch)
+    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+        _onchip(data, opn, "data", launch)
+    if dst.shape != data.shape:
+        _same_pf(opn, dst, "dst", data, "data")
     key = (opn, _sig(dst), _sig(data), launch.program_id)
-    _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch))
+    if not _count(launch, key):
+        _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch))
     if not launch.trace_only:
         with np.errstate(all="ignore"):
             _store(dst, (np.float32(1) / _vals(data)).reshape(dst.shape))

@@ -308,8 +308,7 @@ class NkiTensor:
         offset = self.offset
         shape: list[int] = []
         strides: list[int] = []
-        d = 0
-        for k in key:
+        for d, k in enumerate(key):
             tk = type(k)
             if tk is slice:
                 if k.step is not None:
@@ -341,7 +340,6 @@ class NkiTensor:
                     strides.append(s)
             else:
                 return self._getitem_general(key)
-            d += 1
         if nk < len(shp):
             shape.extend(shp[nk:])
             strides.extend(strd[nk:])
@@ -755,12 +753,21 @@ class NkiTensor:
         st = self._st
         pstride = st.size // st.shape[0]
         lo = hi = self.offset % pstride
-        for n, s in zip(self.shape[1:], self.strides[1:]):
+        shape = self.shape
+        if len(shape) == 2:  # the common case, without the generic loop
+            n = shape[1]
+            s = self.strides[1]
             if s > 0:
                 hi += s * (n - 1)
             else:
                 lo += s * (n - 1)
-        isz = self.itemsize
+        else:
+            for n, s in zip(shape[1:], self.strides[1:]):
+                if s > 0:
+                    hi += s * (n - 1)
+                else:
+                    lo += s * (n - 1)
+        isz = _dt.itemsize(self.dtype)
         return lo * isz, (hi + 1) * isz - 1
 
     def start_partition(self) -> int:
