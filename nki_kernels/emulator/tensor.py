@@ -304,53 +304,56 @@ class NkiTensor:
             return self._getitem_general(key)
         strd = self.strides
         st = self._st
-        on_chip = st.buffer.on_chip
         offset = self.offset
-        shape: list[int] = []
-        strides: list[int] = []
-        for d, k in enumerate(key):
-            tk = type(k)
-            if tk is slice:
-                if k.step is not None:
-                    return self._getitem_general(key)
-                n = shp[d]
+        shape: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+        first = True
+        for k, n, s in zip(key, shp, strd):
+            if k.__class__ is slice:
                 start = k.start
                 stop = k.stop
-                if start is None:
-                    start = 0
-                elif type(start) is not int or start < 0:
+                if k.step is not None:
                     return self._getitem_general(key)
+                if start is None:
+                    if stop is None:  # ':' keeps the dim
+                        shape += (n,)
+                        strides += (s,)
+                        first = False
+                        continue
+                    start = 0
+                elif start.__class__ is not int or start < 0:
+                    return self._getitem_general(key)
+                else:
+                    offset += start * s
                 if stop is None:
                     stop = n
-                elif type(stop) is not int or stop > n:
+                elif stop.__class__ is not int or stop > n:
                     return self._getitem_general(key)
-                if stop <= start:
+                if stop <= start:  # also catches start >= n
                     return self._getitem_general(key)
-                s = strd[d]
-                offset += start * s
-                shape.append(stop - start)
-                strides.append(s)
-            elif tk is int:
-                if not 0 <= k < shp[d]:
+                shape += (stop - start,)
+                strides += (s,)
+            elif k.__class__ is int:
+                if not 0 <= k < n:
                     return self._getitem_general(key)
-                s = strd[d]
                 offset += k * s
-                if d == 0 and on_chip:
-                    shape.append(1)
-                    strides.append(s)
+                if first and st.buffer.on_chip:  # an int on the partition dim keeps a size-1 dim
+                    shape += (1,)
+                    strides += (s,)
             else:
                 return self._getitem_general(key)
+            first = False
         if nk < len(shp):
-            shape.extend(shp[nk:])
-            strides.extend(strd[nk:])
-        if on_chip and len(shape) < 2 or not shape:
-            shape.append(1)
-            strides.append(1)
+            shape += shp[nk:]
+            strides += strd[nk:]
+        if len(shape) < 2 and (not shape or st.buffer.on_chip):
+            shape += (1,)
+            strides += (1,)
         t = _new(NkiTensor)
         t._st = st
         t.offset = offset
-        t.shape = tuple(shape)
-        t.strides = tuple(strides)
+        t.shape = shape
+        t.strides = strides
         t.dtype = self.dtype
         t.name = self.name
         t._dyn = self._dyn
