@@ -48,13 +48,32 @@ PMAX = 128
 BANK = 512
 """fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
 
-SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 3, 8
-"""Fraction of the P^T blocks evicted PSUM->SBUF by ScalarE (3/8, i.e. 6 of 16 per 2048-key chunk; the rest
-on VectorE), chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in
-the trn2 cost model."""
+SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
+"""Fraction of the TensorE-transposed P^T blocks evicted PSUM->SBUF by ScalarE (2/8; the rest on VectorE),
+chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
+model."""
 
-GPSIMD_MAX_MIN_WIDTH = 1024
-"""Chunks at least this wide halve their bf16 score copy with GpSimdE ``maximum`` before VectorE reduces."""
+DMA_TRANSPOSE_CHUNKS = (5, 8)
+"""Fraction ``(num, den)`` of the full 2048-key chunks (2-byte dtypes) whose P is transposed SBUF->SBUF by
+one DMA (``[128 q, 16, 128 k] -> [128 k, 16, 128 q]``, 4 KiB runs) instead of 16 TensorE transposes.
+TensorE saves 138 cycles per 128x128 block and the PSUM eviction disappears; the DMA pays ~184 ns per block
+(SBUF->SBUF transpose at 50 % of copy throughput, cost model §3). 5/8 balances TensorE against DMA at the
+Wan shapes (see docs/kernels/attention.md). Chunks are dealt by a running counter per program."""
+
+
+def _dma_chunks(frac: Any) -> tuple[int, int]:
+    """Validate the compile-time ``dma_transpose_chunks`` fraction (None = :data:`DMA_TRANSPOSE_CHUNKS`)."""
+    if frac is None:
+        return DMA_TRANSPOSE_CHUNKS
+    num, den = (int(x) for x in frac)
+    if den < 1 or not 0 <= num <= den:
+        raise ValueError(f"dma_transpose_chunks={frac!r} must be (num, den) with 0 <= num <= den, den >= 1")
+    return num, den
+
+
+GPSIMD_MAX_MIN_WIDTH = 512
+"""Rows at least this wide are halved with GpSimdE ``maximum`` (2048 -> 1024 -> 512 -> 256 for a full chunk)
+before VectorE reduces the rest: GpSimdE has headroom, VectorE does not."""
 
 
 def _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w):
@@ -124,7 +143,7 @@ def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
         off += length
 
 
-def _attention_body(q, kbuf, vbuf, segments, scale, return_lse):
+def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
     B, Lq, H, D = q.shape
     Lk = sum(n for _, n in segments)
     dt = q.dtype
@@ -161,6 +180,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse):
     chunks = _chunks(Lk, KC)
 
     pair = 0
+    n_full = 0  # full chunks seen by this program: the DMA-transposed ones are dealt by this counter
     for b in range(B):
         for h in range(H):
             mine = pair % nprog == pid
@@ -226,9 +246,22 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse):
                         nisa.scalar_tensor_tensor(
                             l_sum[:qr], l_sum[:qr], nl.multiply, alpha[:qr], nl.add, rs[:qr]
                         )
-                    # P^T per 128-key block on TensorE, evicted to SBUF (VectorE / ScalarE split)
+                    # P^T: a full chunk dealt to the DMA is transposed SBUF->SBUF by one dma_transpose;
+                    # otherwise per 128-key block on TensorE, evicted to SBUF (VectorE / ScalarE split)
                     nblk = (kc + PMAX - 1) // PMAX
-                    for t in range(nblk):
+                    dnum, dden = dma_chunks
+                    nd = 0
+                    if two_byte and kc == KC:
+                        if (n_full * dnum) % dden < dnum:
+                            nd = kc // PMAX
+                        n_full += 1
+                    if nd:
+                        nisa.dma_transpose(
+                            dst=pT_sb[:PMAX, :nd, :qr],
+                            src=p_sb[:qr, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
+                            axes=(2, 1, 0),
+                        )
+                    for t in range(nd, nblk):
                         kr = min(PMAX, kc - t * PMAX)
                         nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
                         if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
@@ -267,19 +300,23 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse):
 
 
 @nki.jit
-def attention_kernel(q, k, v, scale, return_lse):
+def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None):
     """Flash attention ``[B, Lq, H, D] x [B, Lk, H, D]`` -> out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]``).
 
-    ``scale`` (float) and ``return_lse`` (bool) are compile-time constants.
+    ``scale`` (float) and ``return_lse`` (bool) are compile-time constants; ``dma_transpose_chunks``
+    (``(num, den)``, default :data:`DMA_TRANSPOSE_CHUNKS`) is the fraction of full 2048-key chunks whose P is
+    transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either way.
     """
-    return _attention_body(q, k, v, ((0, k.shape[1]),), scale, return_lse)
+    return _attention_body(q, k, v, ((0, k.shape[1]),), scale, return_lse, _dma_chunks(dma_transpose_chunks))
 
 
 @nki.jit
-def attention_segments_kernel(q, kv_k, kv_v, segments, scale, return_lse):
+def attention_segments_kernel(q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None):
     """Attention over keys/values read in place from ordered ``(start, length)`` segments of ``[B, S, H, D]``
-    buffers (compile-time tuple of int pairs)."""
-    return _attention_body(q, kv_k, kv_v, tuple(segments), scale, return_lse)
+    buffers (compile-time tuple of int pairs); ``dma_transpose_chunks`` as :func:`attention_kernel`."""
+    return _attention_body(
+        q, kv_k, kv_v, tuple(segments), scale, return_lse, _dma_chunks(dma_transpose_chunks)
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -54,6 +54,34 @@ def test_attention_kernel_multi_chunk_tails_bf16() -> None:
     _check(2, 161, 2637, 1, 64, torch.bfloat16, seed=1, scale=0.2)
 
 
+def test_attention_dma_and_pe_transposes_agree_bitwise() -> None:
+    """P^T through the SBUF->SBUF DMA transpose and through TensorE transposes are exact copies: the same
+    kernel with every full chunk on the DMA, none, and a mix (both paths in one run, across query tiles and
+    heads) gives bit-identical out and lse, and the mix matches the fp32 reference within tolerance."""
+    b, lq, lk, h, d = 1, 200, 4096 + 300, 2, 64  # 2 full 2048-key chunks + a 300-key tail per query tile
+    q, k, v = _qkv(b, lq, lk, h, d, seed=5)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    outs = {}
+    full = 2 * 2 * h  # full chunks: 2 per query tile, 2 query tiles per head
+    loads = h * (-(-lk // 128) + 2)  # dma_transpose loads of K^T (per 128 keys) and q^T (per query tile)
+    for frac in ((0, 1), (1, 1), (1, 2), (2, 3)):
+        (o, lse), tr = run(attention_kernel, qb, kb, vb, 0.15, True, frac)
+        outs[frac] = (o, lse)
+        n_chunks = sum((i * frac[0]) % frac[1] < frac[0] for i in range(full))  # dealt in order
+        assert tr.count(op="dma_transpose") == loads + n_chunks
+        assert tr.count(op="nc_transpose") == (full - n_chunks) * 16 + 2 * h * 3  # tail: 3 blocks per tile
+    for frac in ((1, 1), (1, 2), (2, 3)):
+        assert torch.equal(outs[frac][0], outs[(0, 1)][0]) and torch.equal(outs[frac][1], outs[(0, 1)][1])
+    ref_err, (base_o, base_l) = reference_error(
+        attention, [q, k, v], torch.bfloat16, scale=0.15, return_lse=True
+    )
+    o, lse = outs[(1, 2)]
+    assert_within(torch.as_tensor(o), base_o, torch.bfloat16, ref_err, what="attention dma/pe mix out")
+    assert_within(torch.as_tensor(lse), base_l, torch.bfloat16, ref_err, what="attention dma/pe mix lse")
+    with pytest.raises(ValueError, match="dma_transpose_chunks"):
+        run(attention_kernel, qb, kb, vb, 0.15, False, (3, 2))
+
+
 def test_attention_kernel_multi_chunk_fp32() -> None:
     _check(1, 130, 1100, 2, 32, torch.float32, seed=2)
 
