@@ -71,6 +71,7 @@ class GenerateOptions:
     progress: bool = True
     threads: int | None = None
     warmup: bool = True
+    cores: int = 1
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -93,6 +94,7 @@ def command_line(opts: GenerateOptions) -> str:
             parts += [flag, str(value)]
     parts += ["--use-ema"] if opts.use_ema else []
     parts += [] if opts.warmup else ["--no-warmup"]
+    parts += ["--cores", str(opts.cores)] if opts.cores != 1 else []
     return shlex.join(parts)
 
 
@@ -209,7 +211,18 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
 
     text_embeds, text_src = _build_text(opts, model_cfg)
     decoder, dec_src = _build_decoder(opts, model_cfg, spec)
-    pipe = RollingForcingPipeline(model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions)
+    pipe: Any
+    if opts.cores != 1:  # TP x SP over spawned CPU ranks (sharding.pipeline); rank 0 streams the chunks
+        from sharding.pipeline import ShardedRollingForcingPipeline
+
+        pipe = ShardedRollingForcingPipeline(
+            model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend, positions=opts.positions
+        )
+        echo(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
+    else:
+        pipe = RollingForcingPipeline(
+            model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions
+        )
     generator = torch.Generator().manual_seed(opts.seed)
 
     total_frames = spec.video_frames(num_blocks, pipe_cfg.frames_per_block)
@@ -270,6 +283,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         "out": str(opts.out),
         "torch_threads": torch.get_num_threads(),
         "warmup": opts.warmup,
+        "cores": opts.cores,
         "cpu_count": os.cpu_count(),
         "loadavg_1m_at_start": load_at_start,
     }
@@ -321,6 +335,9 @@ def generate(
         bool,
         typer.Option(help="run an untimed minimal stream first so one-time costs stay out of the report"),
     ] = True,
+    cores: Annotated[
+        int, typer.Option(help="ranks (CPU processes) sharing each forward, TP x SP (sharding.pipeline)")
+    ] = 1,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -342,6 +359,7 @@ def generate(
         progress=progress,
         threads=threads,
         warmup=warmup,
+        cores=cores,
     )
     try:
         run_generate(opts, echo=typer.echo)
