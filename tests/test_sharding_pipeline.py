@@ -17,6 +17,7 @@ token counts that do not divide the ranks, and one stream where a rank dies.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -162,3 +163,29 @@ def test_bad_plans_and_inputs_raise_before_spawning() -> None:
     with pytest.raises(ValueError, match="text embeddings"):
         next(sharded.stream(torch.zeros(1, TINY.text_len, TINY.text_dim + 1), P.window_blocks))
     assert time.monotonic() - t0 < 1.0  # rejected in the caller, no ranks spawned
+
+
+@pytest.mark.distributed
+def test_cli_generate_cores_2_writes_the_same_video(tmp_path) -> None:
+    """``rolling-forcing generate --cores 2``: rank 0's chunks reach the parent, which writes the video
+    and the measured report; the frames equal the unsharded run's (latents within 1.7e-6 of each other,
+    so a uint8 pixel can flip by at most 1 at a rounding boundary)."""
+    from typer.testing import CliRunner
+
+    from rolling_forcing.cli import app
+    from rolling_forcing.video import read_video
+
+    videos, reports = [], []
+    for cores in (1, 2):
+        out, rep = tmp_path / f"c{cores}.mp4", tmp_path / f"c{cores}.json"
+        args = ["generate", "--preset", "tiny", "--blocks", str(P.window_blocks), "--seed", "3"]
+        args += ["--out", str(out), "--report-json", str(rep), "--no-progress", "--no-warmup"]
+        res = CliRunner().invoke(app, [*args, "--cores", str(cores)])
+        assert res.exit_code == 0, res.output
+        videos.append(read_video(out).astype("int16"))
+        reports.append(json.loads(rep.read_text()))
+    assert videos[0].shape == videos[1].shape and videos[0].std() > 1.0
+    assert int(abs(videos[0] - videos[1]).max()) <= 1
+    sharded = reports[1]
+    assert sharded["summary"]["kind"] == "measured" and sharded["summary"]["chunks"] == P.window_blocks
+    assert sharded["meta"]["cores"] == 2 and "--cores 2" in sharded["meta"]["command"]
