@@ -21,12 +21,15 @@ Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (204
 PSUM banks; 1024 for fp32):
 
 1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank.
-2. VectorE: row max of the chunk; new negated scaled max ``nm = min(nm_old, -scale*max)``.
+2. Row max of the chunk: VectorE copies S to bf16 SBUF, GpSimdE halves it three times with ``maximum``,
+   VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
 3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
    (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
-4. TensorE: P is transposed per 128x128 block (``nc_transpose`` into PSUM), evicted to SBUF (split between
-   VectorE and ScalarE), then ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k, D])``
-   accumulates the chunk in one PSUM bank.
+4. P^T: for :data:`DMA_TRANSPOSE_CHUNKS` (5/8) of the full chunks one SBUF->SBUF ``dma_transpose``
+   ``[128 q, 16, 128 k] -> [128 k, 16, 128 q]``; for the others TensorE transposes each 128x128 block
+   (``nc_transpose`` into PSUM), evicted to SBUF (split between VectorE and ScalarE). Then
+   ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k, D])`` accumulates the chunk in
+   one PSUM bank. Both transposes are exact copies, so the result does not depend on the split.
 5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and

@@ -87,12 +87,12 @@ def _prof(
 
 
 def _attention_fn(
-    kernel: Any, args: tuple, lnc: int, heads_total: int, hbm_min: int, extra: dict
+    kernel: Any, args: tuple, lnc: int, heads_total: int, hbm_min: int, extra: dict, heads_per_core: int = 1
 ) -> Callable:
     def fn() -> dict[str, Any]:
         _, tr = run(kernel, *args, lnc=lnc, trace_only=True)
         p = profile(tr, cores=lnc)
-        per_head_us = p.latency_ns / 1e3  # one traced head per core
+        per_head_us = p.latency_ns / 1e3 / heads_per_core  # heads_per_core traced heads on each core
         figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
         figs["latency_us"] = per_head_us * heads_total / lnc
         figs["extra"].update(
@@ -181,6 +181,35 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
     tgt = {"target": "TensorE util >= 70%, zero transpose passes over HBM"}
     out.append(
         ("attention", "flash_fused_lnc2", acfg, _attention_fn(attention_kernel, att_args, 2, h, amin, tgt))
+    )
+    # the same kernel with every P^T on TensorE (the design before the DMA share): the comparison point
+    pe_args = (*att_args, (0, 1))
+    out.append(
+        (
+            "attention",
+            "pe_transposes_only_lnc2",
+            {**acfg, "dma_transpose_chunks": [0, 1]},
+            _attention_fn(attention_kernel, pe_args, 2, h, amin, tgt),
+        )
+    )
+    # per-core shape of the TP4 x SP2 plan (perf/e2e.py): H/4 heads x ceil(Lq/2) queries over all keys, 1 core
+    hc, lqc = h // 4, -(-lq // 2)
+    pc_args = (_spec(1, lqc, hc, d), _spec(1, lk, hc, d), _spec(1, lk, hc, d), 1.0 / d**0.5, False)
+    out.append(
+        (
+            "attention",
+            "per_core_tp4xsp2",
+            {**acfg, "Lq": lqc, "H": hc, "traced_heads": hc, "plan": "TP4 x SP2, one core"},
+            _attention_fn(
+                attention_kernel,
+                pc_args,
+                1,
+                hc,
+                hc * (lqc * 2 + 2 * lk) * d * BF16,
+                {**tgt, "per_layer_is": "one core's share of a layer (the 8 cores run in parallel)"},
+                heads_per_core=hc,
+            ),
+        )
     )
     # segments: sink block + working cache + window's own keys, read in place from a cache-sized buffer
     segs = ((0, blk), (2 * blk, lk - lq - blk), (cache - lq, lq))
