@@ -90,6 +90,7 @@ class dma_engine(enum.Enum):  # noqa: N801
 NkiValidationError = NkiEmulatorError
 
 _FP8_E4M3_PAIR = ("float8_e4m3", "float8_e4m3fn")
+_DMA_TRANSPOSE_AXES = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
 
 
 class NkiInstruction:
@@ -330,6 +331,8 @@ def _direction(dst: NkiTensor, src: NkiTensor) -> str:
 def _dma_record(op: str, dst: NkiTensor, src: NkiTensor, launch: _state.Launch, meta: tuple = ()) -> None:
     key = (op, dst.shape, dst.strides, dst.dtype, dst._st.buffer, src.shape, src.strides, src.dtype,
            src._st.buffer, dst._dyn is None, src._dyn is None, launch.program_id, meta)  # fmt: skip
+    if _count(launch, key):
+        return
 
     def make() -> TraceRecord:
         onchip = dst if dst._st.buffer.on_chip else (src if src._st.buffer.on_chip else None)
@@ -384,9 +387,10 @@ def dma_copy(
     """
     launch = _state.current()
     op = "dma_copy"
-    for t, a in ((dst, "dst"), (src, "src")):
-        if not isinstance(t, NkiTensor):
-            raise TypeError(f"{op}: {a} must be an NkiTensor, got {type(t).__name__}")
+    if type(dst) is not NkiTensor or type(src) is not NkiTensor:
+        for t, a in ((dst, "dst"), (src, "src")):
+            if not isinstance(t, NkiTensor):
+                raise TypeError(f"{op}: {a} must be an NkiTensor, got {type(t).__name__}")
     if src._st.buffer is psum:
         raise MemorySpaceError(
             f"[memory-space] dma_copy: src={src._desc()} is in PSUM; DMA cannot read PSUM since NKI 0.3.0 "
@@ -396,16 +400,18 @@ def dma_copy(
         raise MemorySpaceError(
             f"[memory-space] dma_copy: dst={dst._desc()} is in PSUM; DMA moves HBM/SBUF only"
         )
-    if dst.size != src.size:
+    if dst.shape != src.shape and dst.size != src.size:
         raise ShapeMismatchError(
             f"[dma-size] dma_copy: element counts differ: dst{list(dst.shape)} has {dst.size}, "
             f"src{list(src.shape)} has {src.size}"
         )
-    for t, a in ((dst, "dst"), (src, "src")):
-        if t._st.buffer.on_chip and t.shape[0] > launch.hw.pmax:
-            raise PartitionLimitError(
-                f"[partition-limit] dma_copy: {a}={t._desc()} exceeds {launch.hw.pmax} partitions"
-            )
+    pmax = launch.hw.pmax
+    if (dst._st.buffer.on_chip and dst.shape[0] > pmax) or (src._st.buffer.on_chip and src.shape[0] > pmax):
+        for t, a in ((dst, "dst"), (src, "src")):
+            if t._st.buffer.on_chip and t.shape[0] > pmax:
+                raise PartitionLimitError(
+                    f"[partition-limit] dma_copy: {a}={t._desc()} exceeds {launch.hw.pmax} partitions"
+                )
     if type(oob_mode) is not _OOB:
         raise TypeError(f"dma_copy: oob_mode must be an nisa.oob_mode member, got {oob_mode!r}")
     if dge_mode is _DGE.hwdge and dst.dtype != src.dtype:
@@ -460,16 +466,16 @@ def dma_transpose(
         raise MemorySpaceError(f"[memory-space] dma_transpose: dst={dst._desc()} must be in SBUF")
     if src._st.buffer is psum:
         raise MemorySpaceError(f"[memory-space] dma_transpose: src={src._desc()} cannot be in PSUM")
-    nd = src.ndim
-    axes = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(int(a) for a in axes)
-    if axes not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)) or len(axes) != nd:
+    nd = len(src.shape)
+    axes = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(map(int, axes))
+    if axes not in _DMA_TRANSPOSE_AXES or len(axes) != nd:
         raise ShapeMismatchError(f"[dma-transpose] axes {axes} not supported for a {nd}-D src")
-    want = tuple(src.shape[a] for a in axes)
+    want = tuple(map(src.shape.__getitem__, axes))
     if dst.shape != want:
         raise ShapeMismatchError(
             f"[dma-transpose] dst shape {list(dst.shape)} must equal src{list(src.shape)} permuted by {axes} = {list(want)}"
         )
-    if src.itemsize != 2 or dst.dtype != src.dtype:
+    if _dt.itemsize(src.dtype) != 2 or dst.dtype != src.dtype:
         raise DtypeError(f"[dma-transpose] needs equal 2-byte dtypes, got src {src.dtype}, dst {dst.dtype}")
     if dst.shape[0] > launch.hw.pmax:
         raise PartitionLimitError(
