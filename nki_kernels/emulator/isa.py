@@ -621,15 +621,19 @@ def nc_matmul(
         raise MemorySpaceError(
             f"[memory-space] nc_matmul: dst={dst._desc()} must be in PSUM, is in {dst._st.buffer.name}"
         )
-    K = stationary.shape[0]
-    M = _free(stationary)
-    N = _free(moving)
-    if hw.pmax < K or moving.shape[0] > hw.pmax:
+    ss = stationary.shape
+    ms = moving.shape
+    ds = dst.shape
+    K = ss[0]
+    M = ss[1] if len(ss) == 2 else math.prod(ss[1:])
+    N = ms[1] if len(ms) == 2 else math.prod(ms[1:])
+    pmax = hw.pmax
+    if pmax < K or ms[0] > pmax:
         raise MatmulTileError(
             f"[matmul-contraction] nc_matmul: contraction (partition) dim must be <= {hw.pmax}: stationary "
             f"{list(stationary.shape)}, moving {list(moving.shape)}"
         )
-    if moving.shape[0] != K:
+    if ms[0] != K:
         raise MatmulTileError(
             f"[matmul-contraction] nc_matmul: stationary{list(stationary.shape)} and moving{list(moving.shape)} "
             "must have the same contraction (partition) size"
@@ -644,7 +648,7 @@ def nc_matmul(
             f"[matmul-moving] nc_matmul: moving free size {N} (shape {list(moving.shape)}) exceeds "
             f"gemm_moving_fmax={hw.gemm_moving_fmax}"
         )
-    if dst.shape[0] != M or _free(dst) != N:
+    if ds[0] != M or (ds[1] if len(ds) == 2 else math.prod(ds[1:])) != N:
         raise ShapeMismatchError(
             f"[matmul-dst] nc_matmul: dst{list(dst.shape)} must be [{M}, {N}] for stationary"
             f"{list(stationary.shape)} and moving{list(moving.shape)}"
@@ -655,22 +659,22 @@ def nc_matmul(
             f"[psum-bank] nc_matmul: dst {dst._desc()} {dst.dtype} spans bytes [{lo}, {hi}] of each partition, "
             f"crossing a {hw.psum_bank_bytes} B PSUM bank boundary (a matmul tile must fit in one bank)"
         )
-    f32ish = ("float32", "tfloat32")
-    if (stationary.dtype in f32ish) != (moving.dtype in f32ish):
-        raise DtypeError(
-            f"[matmul-dtype] nc_matmul: fp32/tf32 operands only pair with each other, got stationary "
-            f"{stationary.dtype} and moving {moving.dtype}"
-        )
     sdt = stationary.dtype
     mdt = moving.dtype
-    if sdt != mdt and sdt in _FP8_E4M3_PAIR and mdt in _FP8_E4M3_PAIR:
-        raise DtypeError("[matmul-dtype] nc_matmul: float8_e4m3 and float8_e4m3fn cannot be mixed")
+    if sdt != mdt:  # equal dtypes always pair
+        f32ish = ("float32", "tfloat32")
+        if (sdt in f32ish) != (mdt in f32ish):
+            raise DtypeError(
+                f"[matmul-dtype] nc_matmul: fp32/tf32 operands only pair with each other, got stationary "
+                f"{sdt} and moving {mdt}"
+            )
+        if sdt in _FP8_E4M3_PAIR and mdt in _FP8_E4M3_PAIR:
+            raise DtypeError("[matmul-dtype] nc_matmul: float8_e4m3 and float8_e4m3fn cannot be mixed")
     if not is_transpose and dst.dtype != "float32" and not (hw.nc_version >= 4 and dst.dtype == "bfloat16"):
         raise DtypeError(f"[matmul-dtype] nc_matmul: dst dtype must be float32 (got {dst.dtype})")
     if accumulate is not None and type(accumulate) is not bool and not isinstance(accumulate, np.bool_):
         raise TypeError(f"nc_matmul: accumulate must be None, True or False, got {accumulate!r}")
-    key = (op, dst.shape, dst.dtype, stationary.shape, sdt, moving.shape, mdt,
-           launch.program_id, bool(is_transpose))  # fmt: skip
+    key = (op, ds, dst.dtype, ss, sdt, ms, mdt, launch.program_id, bool(is_transpose))
     ent = launch.records.get(key)
     if ent is None:
         _emit(
