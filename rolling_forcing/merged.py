@@ -286,30 +286,48 @@ def merged_forward(
         layout: static sizes. backend: ``nki_kernels.ops`` backend.
 
     Returns:
-        flow prediction ``[B, layout.frames, C, H, W]`` (update frames' output is not used).
+        flow prediction of the (padded) window ``[B, layout.frames - frames_per_block, C, H, W]``: the
+        update frames only write the cache; in the last layer they stop after their k/v (no query,
+        attention output, cross-attention, FFN or head: ``forward_with(context_frames=...)``).
     """
-    t = layout.tokens_per_block
-    nc_frames = layout.copy_blocks * layout.frames_per_block
+    t, fpb = layout.tokens_per_block, layout.frames_per_block
+    nc_frames = layout.copy_blocks * fpb
     q_groups = list(layout.q_groups)
+    # last layer: only the window queries remain (the update queries' outputs are never read); the
+    # denoise group's entries are kept as they are (it never reads fresh block 0, the update block)
+    den_table = table[1:]
 
     def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-        _, hp, wp = grid
-        qr, kr = ops.rope3d_positions(q, k, grid, frame_positions, backend=backend)
+        nf, hp, wp = grid
         ck, cv = cache_k[layer], cache_v[layer]
+        if q.shape[1] == k.shape[1]:
+            qr, kr = ops.rope3d_positions(q, k, grid, frame_positions, backend=backend)
+            k_upd = kr[:, :t]
+        else:  # last layer: q holds the window tokens only; rope the update keys on their own
+            ku = k[:, :t].contiguous()
+            _, k_upd = ops.rope3d_positions(ku, ku, (fpb, hp, wp), frame_positions[:fpb], backend=backend)
+            qr, kw = ops.rope3d_positions(
+                q, k[:, t:].contiguous(), (nf - fpb, hp, wp), frame_positions[fpb:], backend=backend
+            )
+            kr = torch.cat([k_upd, kw], dim=1)
         # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative mode)
-        k_new = torch.where(store_roped, kr[:, :t], k[:, :t])
+        k_new = torch.where(store_roped, k_upd, k[:, :t])
         k_w = torch.where(write_valid, k_new, ck.index_select(1, write_tokens))
         v_w = torch.where(write_valid, v[:, :t], cv.index_select(1, write_tokens))
         ops.kv_cache_write_at(ck, cv, k_w.contiguous(), v_w.contiguous(), write_slot, backend=backend)
         # 2. blocks needing a pass-specific position: roped copies (read after the write)
         gk, gv = ck.index_select(1, copy_tokens), cv.index_select(1, copy_tokens)
         _, gkr = ops.rope3d_positions(gk, gk, (nc_frames, hp, wp), copy_positions, backend=backend)
-        # 3. both query groups in one launch; ring blocks read in place
-        out = ops.attention_block_table(qr, [ck, kr, gkr], [cv, v, gv], table, q_groups, t, backend=backend)
+        # 3. both query groups in one launch (last layer: the denoise group only); ring read in place
+        if q.shape[1] == k.shape[1]:
+            tab, groups = table, q_groups
+        else:
+            tab, groups = den_table, q_groups[1:]
+        out = ops.attention_block_table(qr, [ck, kr, gkr], [cv, v, gv], tab, groups, t, backend=backend)
         assert isinstance(out, torch.Tensor)
         return out
 
-    return model.forward_with(x, timesteps, text_kv, attn, backend=backend)
+    return model.forward_with(x, timesteps, text_kv, attn, backend=backend, context_frames=fpb)
 
 
 CompileSpec = bool | str | Callable[..., Any] | None

@@ -105,31 +105,49 @@ class WanBlock(nn.Module):
         text_kv: tuple[torch.Tensor, torch.Tensor],
         self_attn: SelfAttnFn,
         backend: str | None,
+        drop_frames: int = 0,
     ) -> torch.Tensor:
-        """x ``[B, L, dim]``; e0 ``[B, F, 6, dim]`` per-frame modulation; returns ``[B, L, dim]``."""
+        """x ``[B, L, dim]``; e0 ``[B, F, 6, dim]`` per-frame modulation; returns ``[B, L', dim]``.
+
+        ``drop_frames`` (static int, 0 <= drop_frames <= F): the leading frames whose output is not
+        needed (the last layer of a pass whose first frames only write the KV cache). Their k/v are still
+        computed and handed to ``self_attn`` (it writes them), but they get no query, no attention output,
+        no output projection, cross-attention or FFN; the block returns only the other
+        ``L' = L - drop_frames * L/F`` tokens, and ``self_attn`` receives q ``[B, L', H, D]`` (the last L'
+        tokens) with k, v ``[B, L, H, D]``.
+        """
         b, seq, dim = x.shape
         f = grid[0]
         h = self.num_heads
-        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = (self.modulation.unsqueeze(1) + e0).chunk(
-            6, dim=2
-        )
+        if not 0 <= drop_frames <= f:
+            raise ValueError(f"drop_frames must be in [0, F={f}], got {drop_frames}")
+        tpf = seq // f
+        mod = self.modulation.unsqueeze(1) + e0  # [B, F, 6, dim]
+        shift_sa, scale_sa = mod[:, :, 0:1], mod[:, :, 1:2]
 
         def modulate(y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-            return (y.unflatten(1, (f, seq // f)) * (1 + scale) + shift).flatten(1, 2)
+            return (y.unflatten(1, (-1, tpf)) * (1 + scale) + shift).flatten(1, 2)
 
         def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-            return (y.unflatten(1, (f, seq // f)) * gate).flatten(1, 2)
+            return (y.unflatten(1, (-1, tpf)) * gate).flatten(1, 2)
 
         sa = self.self_attn
         xm = modulate(self.norm1(x), shift_sa, scale_sa)
-        q = sa.norm_q(sa.q(xm)).view(b, seq, h, dim // h)
+        n0 = drop_frames * tpf
+        xq = xm[:, n0:] if n0 else xm
+        q = sa.norm_q(sa.q(xq)).view(b, seq - n0, h, dim // h)
         k = sa.norm_k(sa.k(xm)).view(b, seq, h, dim // h)
         v = sa.v(xm).view(b, seq, h, dim // h)
         y = self_attn(layer, q, k, v, grid)
+        if n0:  # the dropped frames' outputs are never read: stop here for them
+            x, mod = x[:, n0:], mod[:, drop_frames:]
+            if n0 == seq:
+                return x
+        gate_sa, shift_ff, scale_ff, gate_ff = (mod[:, :, i : i + 1] for i in range(2, 6))
         x = x + gated(sa.o(y.flatten(2)), gate_sa)
 
         ca = self.cross_attn
-        qc = ca.norm_q(ca.q(self.norm3(x))).view(b, seq, h, dim // h)
+        qc = ca.norm_q(ca.q(self.norm3(x))).view(b, seq - n0, h, dim // h)
         tk, tv = text_kv
         yc = ops.attention(qc, tk, tv, backend=backend)
         assert isinstance(yc, torch.Tensor)
@@ -247,6 +265,7 @@ class CausalWanModel(nn.Module):
         self_attn: SelfAttnFn,
         *,
         backend: str | None = None,
+        context_frames: int = 0,
     ) -> torch.Tensor:
         """Flow prediction of latents with per-frame timesteps and a caller-defined self-attention.
 
@@ -254,16 +273,26 @@ class CausalWanModel(nn.Module):
             x: latents ``[B, F, C, H, W]`` (frames on dim 1, as the pipeline stores them).
             timesteps: ``[B, F]`` raw flow-matching timesteps (float32 values like 952.38).
             text_kv: from :meth:`text_kv`.
-            self_attn: see :data:`SelfAttnFn`.
+            self_attn: see :data:`SelfAttnFn`. In the last layer it receives q of the output frames only
+                (``[B, (F - context_frames)*Hp*Wp, H, D]``, the last tokens) with k, v of all frames.
             backend: ``nki_kernels.ops`` backend of the cross-attention.
+            context_frames: static int in ``[0, F]``: the leading frames that only feed the KV cache (a
+                cache-update block). Every layer computes their k/v (``self_attn`` writes them); in the last
+                layer they stop there (no query, attention, output projection, cross-attention, FFN), and
+                the head skips them. With ``context_frames == F`` nothing is returned but the writes.
 
         Returns:
-            the flow (velocity ``eps - x0``) prediction ``[B, F, C, H, W]`` in x's dtype.
+            the flow (velocity ``eps - x0``) prediction ``[B, F - context_frames, C, H, W]`` of the frames
+            after the context frames, in x's dtype.
         """
         self._check_latents(x, "x", 1)
         b, f = x.shape[:2]
         if tuple(timesteps.shape) != (b, f):
             raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
+        if isinstance(context_frames, bool) or not isinstance(context_frames, int):
+            raise TypeError(f"context_frames must be an int, got {type(context_frames).__name__}")
+        if not 0 <= context_frames <= f:
+            raise ValueError(f"context_frames must be in [0, F={f}], got {context_frames}")
         c = self.cfg
         hp, wp = c.grid_hw
         grid: Grid = (f, hp, wp)
@@ -271,12 +300,18 @@ class CausalWanModel(nn.Module):
         tok = self.patch_embedding(x.permute(0, 2, 1, 3, 4).to(dtype)).flatten(2).transpose(1, 2)
         e = self.time_embedding(sinusoidal_embedding_1d(c.freq_dim, timesteps.flatten()).to(dtype))
         e0 = self.time_projection(e).unflatten(1, (6, c.dim)).unflatten(0, (b, f))
+        last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
-            tok = blk(i, tok, e0, grid, text_kv[i], self_attn, backend)
-        out = self.head(tok, e.unflatten(0, (b, f)).unsqueeze(2), f)  # [B, F, Hp*Wp, patch_out]
+            drop = context_frames if i == last else 0
+            tok = blk(i, tok, e0, grid, text_kv[i], self_attn, backend, drop)
+        fo = f - context_frames
         _, ph, pw = c.patch_size
-        out = out.view(b, f, hp, wp, ph, pw, c.out_channels)
-        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, f, c.out_channels, hp * ph, wp * pw)
+        if fo == 0:
+            return x.new_empty((b, 0, *x.shape[2:]))
+        e_out = e.unflatten(0, (b, f))[:, context_frames:].unsqueeze(2)
+        out = self.head(tok, e_out, fo)  # [B, F', Hp*Wp, patch_out]
+        out = out.view(b, fo, hp, wp, ph, pw, c.out_channels)
+        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, fo, c.out_channels, hp * ph, wp * pw)
         return out.to(x.dtype)
 
     def forward_full(

@@ -315,7 +315,7 @@ class RollingForcingPipeline:
             idx = MergedIndex.from_step(step, lay, device)
             self.stats.log("merged", x, t, *idx.tensors())
             flow = self._merged_fwd(x, t, cache.text_kv(), ks, vs, idx)
-            x0 = flow_to_x0(flow[:, fpb : fpb + nf], x_win, t_win, self._table)
+            x0 = flow_to_x0(flow[:, :nf], x_win, t_win, self._table)  # flow: the padded window only
             self._renoise(st, plan, x0)
             if pending is not None:
                 self._record_clean(st, pending[0].start_block, pending[1])
@@ -358,7 +358,8 @@ class RollingForcingPipeline:
         t0 = torch.full((bsz, cfg.frames_per_block), float(cfg.context_noise), dtype=torch.float32)
         attn = self._update_attn(plan.update, plan.write_slot, plan.store_roped)
         self.stats.log("update", clean, t0)
-        self.model.forward_with(clean, t0, text_kv, attn, backend=self.backend)
+        # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
+        self.model.forward_with(clean, t0, text_kv, attn, backend=self.backend, context_frames=clean.shape[1])
         self._record_clean(st, plan.start_block, clean)
 
     def _record_clean(self, st: StreamState, s: int, clean: torch.Tensor) -> None:
@@ -392,7 +393,9 @@ class RollingForcingPipeline:
             upd = PassPlan(plan.update.query_blocks, plan.update.query_position, keys, False)
             attn = self._update_attn(upd, plan.write_slot, plan.store_roped)
             t0 = torch.zeros(st.clean[b].shape[:2], dtype=torch.float32)
-            self.model.forward_with(st.clean[b], t0, st.cache.text_kv(), attn, backend=self.backend)
+            self.model.forward_with(
+                st.clean[b], t0, st.cache.text_kv(), attn, backend=self.backend, context_frames=t0.shape[1]
+            )
 
     def _rope_copies(
         self, layer: LayerKVCache, keys: list[KeyBlock], grid: Grid
@@ -459,8 +462,13 @@ class RollingForcingPipeline:
         assert cache is not None
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
             lc = cache.layers[layer]
+            if q.shape[1] == 0:  # last layer (forward_with context_frames): only the write is needed
+                if store_roped:
+                    _, k = ops.rope3d(k, k, grid, p.query_position, backend=self.backend)
+                lc.write(slot, k, v, backend=self.backend)
+                return q
+            qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
             lc.write(slot, kr if store_roped else k, v, backend=self.backend)
             return self._attend(lc, qr, p.cache_keys, None, grid)
 

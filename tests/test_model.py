@@ -108,3 +108,63 @@ def test_flow_to_x0_uses_nearest_scheduler_sigma() -> None:
     for f, sigma in enumerate((p.sigmas[1], p.sigmas[4])):
         want = xt[0, f].double() - sigma * flow[0, f].double()
         assert torch.allclose(x0[0, f].double(), want, atol=1e-6)
+
+
+def _recording_attn(record: dict):
+    """Self-attention with a fixed key set (the pass's own keys) that records each layer's k, v.
+
+    Queries are the last ``q.shape[1]`` tokens (what ``forward_with`` hands over in the last layer when
+    ``context_frames`` > 0), so its output for them equals the full pass's output for the same tokens.
+    """
+    from reference.attention import attention
+    from reference.rope3d import rope3d
+
+    def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid) -> torch.Tensor:
+        record[layer] = (k.clone(), v.clone())
+        record["q_tokens", layer] = q.shape[1]
+        _, kr = rope3d(k, k, grid, 0)
+        qpad = torch.cat([q.new_zeros(k.shape[0], k.shape[1] - q.shape[1], *k.shape[2:]), q], dim=1)
+        qr, _ = rope3d(qpad, qpad, grid, 0)
+        out = attention(qr[:, k.shape[1] - q.shape[1] :], kr, v)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    return attn
+
+
+@pytest.mark.parametrize("ctx", [0, 2, 3])
+def test_forward_with_context_frames_skips_only_discarded_work(ctx: int) -> None:
+    """context_frames: the output of the other frames and every layer's k/v equal the full forward's."""
+    m = CausalWanModel(CFG).init_random(5).eval()
+    g = torch.Generator().manual_seed(6)
+    f = 3
+    x = torch.randn(1, f, CFG.in_channels, CFG.latent_height, CFG.latent_width, generator=g)
+    t = torch.tensor([[0.0, 952.38, 500.0]])
+    text = m.text_kv(torch.randn(1, CFG.text_len, CFG.text_dim, generator=g))
+    full_kv: dict = {}
+    part_kv: dict = {}
+    with torch.no_grad():
+        full = m.forward_with(x, t, text, _recording_attn(full_kv))
+        part = m.forward_with(x, t, text, _recording_attn(part_kv), context_frames=ctx)
+    assert part.shape == (1, f - ctx, *x.shape[2:])
+    # fp32: the same arithmetic per token, only the GEMM row count differs (bound: 10x fp32 eps x |out|)
+    if ctx < f:
+        assert float((part - full[:, ctx:]).abs().max()) < 1e-5 * float(full.abs().max())
+    tpf = CFG.tokens_per_frame
+    last = CFG.num_layers - 1
+    # the context frames get no query in the last layer only (earlier layers feed the next layer's k/v)
+    assert [part_kv["q_tokens", i] for i in range(CFG.num_layers)] == [f * tpf] * last + [(f - ctx) * tpf]
+    for layer in range(CFG.num_layers):
+        for a, b in zip(part_kv[layer], full_kv[layer]):
+            assert float((a - b).abs().max()) < 1e-5 * float(b.abs().max()), layer
+
+
+def test_forward_with_context_frames_validated() -> None:
+    m = CausalWanModel(CFG).init_random(0).eval()
+    x = torch.zeros(1, 2, CFG.in_channels, CFG.latent_height, CFG.latent_width)
+    t = torch.zeros(1, 2)
+    text = m.text_kv(torch.zeros(1, CFG.text_len, CFG.text_dim))
+    with pytest.raises(ValueError, match=r"context_frames must be in \[0, F=2\], got 3"):
+        m.forward_with(x, t, text, _recording_attn({}), context_frames=3)
+    with pytest.raises(TypeError, match="context_frames must be an int"):
+        m.forward_with(x, t, text, _recording_attn({}), context_frames=1.0)  # type: ignore[arg-type]
