@@ -1,0 +1,505 @@
+"""Block-table attention: grouped flash attention whose keys are whole blocks read in place, at runtime
+offsets, from several KV sources (standalone NKI 0.6 API, imported through :mod:`nki_kernels._nki`).
+
+The NKI kernel of :func:`nki_kernels.ops.attention_block_table` (the static-shape attention of the merged
+forward, ``docs/merged_forward.md``). Math, per batch b, head h, query group g (query tokens
+``[lo_g, lo_g + q_groups[g])``)::
+
+    keys(g) = concat over n with table[g, n, 0] >= 0 of  src_s[b, blk*T : (blk+1)*T, h, :],  (s, blk) = table[g, n]
+    out[b, i, h] = sum_j softmax_j(scale * q_i . k_j) v_j     over j in keys(g)   (zeros if keys(g) is empty)
+    lse[b, i, h] = log sum_j exp(scale * q_i . k_j)                               (-inf if keys(g) is empty)
+
+**One compiled kernel per shape, whatever the table holds.** The block table ``[G, NB, 2]`` int32 is a
+*runtime* HBM input: it is loaded into SBUF and turned on VectorE into per-entry token offsets that are used
+as ``scalar_offset`` of ``.ap()`` views of the sources (indirect on the token dim). Python never reads its
+values, so the instruction stream (and the trace) does not depend on them. A source is a separate HBM tensor
+and an entry's source is a runtime value, so each entry is loaded by one DMA per source, all with
+``oob_mode=skip``: the offset is in range for the entry's own source and pushed past the end of storage for
+the others, so exactly one of them moves data (none for an empty entry).
+
+Key slot layout: entry n owns key positions ``[n*T, (n+1)*T)`` of the group (``Lk = NB*T``, static). An
+empty entry must contribute nothing, exactly, while the flash loop is static:
+
+* **V rows of empty entries are zero** (``v_sb`` is memset per group; the V DMAs of an empty entry all skip)
+  and V carries an extra column ``D`` = 1 for keys of valid entries, 0 otherwise. The PV matmul
+  (``moving = V[:, :D+1]``) then accumulates the softmax denominator ``l`` in column D with the same P as the
+  numerator: empty keys add exactly 0 to both (their P is finite, times 0).
+* **K^T columns of empty entries hold a duplicate of a valid block** of the group (the valid entry with the
+  largest ``source*M + block`` code, M = max blocks per source). Their scores are therefore scores of real
+  keys, so the running row max stays exactly what it would be over the valid keys alone (the stabiliser is
+  as robust as in :mod:`nki_kernels.attention`: no overflow, no underflow of valid keys, no -inf bias). An
+  all-empty group keeps finite stale keys: P finite, o = l = 0, and ``out = o / max(l, 1e-30) = 0``,
+  ``lse = log(0) - m = -inf``.
+
+Loads per (b, h, g), per entry n and source s (all runtime-offset DMAs, software DGE):
+V straight into ``v_sb[key % 128, key // 128, :D]`` (head piece, run of full 128-row tiles, tail piece);
+K into a staging tile in natural layout (``[128 rows, tiles, D]``, two DMAs), then per entry one SBUF->SBUF
+``dma_transpose`` ``[128, tiles, D] -> [D, tiles, 128]`` (+ one for a tail) into ``K^T`` (fp32: TensorE
+``nc_transpose`` per 128 rows; a correctness path). ``dma_transpose`` from an HBM view has no out-of-bounds
+skip in the emulator (the skip must be exact), hence the staging.
+
+The flash inner loop is that of :mod:`nki_kernels.attention` (same chunking, row max helper, exp with the
+negated running max as bias, P^T by SBUF->SBUF DMA transpose for :data:`~nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`
+of the full chunks, else TensorE) except that l comes from the PV matmul's column D instead of the exp's
+row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
+sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
+LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.attention import (
+    BANK,
+    PMAX,
+    SCALAR_EVICT_DEN,
+    SCALAR_EVICT_NUM,
+    _chunks,
+    _dma_chunks,
+    _row_max,
+    _validate,
+)
+
+L_FLOOR = 1e-30
+"""Lower clamp of the softmax denominator before the reciprocal: only an all-empty group (l = 0 exactly)
+reaches it (any valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
+
+OFFSET_EXACT_LIMIT = 1 << 24
+"""Token offsets are computed in fp32 on VectorE: ``B * S_i`` (the out-of-range sentinel) must stay below
+2^24 to be exact."""
+
+
+def _pieces(base: int, length: int) -> list[tuple[int, int, int, int, int]]:
+    """Split key positions ``[base, base+length)`` into v_sb pieces ``(tile, p0, rows, ntiles, r0)``.
+
+    A piece is either a partial tile (``ntiles == 0``: rows ``p0..p0+rows`` of tile ``tile``) or a run of
+    ``ntiles`` full 128-row tiles starting at ``tile`` (``p0 == 0``, ``rows == 128``); ``r0`` is the first
+    row of the piece within the block.
+    """
+    out = []
+    j = base
+    end = base + length
+    while j < end:
+        t, p = divmod(j, PMAX)
+        if p == 0 and end - j >= PMAX:
+            nt = (end - j) // PMAX
+            out.append((t, 0, PMAX, nt, j - base))
+            j += nt * PMAX
+        else:
+            n = min(PMAX - p, end - j)
+            out.append((t, p, n, 0, j - base))
+            j += n
+    return out
+
+
+def _offset_tiles(table, g, n_src, nblk, B, T, M, dt):
+    """Per-entry runtime token offsets of group g (VectorE, on all 128 partitions; values from partition 0
+    are used as ``scalar_offset``): ``(k_tok[s], v_tok[s]) for s in sources`` int32 ``[128, NB]`` and the
+    valid flags ``[128, NB]`` in ``dt`` (1 = entry has a source)."""
+    NB = table.shape[1]
+    f32 = nl.float32
+    tb = nl.ndarray((PMAX, NB, 2), dtype=nl.int32, buffer=nl.sbuf)
+    # the group's row, broadcast to every partition (partition stride 0 on the HBM side)
+    nisa.dma_copy(dst=tb, src=table.ap([[0, PMAX], [2, NB], [1, 2]], offset=g * NB * 2))
+    src = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    blk = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_copy(src, tb[:, :, 0], engine=nisa.vector_engine)
+    nisa.tensor_copy(blk, tb[:, :, 1], engine=nisa.vector_engine)
+    valid = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_scalar(valid, src, nl.greater_equal, 0.0, engine=nisa.vector_engine)
+    # code = valid ? src*M + blk : -1
+    code = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(code, src, nl.multiply, float(M), nl.add, blk)
+    nisa.scalar_tensor_tensor(code, code, nl.add, 1.0, nl.multiply, valid)
+    nisa.tensor_scalar(code, code, nl.subtract, 1.0, engine=nisa.vector_engine)
+    # fallback = largest valid code (-1 if none); eff = valid ? code : fallback
+    fb1 = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_reduce(fb1, nl.maximum, code, axis=1)
+    nisa.tensor_scalar(fb1, fb1, nl.add, 1.0, engine=nisa.vector_engine)
+    inv = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_scalar(inv, valid, nl.multiply, -1.0, op1=nl.add, operand1=1.0, engine=nisa.vector_engine)
+    eff = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(eff, inv, nl.multiply, fb1, nl.add, code)
+    k_tok, v_tok = [], []
+    off = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    bad = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    hi = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
+    for s in range(n_src):
+        # a block index in range only for source s; anything else moves past the end of the storage
+        huge = float(B * nblk[s] + (n_src + 1) * M + 1)
+        for x, dst_list in ((eff, k_tok), (code, v_tok)):
+            nisa.tensor_scalar(off, x, nl.subtract, float(s * M), engine=nisa.vector_engine)
+            nisa.tensor_scalar(bad, off, nl.less, 0.0, engine=nisa.vector_engine)
+            nisa.tensor_scalar(hi, off, nl.greater_equal, float(nblk[s]), engine=nisa.vector_engine)
+            nisa.tensor_tensor(bad, bad, hi, nl.add)
+            nisa.scalar_tensor_tensor(bad, bad, nl.multiply, huge, nl.add, off)
+            tok = nl.ndarray((PMAX, NB), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.tensor_scalar(tok, bad, nl.multiply, float(T), engine=nisa.vector_engine)
+            dst_list.append(tok)
+    valid_dt = nl.ndarray((PMAX, NB), dtype=dt, buffer=nl.sbuf)
+    nisa.tensor_copy(valid_dt, valid, engine=nisa.vector_engine)
+    return k_tok, v_tok, valid_dt
+
+
+def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D, two_byte):
+    """K^T and V (+ valid column) of one (b, h, group) from the runtime block offsets ``offs``."""
+    k_tok, v_tok, valid = offs
+    NB = valid.shape[1]
+    n_src = len(k_sources)
+    nft, rem = divmod(T, PMAX)
+    nisa.memset(v_sb, 0.0, engine=nisa.gpsimd_engine)
+    for n in range(NB):
+        base = n * T
+        pieces = _pieces(base, T)
+        for s in range(n_src):
+            kb, vb = k_sources[s], v_sources[s]
+            _, S, H, _ = kb.shape
+            hd = H * D
+            at = b * S * hd + h * D
+            # V: straight into its key positions (skip unless this entry's source is s)
+            for t, p0, rows, nt, r0 in pieces:
+                if nt:
+                    src = vb.ap([[hd, PMAX], [PMAX * hd, nt], [1, D]], offset=at + r0 * hd,
+                                scalar_offset=v_tok[s][0:1, n : n + 1], indirect_dim=1)  # fmt: skip
+                    nisa.dma_copy(dst=v_sb[:, t : t + nt, :D], src=src, oob_mode=nisa.oob_mode.skip)
+                else:
+                    src = vb.ap([[hd, rows], [1, D]], offset=at + r0 * hd,
+                                scalar_offset=v_tok[s][0:1, n : n + 1], indirect_dim=1)  # fmt: skip
+                    nisa.dma_copy(dst=v_sb[p0 : p0 + rows, t, :D], src=src, oob_mode=nisa.oob_mode.skip)
+            # K: natural layout into the staging tile (the entry's block, or the fallback block if empty)
+            if nft:
+                src = kb.ap([[hd, PMAX], [PMAX * hd, nft], [1, D]], offset=at,
+                            scalar_offset=k_tok[s][0:1, n : n + 1], indirect_dim=1)  # fmt: skip
+                nisa.dma_copy(dst=k_st[:, :nft, :D], src=src, oob_mode=nisa.oob_mode.skip)
+            if rem:
+                src = kb.ap([[hd, rem], [1, D]], offset=at + nft * PMAX * hd,
+                            scalar_offset=k_tok[s][0:1, n : n + 1], indirect_dim=1)  # fmt: skip
+                nisa.dma_copy(dst=k_st[:rem, nft, :D], src=src, oob_mode=nisa.oob_mode.skip)
+        # valid column: v_sb is zero there, add the entry's flag
+        for t, p0, rows, nt, _ in pieces:
+            if nt:
+                nisa.tensor_scalar(v_sb[:, t : t + nt, D : D + 1], v_sb[:, t : t + nt, D : D + 1], nl.add,
+                                   valid[:, n : n + 1], engine=nisa.vector_engine)  # fmt: skip
+            else:
+                nisa.tensor_scalar(v_sb[p0 : p0 + rows, t, D : D + 1], v_sb[p0 : p0 + rows, t, D : D + 1],
+                                   nl.add, valid[p0 : p0 + rows, n : n + 1], engine=nisa.vector_engine)  # fmt: skip
+        # K^T of the entry: staged rows -> key columns [base, base + T)
+        if two_byte:
+            if nft:
+                dst = kT_sb[:D, base : base + nft * PMAX].reshape_dim(1, (nft, PMAX))
+                nisa.dma_transpose(dst=dst, src=k_st[:, :nft, :D], axes=(2, 1, 0))
+            if rem:
+                nisa.dma_transpose(
+                    dst=kT_sb[:D, base + nft * PMAX : base + T], src=k_st[:rem, nft, :D], axes=(1, 0)
+                )
+        else:
+            for u in range(nft + (1 if rem else 0)):
+                rows = min(PMAX, T - u * PMAX)
+                nisa.nc_transpose(kT_ps[:D, :rows], k_st[:rows, u, :D])
+                nisa.tensor_copy(
+                    kT_sb[:D, base + u * PMAX : base + u * PMAX + rows],
+                    kT_ps[:D, :rows],
+                    engine=nisa.vector_engine,
+                )
+
+
+def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks):
+    B, Lq, H, D = q.shape
+    G, NB, _ = table.shape
+    n_src = len(k_sources)
+    nblk = [int(kb.shape[1]) // T for kb in k_sources]
+    M = max(nblk)
+    Lk = NB * T
+    dt = q.dtype
+    two_byte = dt != nl.float32
+    f32 = nl.float32
+    KC = 2048 if two_byte else 1024
+    nkt = (Lk + PMAX - 1) // PMAX
+    ntile_blk = (T + PMAX - 1) // PMAX
+    Dv = D + 1  # V's extra column: 1 for keys of valid entries (the PV matmul then also yields l)
+    out = nl.ndarray(q.shape, dtype=dt, buffer=nl.shared_hbm)
+    lse: Any = nl.ndarray((B, Lq, H), dtype=f32, buffer=nl.shared_hbm) if return_lse else None
+    pid = nl.program_id(0)
+    nprog = nl.num_programs()
+
+    offs = [_offset_tiles(table, g, n_src, nblk, B, T, M, dt) for g in range(G)]
+
+    kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
+    v_sb = nl.ndarray((PMAX, nkt, Dv), dtype=dt, buffer=nl.sbuf)
+    k_st = nl.ndarray((PMAX, ntile_blk, D), dtype=dt, buffer=nl.sbuf)
+    nisa.memset(k_st, 0.0, engine=nisa.gpsimd_engine)  # an all-empty group transposes these: keep finite
+    kT_ps: Any = None if two_byte else nl.ndarray((D, PMAX), dtype=f32, buffer=nl.psum)
+    qT = nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf)
+    s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
+    pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
+    pv_ps = nl.ndarray((PMAX, Dv), dtype=f32, buffer=nl.psum)
+    p_sb = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
+    pT_sb = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
+    o_acc = nl.ndarray((PMAX, Dv), dtype=f32, buffer=nl.sbuf)
+    o_out = nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf)
+    bmax = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
+    s_bf = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
+    mx_a = nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf)
+    mx_b = nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf)
+    alpha = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    nm_a = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    nm_b = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    lse_t = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    chunks = _chunks(Lk, KC)
+    dnum, dden = dma_chunks
+
+    pair = 0
+    n_full = 0
+    for b in range(B):
+        for h in range(H):
+            mine = pair % nprog == pid
+            pair += 1
+            if not mine:
+                continue
+            lo = 0
+            for g in range(G):
+                nq = q_groups[g]
+                _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
+                for q0 in range(lo, lo + nq, PMAX):
+                    qr = min(PMAX, lo + nq - q0)
+                    qsrc = q[b, q0 : q0 + qr, h, :]
+                    if two_byte:
+                        nisa.dma_transpose(dst=qT[:D, :qr], src=qsrc, axes=(1, 0))
+                    else:
+                        nisa.dma_copy(dst=qT[:D, :qr], src=qsrc.permute((1, 0)))
+                    nm_old, nm_new = nm_a, nm_b
+                    for ci, (c0, kc) in enumerate(chunks):
+                        nsub = (kc + BANK - 1) // BANK
+                        w = min(kc, BANK)
+                        for j in range(nsub):
+                            nisa.nc_matmul(
+                                s_ps[:qr, j, :w],
+                                stationary=qT[:D, :qr],
+                                moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + w],
+                                accumulate=False,
+                            )
+                        s_view = s_ps[:qr, :nsub, :w]
+                        _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w)
+                        p_view = p_sb[:qr, :kc].reshape_dim(1, (nsub, w))
+                        if ci == 0:
+                            nisa.tensor_scalar(
+                                nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine
+                            )
+                        else:
+                            nisa.tensor_scalar(
+                                nm_new[:qr],
+                                bmax[:qr],
+                                nl.multiply,
+                                -scale,
+                                op1=nl.minimum,
+                                operand1=nm_old[:qr],
+                                engine=nisa.vector_engine,
+                            )
+                            nisa.activation(alpha[:qr], nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
+                        nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
+                        nblk_c = (kc + PMAX - 1) // PMAX
+                        nd = 0
+                        if two_byte and kc == KC:
+                            if (n_full * dnum) % dden < dnum:
+                                nd = kc // PMAX
+                            n_full += 1
+                        if nd:
+                            nisa.dma_transpose(
+                                dst=pT_sb[:PMAX, :nd, :qr],
+                                src=p_sb[:qr, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
+                                axes=(2, 1, 0),
+                            )
+                        for t in range(nd, nblk_c):
+                            kr = min(PMAX, kc - t * PMAX)
+                            nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
+                            if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
+                                nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
+                            else:
+                                nisa.tensor_copy(
+                                    pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine
+                                )
+                        for t in range(nblk_c):
+                            kr = min(PMAX, kc - t * PMAX)
+                            kt = (c0 + t * PMAX) // PMAX
+                            nisa.nc_matmul(
+                                pv_ps[:qr, :Dv],
+                                stationary=pT_sb[:kr, t, :qr],
+                                moving=v_sb[:kr, kt, :Dv],
+                                accumulate=t > 0,
+                            )
+                        if ci == 0:
+                            nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :Dv], engine=nisa.vector_engine)
+                        else:
+                            nisa.scalar_tensor_tensor(
+                                o_acc[:qr], o_acc[:qr], nl.multiply, alpha[:qr], nl.add, pv_ps[:qr, :Dv]
+                            )
+                        nm_old, nm_new = nm_new, nm_old
+                    # out = o / max(l, floor) ; lse = log(l) - nm  (l = column D; 0 only for an empty group)
+                    l_col = o_acc[:qr, D : D + 1]
+                    nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
+                    nisa.reciprocal(rl[:qr], rl[:qr])
+                    nisa.tensor_scalar(
+                        o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine
+                    )
+                    nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
+                    if return_lse:
+                        nisa.activation(lse_t[:qr], nl.log, l_col)
+                        nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
+                        nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+                lo += nq
+    if return_lse:
+        return out, lse
+    return out
+
+
+@nki.jit
+def attention_block_table_kernel(
+    q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, dma_transpose_chunks=None
+):
+    """Grouped flash attention over key blocks picked at runtime from ``k_sources``/``v_sources``.
+
+    q ``[B, Lq, H, D]``; k_sources/v_sources: lists of ``[B, S_i, H, D]`` HBM tensors (S_i a multiple of
+    ``block_tokens``); block_table ``[G, NB, 2]`` int32 HBM tensor (runtime values: ``(source, block)``,
+    source -1 = empty). Compile-time: ``q_groups`` (tuple of G ints summing to Lq), ``block_tokens`` (T),
+    ``scale``, ``return_lse``, ``dma_transpose_chunks`` (as :func:`nki_kernels.attention.attention_kernel`).
+    Returns out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]`` fp32).
+    """
+    return _block_table_body(
+        q,
+        list(k_sources),
+        list(v_sources),
+        block_table,
+        tuple(int(n) for n in q_groups),
+        int(block_tokens),
+        scale,
+        return_lse,
+        _dma_chunks(dma_transpose_chunks),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# torch-facing entry
+
+
+def _check_args(
+    q: Any,
+    k_sources: Sequence[Any],
+    v_sources: Sequence[Any],
+    block_table: Any,
+    q_groups: Sequence[int],
+    block_tokens: int,
+) -> tuple[list[Any], list[Any], np.ndarray, tuple[int, ...], int]:
+    import torch
+
+    for name, srcs in (("k_sources", k_sources), ("v_sources", v_sources)):
+        if isinstance(srcs, torch.Tensor) or not isinstance(srcs, Sequence) or len(srcs) == 0:
+            raise TypeError(f"{name} must be a non-empty list of [B, S, H, D] tensors")
+    if len(k_sources) != len(v_sources):
+        raise ValueError(f"k_sources has {len(k_sources)} tensors but v_sources has {len(v_sources)}")
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, (int, np.integer)) or block_tokens < 1:
+        raise ValueError(f"block_tokens must be an int >= 1, got {block_tokens!r}")
+    t = int(block_tokens)
+    ks, vs = [], []
+    for i, (kb, vb) in enumerate(zip(k_sources, v_sources)):
+        _validate(q, kb, vb, f"k_sources[{i}]", f"v_sources[{i}]")
+        if kb.shape[1] % t or kb.shape[1] < t:
+            raise ValueError(f"k_sources[{i}] length S={kb.shape[1]} must be a positive multiple of {t}")
+        if kb.shape[0] * kb.shape[1] + 2 * kb.shape[1] >= OFFSET_EXACT_LIMIT:
+            raise ValueError(
+                f"k_sources[{i}]: B*S = {kb.shape[0] * kb.shape[1]} tokens is too large for exact fp32 "
+                f"offset arithmetic (limit {OFFSET_EXACT_LIMIT})"
+            )
+        ks.append(kb.contiguous())
+        vs.append(vb.contiguous())
+    if isinstance(q_groups, (str, bytes)) or not isinstance(q_groups, Sequence) or len(q_groups) == 0:
+        raise ValueError(f"q_groups must be a non-empty sequence of ints, got {q_groups!r}")
+    groups = tuple(int(n) for n in q_groups)
+    if any(n < 1 for n in groups) or sum(groups) != q.shape[1]:
+        raise ValueError(f"q_groups {list(groups)} must be ints >= 1 summing to Lq={q.shape[1]}")
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype.is_floating_point:
+        raise TypeError("block_table must be an integer torch tensor [G, NB, 2]")
+    if block_table.dim() != 3 or block_table.shape[0] != len(groups) or block_table.shape[2] != 2:
+        raise ValueError(f"block_table must be [G={len(groups)}, NB, 2], got {tuple(block_table.shape)}")
+    if block_table.shape[1] < 1:
+        raise ValueError("block_table must have NB >= 1 entries per group")
+    tab = block_table.detach().cpu().to(torch.int64).numpy()
+    nblk = [kb.shape[1] // t for kb in ks]
+    for g in range(tab.shape[0]):
+        seen: set[tuple[int, int]] = set()
+        for n in range(tab.shape[1]):
+            src, blk = int(tab[g, n, 0]), int(tab[g, n, 1])
+            if src == -1:
+                continue
+            if not 0 <= src < len(ks):
+                raise ValueError(f"block_table[{g}, {n}] source={src} must be -1 or in [0, {len(ks)})")
+            if not 0 <= blk < nblk[src]:
+                raise ValueError(
+                    f"block_table[{g}, {n}] block={blk} is out of source {src}'s {nblk[src]} blocks"
+                )
+            if (src, blk) in seen:
+                raise ValueError(f"block_table[{g}] lists block ({src}, {blk}) twice")
+            seen.add((src, blk))
+    return ks, vs, tab.astype(np.int32), groups, t
+
+
+def attention_block_table_emulated(
+    q: Any,
+    k_sources: Sequence[Any],
+    v_sources: Sequence[Any],
+    block_table: Any,
+    q_groups: Sequence[int],
+    block_tokens: int,
+    scale: float | None = None,
+    return_lse: bool = False,
+    lnc: int = 1,
+    dma_transpose_chunks: tuple[int, int] | None = None,
+) -> Any:
+    """:func:`nki_kernels.ops.attention_block_table` through :func:`attention_block_table_kernel` (emulator).
+
+    Args:
+        q: torch ``[B, Lq, H, D]`` bf16/fp32, D <= 128.
+        k_sources, v_sources: equally long lists of torch ``[B, S_i, H, D]`` (q's dtype, same B, H, D),
+            S_i a positive multiple of ``block_tokens``.
+        block_table: integer torch ``[G, NB, 2]``: entry ``(g, n) = (source, block)``, source -1 = empty;
+            checked here (sources in range, blocks within their source, no block twice per group), then
+            passed to the kernel as a runtime int32 input (the traced kernel does not depend on it).
+        q_groups: G ints >= 1 summing to Lq (consecutive query groups).
+        block_tokens: T, tokens per block.
+        scale: softmax scale (default ``1/sqrt(D)``). return_lse: also return lse ``[B, Lq, H]`` fp32.
+        lnc: logical cores (1 or 2). dma_transpose_chunks: see :func:`attention_block_table_kernel`.
+
+    Returns:
+        out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``; a group without keys gives zeros / -inf.
+    """
+    from nki_kernels.attention import _finish
+    from nki_kernels.emulator import run
+
+    ks, vs, tab, groups, t = _check_args(q, k_sources, v_sources, block_table, q_groups, block_tokens)
+    sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    res, _ = run(
+        attention_block_table_kernel,
+        q.contiguous(),
+        ks,
+        vs,
+        tab,
+        groups,
+        t,
+        sc,
+        bool(return_lse),
+        dma_transpose_chunks,
+        lnc=lnc,
+    )
+    return _finish(res, q, return_lse)
+
+
+__all__ = [
+    "attention_block_table_emulated",
+    "attention_block_table_kernel",
+]
