@@ -389,10 +389,11 @@ def _(cache_k, cache_v, k, v, slot, backend):
     return None
 
 
-BLOCK_TABLE_KERNEL = ("attention", "attention_block_table_emulated")
+BLOCK_TABLE_KERNEL = ("attention_block_table", "attention_block_table_emulated")
 """``(module, function)`` the kernel backends dispatch :func:`attention_block_table` to, with the signature
 ``fn(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=, return_lse=)`` returning ``out``
-or ``(out, lse)``. Until that kernel exists the kernel backends raise ``NotImplementedError``."""
+or ``(out, lse)``: :func:`nki_kernels.attention_block_table.attention_block_table_emulated` (the block table
+is a runtime kernel input, so one compiled kernel serves every table of a given shape)."""
 
 
 def _check_table_values(
@@ -867,8 +868,8 @@ def attention_block_table(
             no keys gives zeros (lse ``-inf``).
         block_tokens: T, tokens per block (static int >= 1).
         scale, return_lse: as in :func:`attention`.
-        backend: see module docstring. The kernel backends dispatch to :data:`BLOCK_TABLE_KERNEL` and raise
-            ``NotImplementedError`` while no such NKI kernel exists (no fallback).
+        backend: see module docstring. The kernel backends dispatch to :data:`BLOCK_TABLE_KERNEL` (the NKI
+            kernel ``nki_kernels.attention_block_table``; table values are runtime DMA offsets there).
 
     Returns:
         ``out`` ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)`` with lse ``[B, Lq, H]`` fp32.
