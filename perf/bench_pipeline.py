@@ -12,7 +12,11 @@ alternating ``--reps`` times. Figures (all *measured*, CPU wall clock / counts):
   (:class:`rolling_forcing.pipeline.ForwardStats`).
 
 Rows go to ``perf/results/pipeline.jsonl`` and are printed as a table, followed by the measured ratio
-two-pass / merged per configuration. Configurations: ``tiny``, ``mid`` (Wan2.1-1.3B widths, 2 layers,
+two-pass / merged per configuration (both eager). ``--compile`` adds a third mode, ``merged_compiled``: the
+merged forward under ``torch.compile(fullgraph=True)`` (inductor; compiled in the untimed warm-up stream),
+reported as a separate ratio two-pass (eager) / merged_compiled. The two-pass stream is not compiled: its
+warm-up and tail windows change shapes and its key sets are Python data, so it would recompile per window.
+Configurations: ``tiny``, ``mid`` (Wan2.1-1.3B widths, 2 layers,
 8x8 latent = 16 tokens/frame) and ``mid`` with a 4x4 latent (4 tokens/frame), to show how the gain
 depends on the tokens per pass.
 """
@@ -20,6 +24,7 @@ depends on the tokens per pass.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -33,6 +38,7 @@ from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 
 MODES = ("two_pass", "merged")
+COMPILED = "merged_compiled"
 
 
 def configurations(names: list[str]) -> list[ModelConfig]:
@@ -60,18 +66,27 @@ def _one_stream(
     return gaps, time.perf_counter() - t_start
 
 
-def bench_config(mcfg: ModelConfig, pcfg: PipelineConfig, num_blocks: int, reps: int) -> list[BenchRow]:
+def bench_config(
+    mcfg: ModelConfig, pcfg: PipelineConfig, num_blocks: int, reps: int, compiled: bool = False
+) -> list[BenchRow]:
     model = CausalWanModel(mcfg).init_random(0).eval().to(pcfg.torch_dtype)
     text = torch.randn(1, mcfg.text_len, mcfg.text_dim, generator=torch.Generator().manual_seed(1))
     text = text.to(pcfg.torch_dtype)
-    pipes = {m: RollingForcingPipeline(model, mcfg, pcfg, merged=m == "merged") for m in MODES}
+    modes = (*MODES, COMPILED) if compiled else MODES
+    pipes = {
+        m: RollingForcingPipeline(model, mcfg, pcfg, merged=m != "two_pass", compile=m == COMPILED or None)
+        for m in modes
+    }
     steady = slice(1, num_blocks - pcfg.window_blocks + 1)  # chunks yielded after one full window each
-    samples: dict[str, list[float]] = {m: [] for m in MODES}
-    streams: dict[str, list[float]] = {m: [] for m in MODES}
-    for m in MODES:  # untimed warm-up stream per mode (allocator, first-touch of weights)
-        _one_stream(pipes[m], text, pcfg.window_blocks, 0)
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    streams: dict[str, list[float]] = {m: [] for m in modes}
+    compile_s = 0.0
+    for m in modes:  # untimed warm-up stream per mode (allocator, first-touch of weights, compilation)
+        compile_s = _one_stream(pipes[m], text, pcfg.window_blocks, 0)[1] if m == COMPILED else compile_s
+        if m != COMPILED:
+            _one_stream(pipes[m], text, pcfg.window_blocks, 0)
     for _ in range(reps):
-        for m in MODES:  # alternate the modes so background load hits both alike
+        for m in modes:  # alternate the modes so background load hits all alike
             gaps, total = _one_stream(pipes[m], text, num_blocks, 7)
             samples[m] += gaps[steady]
             streams[m].append(total)
@@ -85,12 +100,13 @@ def bench_config(mcfg: ModelConfig, pcfg: PipelineConfig, num_blocks: int, reps:
         "dtype": pcfg.dtype,
         "backend": "reference",
         "threads": torch.get_num_threads(),
+        "loadavg_1m_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     rows = []
-    for m in MODES:
+    for m in modes:
         st = pipes[m].stats
         nw = st.total
-        steady_fwd = 1 if m == "merged" else 2
+        steady_fwd = 2 if m == "two_pass" else 1
         rows.append(
             BenchRow(
                 op="pipeline_chunk",
@@ -106,23 +122,25 @@ def bench_config(mcfg: ModelConfig, pcfg: PipelineConfig, num_blocks: int, reps:
                     "forwards_per_stream": nw,
                     "forwards_per_chunk_stream": nw / num_blocks,
                     "signatures_per_stream": len(st.signatures),
+                    **({"compile_warmup_stream_s": compile_s} if m == COMPILED else {}),
                 },
             )
         )
-    two, one = rows
-    assert two.latency_us is not None and one.latency_us is not None
-    rows.append(
-        BenchRow(
-            op="pipeline_chunk_ratio",
-            variant="two_pass/merged",
-            config=config,
-            kind="measured",
-            extra={
-                "steady_ratio": two.latency_us / one.latency_us,
-                "stream_ratio": two.extra["stream_s_per_chunk"] / one.extra["stream_s_per_chunk"],
-            },
+    two = rows[0]
+    for one in rows[1:]:
+        assert two.latency_us is not None and one.latency_us is not None
+        rows.append(
+            BenchRow(
+                op="pipeline_chunk_ratio",
+                variant=f"two_pass/{one.variant}",
+                config=config,
+                kind="measured",
+                extra={
+                    "steady_ratio": two.latency_us / one.latency_us,
+                    "stream_ratio": two.extra["stream_s_per_chunk"] / one.extra["stream_s_per_chunk"],
+                },
+            )
         )
-    )
     return rows
 
 
@@ -133,6 +151,9 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     ap.add_argument("--reps", type=int, default=2, help="streams per mode (alternating)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (pinned)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append JSONL rows")
+    ap.add_argument(
+        "--compile", action="store_true", help="also time the merged forward compiled with inductor"
+    )
     args = ap.parse_args(argv)
     pcfg = PipelineConfig()
     if args.blocks < pcfg.window_blocks + 2:
@@ -141,14 +162,14 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     rows: list[BenchRow] = []
     with torch.inference_mode():
         for mcfg in configurations(args.configs):
-            rows += bench_config(mcfg, pcfg, args.blocks, args.reps)
+            rows += bench_config(mcfg, pcfg, args.blocks, args.reps, compiled=args.compile)
     if not args.no_write:
         append_rows(rows, "pipeline")
     print_table(rows)
     for r in rows:
         if r.op == "pipeline_chunk_ratio":
             print(
-                f"measured ratio two-pass/merged per steady chunk, {r.config['preset']} "
+                f"measured ratio {r.variant.replace('_', '-')} per steady chunk, {r.config['preset']} "
                 f"({r.config['tokens_per_frame']} tokens/frame): {r.extra['steady_ratio']:.2f}x "
                 f"(whole stream: {r.extra['stream_ratio']:.2f}x)"
             )
