@@ -300,7 +300,8 @@ class NkiTensor:
             key = (key,)
         shp = self.shape
         nk = len(key)
-        if nk > len(shp):
+        nd = len(shp)
+        if nk > nd:
             return self._getitem_general(key)
         strd = self.strides
         st = self._st
@@ -343,7 +344,7 @@ class NkiTensor:
             else:
                 return self._getitem_general(key)
             first = False
-        if nk < len(shp):
+        if nk < nd:
             shape += shp[nk:]
             strides += strd[nk:]
         if len(shape) < 2 and (not shape or st.buffer.on_chip):
