@@ -72,6 +72,8 @@ class GenerateOptions:
     threads: int | None = None
     warmup: bool = True
     cores: int = 1
+    merged: bool | None = None
+    compile: bool = False
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -95,6 +97,8 @@ def command_line(opts: GenerateOptions) -> str:
     parts += ["--use-ema"] if opts.use_ema else []
     parts += [] if opts.warmup else ["--no-warmup"]
     parts += ["--cores", str(opts.cores)] if opts.cores != 1 else []
+    parts += [] if opts.merged is None else ["--merged" if opts.merged else "--two-pass"]
+    parts += ["--compile"] if opts.compile else []
     return shlex.join(parts)
 
 
@@ -212,6 +216,11 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     text_embeds, text_src = _build_text(opts, model_cfg)
     decoder, dec_src = _build_decoder(opts, model_cfg, spec)
     pipe: Any
+    if opts.cores != 1 and (opts.merged or opts.compile):
+        raise ValueError(
+            "--merged/--compile apply to the single-process pipeline: the sharded stream (--cores > 1) "
+            "runs two passes per window; drop them or use --cores 1"
+        )
     if opts.cores != 1:  # TP x SP over spawned CPU ranks (sharding.pipeline); rank 0 streams the chunks
         from sharding.pipeline import ShardedRollingForcingPipeline
 
@@ -221,8 +230,9 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         echo(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
     else:
         pipe = RollingForcingPipeline(
-            model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions
-        )
+            model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions,
+            merged=opts.merged, compile=True if opts.compile else None,
+        )  # fmt: skip
     generator = torch.Generator().manual_seed(opts.seed)
 
     total_frames = spec.video_frames(num_blocks, pipe_cfg.frames_per_block)
@@ -230,6 +240,8 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
         f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "
         f"backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
+        f"  forward: {'merged (1 per chunk)' if getattr(pipe, 'merged', False) else 'two-pass'}"
+        f"{', torch.compile' if opts.compile else ''}\n"
         f"  weights: {weights}\n  text: {text_src}\n  decoder: {dec_src}\n  out: {opts.out}"
     )
     deadline = deadline_s(pipe_cfg.frames_per_block, spec.temporal_stride, spec.fps)
@@ -284,6 +296,9 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "warmup": opts.warmup,
         "cores": opts.cores,
+        "merged": bool(getattr(pipe, "merged", False)),
+        "merged_option": opts.merged,
+        "compile": opts.compile,
         "cpu_count": os.cpu_count(),
         "loadavg_1m_at_start": load_at_start,
     }
@@ -338,6 +353,17 @@ def generate(
     cores: Annotated[
         int, typer.Option(help="ranks (CPU processes) sharing each forward, TP x SP (sharding.pipeline)")
     ] = 1,
+    merged: Annotated[
+        bool | None,
+        typer.Option(
+            "--merged/--two-pass",
+            help="one static-shape forward per chunk, or the original's two passes "
+            "(default: merged where the backend has the block-table attention, i.e. reference)",
+        ),
+    ] = None,
+    compile: Annotated[
+        bool, typer.Option(help="torch.compile(fullgraph=True) the merged forward (inductor; merged only)")
+    ] = False,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -360,10 +386,12 @@ def generate(
         threads=threads,
         warmup=warmup,
         cores=cores,
+        merged=merged,
+        compile=compile,
     )
     try:
         run_generate(opts, echo=typer.echo)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
         raise _fail(str(exc)) from exc
 
 

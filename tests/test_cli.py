@@ -157,3 +157,59 @@ def test_report_records_a_reproducing_command(tmp_path) -> None:
     cmd = command_line(opts)
     assert cmd.startswith("rolling-forcing generate --preset tiny --blocks 6 --prompt 'two words'")
     assert cmd.endswith("--no-warmup") and f"'{tmp_path / 'a b.mp4'}'" in cmd
+
+
+def test_generate_merged_and_two_pass_flags(tmp_path) -> None:
+    """--merged/--two-pass choose the forward, are recorded in the JSON report and give the same stream."""
+    videos, metas = {}, {}
+    for flag in ("--merged", "--two-pass"):
+        out, rep = tmp_path / f"{flag[2:]}.mp4", tmp_path / f"{flag[2:]}.json"
+        args = ["generate", "--blocks", "5", "--out", str(out), "--report-json", str(rep), "--no-progress"]
+        r = runner.invoke(app, [*args, "--no-warmup", flag])
+        assert r.exit_code == 0, r.output
+        videos[flag], metas[flag] = read_video(out).astype(float), json.loads(rep.read_text())["meta"]
+    assert metas["--merged"]["merged"] is True and metas["--merged"]["merged_option"] is True
+    assert metas["--two-pass"]["merged"] is False and metas["--two-pass"]["merged_option"] is False
+    assert metas["--merged"]["compile"] is False
+    assert metas["--merged"]["command"].endswith("--merged")
+    assert metas["--two-pass"]["command"].endswith("--two-pass")
+    # latents agree to ~1e-6 (tests/test_merged.py); after uint8 rounding and H.264 the videos agree to
+    # a fraction of one grey level on average (a real mismatch is tens of levels: the frames are noise)
+    assert float(abs(videos["--merged"] - videos["--two-pass"]).mean()) < 0.5
+
+
+def test_generate_default_mode_and_bad_combinations(tmp_path) -> None:
+    rep = tmp_path / "r.json"
+    args = ["generate", "--blocks", "5", "--out", str(tmp_path / "a.mp4"), "--no-progress", "--no-warmup"]
+    r = runner.invoke(app, [*args, "--report-json", str(rep)])
+    assert r.exit_code == 0, r.output
+    meta = json.loads(rep.read_text())["meta"]
+    assert meta["merged"] is True and meta["merged_option"] is None  # the pipeline default (reference)
+    assert "--merged" not in meta["command"] and "--two-pass" not in meta["command"]
+    r = runner.invoke(app, [*args, "--two-pass", "--compile"])
+    assert r.exit_code == 2 and "compile= applies to the merged forward only" in r.output
+    r = runner.invoke(app, [*args, "--cores", "2", "--merged"])
+    assert r.exit_code == 2 and "--merged/--compile apply to the single-process pipeline" in r.output
+
+
+def test_command_line_records_forward_mode(tmp_path) -> None:
+    from rolling_forcing.cli import GenerateOptions, command_line
+
+    base = GenerateOptions(out=tmp_path / "a.mp4", blocks=6)
+    assert "--merged" not in command_line(base) and "--compile" not in command_line(base)
+    cmd = command_line(GenerateOptions(out=tmp_path / "a.mp4", blocks=6, merged=True, compile=True))
+    assert cmd.endswith("--merged --compile")
+    assert command_line(GenerateOptions(out=tmp_path / "a.mp4", blocks=6, merged=False)).endswith(
+        "--two-pass"
+    )
+
+
+@pytest.mark.slow
+def test_generate_compiled_merged(tmp_path) -> None:
+    """--compile: inductor-compiled merged forward (~25 s of compilation on CPU, hence slow)."""
+    rep = tmp_path / "c.json"
+    args = ["generate", "--blocks", "6", "--out", str(tmp_path / "c.mp4"), "--no-progress"]
+    r = runner.invoke(app, [*args, "--compile", "--report-json", str(rep)])
+    assert r.exit_code == 0, r.output
+    meta = json.loads(rep.read_text())["meta"]
+    assert meta["compile"] is True and meta["merged"] is True and meta["command"].endswith("--compile")
