@@ -70,6 +70,13 @@ L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator before the reciprocal: only an all-empty group (l = 0 exactly)
 reaches it (any valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
+DMA_TRANSPOSE_CHUNKS = (1, 2)
+"""Default share of full 2048-key chunks whose P^T goes through the SBUF->SBUF DMA transpose (see
+:data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 5/8 because this kernel's K/V
+loads add DMA time: the trn2 cost model charges every per-source DMA of an entry, skipped ones included, and
+at the merged Wan shapes 1/2 balances DMA against TensorE (73.7 % vs 64.2 % with 5/8; docs/kernels/
+attention_block_table.md). Results do not depend on it (both transposes are exact copies)."""
+
 OFFSET_EXACT_LIMIT = 1 << 24
 """Token offsets are computed in fp32 on VectorE: ``B * S_i`` (the out-of-range sentinel) must stay below
 2^24 to be exact."""
@@ -368,7 +375,8 @@ def attention_block_table_kernel(
     q ``[B, Lq, H, D]``; k_sources/v_sources: lists of ``[B, S_i, H, D]`` HBM tensors (S_i a multiple of
     ``block_tokens``); block_table ``[G, NB, 2]`` int32 HBM tensor (runtime values: ``(source, block)``,
     source -1 = empty). Compile-time: ``q_groups`` (tuple of G ints summing to Lq), ``block_tokens`` (T),
-    ``scale``, ``return_lse``, ``dma_transpose_chunks`` (as :func:`nki_kernels.attention.attention_kernel`).
+    ``scale``, ``return_lse``, ``dma_transpose_chunks`` (as :func:`nki_kernels.attention.attention_kernel`;
+    default :data:`DMA_TRANSPOSE_CHUNKS`).
     Returns out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]`` fp32).
     """
     return _block_table_body(
@@ -380,7 +388,7 @@ def attention_block_table_kernel(
         int(block_tokens),
         scale,
         return_lse,
-        _dma_chunks(dma_transpose_chunks),
+        _dma_chunks(DMA_TRANSPOSE_CHUNKS if dma_transpose_chunks is None else dma_transpose_chunks),
     )
 
 
@@ -500,6 +508,7 @@ def attention_block_table_emulated(
 
 
 __all__ = [
+    "DMA_TRANSPOSE_CHUNKS",
     "attention_block_table_emulated",
     "attention_block_table_kernel",
 ]

@@ -229,7 +229,44 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
             _attention_fn(attention_segments_kernel, seg_args, 2, h, amin, tgt),
         )
     )
+    out.extend(block_table_cases(s))
     return out
+
+
+def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
+    """Merged-forward attention (``attention_block_table``): one launch, 2 query groups.
+
+    Queries: update block + window = ``block_frames + window_frames`` frames (3 + 15 = 18 at Wan), groups
+    (block, window). Keys per group: ``key_frames / block_frames`` = 7 blocks picked by a runtime table
+    ``[2, 7, 2]`` from three sources (KV buffer of ``cache_blocks`` blocks, the forward's own 6 blocks, 2
+    roped sink copies). Traced at the full shapes with 2 heads (lnc2); the table values do not change the
+    trace. Every entry is loaded by one runtime-offset DMA per source with out-of-bounds skip: the cost model
+    charges all three (K/V load traffic x3 vs what moves on hardware), so the bytes are an upper bound.
+    """
+    from nki_kernels.attention_block_table import attention_block_table_kernel
+
+    h, d, blk, th = s.heads, s.head_dim, s.block, 2
+    nb = s.key_frames // s.block_frames
+    groups = (blk, s.window_frames * s.tokens_per_frame)
+    lq = sum(groups)
+    srcs = (s.cache, lq, 2 * blk)
+    ks = [_spec(1, n, th, d) for n in srcs]
+    vs = [_spec(1, n, th, d) for n in srcs]
+    args = (_spec(1, lq, th, d), ks, vs, _spec(2, nb, 2, dtype="int32"), groups, blk, 1.0 / d**0.5, False)
+    cfg = {"B": 1, "Lq": lq, "q_groups": list(groups), "NB": nb, "T": blk, "sources_S": list(srcs), "H": h,
+           "D": d, "dtype": "bf16", "traced_heads": th}  # fmt: skip
+    hbm_min = th * (2 * lq + 2 * 2 * nb * blk) * d * BF16  # q, out, each group's k and v read once
+    extra = {"target": "TensorE util >= 70% (as attention); one kernel for every table"}
+    fn = _attention_fn(attention_block_table_kernel, args, 2, h, hbm_min, extra)
+    # bound: one source holding every block = the traffic when skipped DMAs cost nothing (5/8 DMA share)
+    one = (_spec(1, s.cache, th, d),)
+    args1 = (args[0], one, one, *args[3:], (5, 8))
+    cfg1 = {**cfg, "sources_S": [s.cache], "dma_transpose_chunks": [5, 8], "note": "skip-free bound"}
+    fn1 = _attention_fn(attention_block_table_kernel, args1, 2, h, hbm_min, extra)
+    return [
+        ("attention_block_table", "merged_update_plus_window_lnc2", cfg, fn),
+        ("attention_block_table", "one_source_skip_free_bound_lnc2", cfg1, fn1),
+    ]
 
 
 def main(argv: list[str] | None = None) -> list[BenchRow]:
