@@ -176,3 +176,57 @@ def test_trace_only_production_attention_under_a_minute():
     # Issue #2: under a minute. Measured ~11-16 s at load ~2 on this 2-core machine; a much higher load
     # from other jobs can stretch it.
     assert dt < 60.0
+
+
+# ------------------------------------------------- checks still run after an identical valid instruction
+
+
+def _violations():
+    from nki_kernels.emulator import isa as nisa
+
+    def matmul_crosses_bank():
+        a = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+        b = nl.ndarray((128, 512), nl.bfloat16, buffer=nl.sbuf)
+        ps = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)
+        nisa.memset(a, 0.0)
+        nisa.memset(b, 0.0)
+        nisa.nc_matmul(ps[:, 0:512], a, b)  # valid: bank 0
+        nisa.nc_matmul(ps[:, 256:768], a, b)  # same shapes/strides, crosses a 2 KiB bank
+
+    def matmul_dst_in_sbuf():
+        a = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+        ps = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+        sb = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+        nisa.memset(a, 0.0)
+        nisa.nc_matmul(ps, a, a)
+        nisa.nc_matmul(sb, a, a)
+
+    def copy_gpsimd_from_psum():
+        ps = nl.ndarray((128, 64), nl.float32, buffer=nl.psum)
+        sb = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        nisa.memset(ps, 0.0)
+        nisa.tensor_copy(sb, ps, engine=nisa.vector_engine)
+        nisa.tensor_copy(sb, ps, engine=nisa.gpsimd_engine)
+
+    def transpose_too_big_on_vector():
+        sb = nl.ndarray((32, 32), nl.bfloat16, buffer=nl.sbuf)
+        ps = nl.ndarray((32, 32), nl.bfloat16, buffer=nl.psum)
+        big = nl.ndarray((64, 64), nl.bfloat16, buffer=nl.sbuf)
+        big_t = nl.ndarray((64, 64), nl.bfloat16, buffer=nl.sbuf)
+        nisa.memset(sb, 0.0)
+        nisa.memset(big, 0.0)
+        nisa.nc_transpose(ps, sb)  # TensorE (SBUF -> PSUM)
+        nisa.nc_transpose(big_t, big)  # SBUF -> SBUF runs on VectorE: 64 > 32
+
+    return [matmul_crosses_bank, matmul_dst_in_sbuf, copy_gpsimd_from_psum, transpose_too_big_on_vector]
+
+
+@pytest.mark.parametrize("kernel", _violations(), ids=lambda f: f.__name__)
+def test_rules_checked_after_an_identical_valid_instruction(kernel):
+    messages = []
+    for trace_only in (False, True):
+        with pytest.raises(NkiEmulatorError) as exc:
+            run(kernel, trace_only=trace_only)
+        messages.append((type(exc.value), str(exc.value)))
+    assert messages[0] == messages[1]
+    assert messages[0][1].startswith("[")

@@ -31,6 +31,7 @@ class Launch:
         "act_acc",
         "epoch",
         "keep_order",
+        "checked",
     )
 
     def __init__(self, hw: HwConfig, trace: Trace, trace_only: bool, num_programs: int) -> None:
@@ -47,6 +48,8 @@ class Launch:
         self.keep_order = trace.keep_order
         self.act_acc: dict[int, Any] = {}
         self.epoch = 0
+        # trace-only: validation key of an instruction whose checks passed -> its records entry (per program)
+        self.checked: dict[tuple, list] = {}
 
     def start_program(self, pid: int) -> None:
         self.program_id = pid
@@ -55,6 +58,7 @@ class Launch:
         self.psum_used = 0
         self.act_acc = {}
         self.epoch += 1
+        self.checked = {}
 
     def flush(self) -> None:
         """Move the per-key counts into the Trace (first-seen order)."""
