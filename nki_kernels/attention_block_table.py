@@ -39,9 +39,9 @@ K into a staging tile in natural layout (``[128 rows, tiles, D]``, two DMAs), th
 skip in the emulator (the skip must be exact), hence the staging.
 
 The flash inner loop is that of :mod:`nki_kernels.attention` (same chunking, row max helper, exp with the
-negated running max as bias, P^T by SBUF->SBUF DMA transpose for :data:`~nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`
-of the full chunks, else TensorE) except that l comes from the PV matmul's column D instead of the exp's
-row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
+negated running max as bias, P^T by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS`
+(1/2 here) of the full chunks, else TensorE) except that l comes from the PV matmul's column D instead of
+the exp's row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
 sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
 LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
 """
@@ -133,7 +133,8 @@ def _offset_tiles(table, g, n_src, nblk, B, T, M, dt):
     nisa.tensor_scalar(inv, valid, nl.multiply, -1.0, op1=nl.add, operand1=1.0, engine=nisa.vector_engine)
     eff = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(eff, inv, nl.multiply, fb1, nl.add, code)
-    k_tok, v_tok = [], []
+    k_tok: list[Any] = []
+    v_tok: list[Any] = []
     off = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
     bad = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
     hi = nl.ndarray((PMAX, NB), dtype=f32, buffer=nl.sbuf)
