@@ -20,6 +20,7 @@ from typing import Any
 
 _resolved: dict[str, ModuleType] = {}
 _backend: list[str] = []
+_proxies: list[_LazyModule] = []
 
 
 def _resolve() -> dict[str, ModuleType]:
@@ -56,14 +57,24 @@ def reset() -> None:
     """Forget the resolution (tests that change ``NKI_ARDIFF_BACKEND`` call this)."""
     _resolved.clear()
     _backend.clear()
+    for proxy in _proxies:
+        key = object.__getattribute__(proxy, "_key")
+        proxy.__dict__.clear()
+        object.__setattr__(proxy, "_key", key)
 
 
 class _LazyModule:
+    """Attribute access resolves the backend once, then caches the attribute on the proxy itself, so
+    kernels pay one dict lookup per ``nisa.X`` (``reset()`` clears the caches)."""
+
     def __init__(self, key: str) -> None:
         object.__setattr__(self, "_key", key)
+        _proxies.append(self)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(_resolve()[object.__getattribute__(self, "_key")], name)
+        value = getattr(_resolve()[object.__getattribute__(self, "_key")], name)
+        object.__setattr__(self, name, value)
+        return value
 
     def __repr__(self) -> str:
         key = object.__getattribute__(self, "_key")
