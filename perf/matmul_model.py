@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nki_kernels.emulator.cost import DMA_EFFICIENCY_POINTS
+
 __all__ = [
     "MatmulHw",
     "BlockProfile",
@@ -73,19 +75,7 @@ class MatmulHw:
 
     def dma_eff(self, run_bytes: int) -> float:
         """Published trn2 DMA efficiency vs bytes per partition (doc section 3), step-interpolated."""
-        table: tuple[tuple[int, float], ...] = (
-            (32, 0.014),
-            (64, 0.026),
-            (128, 0.05),
-            (256, 0.10),
-            (512, 0.21),
-            (1024, 0.42),
-            (2048, 0.81),
-            (4096, 0.97),
-            (8192, 0.98),
-            (16384, 0.99),
-            (32768, 1.0),
-        )
+        table = DMA_EFFICIENCY_POINTS
         eff = table[0][1]
         for size, e in table:
             if run_bytes >= size:
