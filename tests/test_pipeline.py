@@ -49,8 +49,10 @@ def reference_out(model: CausalWanModel) -> torch.Tensor:
         )  # fmt: skip
 
 
-def _stream(model: CausalWanModel, positions: str = "absolute", **kw: object) -> list:
-    pipe = RollingForcingPipeline(model, M, P, positions=positions)
+def _stream(
+    model: CausalWanModel, positions: str = "absolute", merged: bool | None = None, **kw: object
+) -> list:
+    pipe = RollingForcingPipeline(model, M, P, positions=positions, merged=merged)
     return list(pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7), **kw))  # type: ignore[arg-type]
 
 
@@ -59,8 +61,13 @@ def _baseline_err(model: CausalWanModel, ref: torch.Tensor) -> float:
     return float((out - ref).abs().max())
 
 
-def test_pipeline_equals_reference_loop(model: CausalWanModel, reference_out: torch.Tensor) -> None:
-    chunks = _stream(model)
+@pytest.mark.parametrize("merged", [False, True], ids=["two_pass", "merged"])
+def test_pipeline_equals_reference_loop(
+    model: CausalWanModel, reference_out: torch.Tensor, merged: bool
+) -> None:
+    """Both forward modes (each skipping the cache-only frames' last-layer work) equal the reference loop
+    (which runs every pass in full)."""
+    chunks = _stream(model, merged=merged)
     assert [c.block for c in chunks] == list(range(NB))
     assert all(c.final for c in chunks) and [c.last for c in chunks] == [False] * (NB - 1) + [True]
     assert [c.window for c in chunks] == list(range(4, NB + 4))
