@@ -10,7 +10,9 @@ Layouts (no permute/transpose pass exists before or after the kernel):
 * q ``[B, Lq, H, D]``, k/v (or the KV buffers) ``[B, Lk|S, H, D]``: the projection output viewed per head.
   out ``[B, Lq, H, D]``: what the output projection consumes. lse ``[B, Lq, H]`` fp32.
 * q and k tiles are loaded **transposed** (D on partitions) straight from that layout with
-  ``nisa.dma_transpose`` (2-byte dtypes) of the HBM view ``x[b, l0:l0+n, h, :]``; fp32 inputs use a
+  ``nisa.dma_transpose`` (2-byte dtypes) of the HBM view ``x[b, l0:l0+n, h, :]``, issued as one 3-D
+  hardware-DGE transpose of its row-permuted view ``[16, n/16, D]`` (+ a 16-row tail; see
+  :func:`_load_transposed`); fp32 inputs use a
   permuted HBM view (``.permute((1, 0))``) in a plain ``dma_copy`` (element-sized descriptors: a
   correctness path for tests, not a fast one). v tiles are loaded as they are (keys on partitions).
 * Per (b, h) the whole K^T ``[D, Lk]`` and V ``[128, Lk/128, D]`` stay resident in SBUF (Wan: 2 x 64 KiB per
@@ -25,8 +27,8 @@ PSUM banks; 1024 for fp32):
    VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
 3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
    (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
-4. P^T: for :data:`DMA_TRANSPOSE_CHUNKS` (5/8) of the full chunks one SBUF->SBUF ``dma_transpose``
-   ``[128 q, 16, 128 k] -> [128 k, 16, 128 q]``; for the others TensorE transposes each 128x128 block
+4. P^T: for :data:`DMA_TRANSPOSE_CHUNKS` (1/6) of the full chunks SBUF->SBUF ``dma_transpose`` in
+   hardware-DGE-legal pieces ``[16 q, 16, 128 k] -> [128 k, 16, 16 q]`` (8 per 128-query tile); for the others TensorE transposes each 128x128 block
    (``nc_transpose`` into PSUM), evicted to SBUF (split between VectorE and ScalarE). Then
    ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k, D])`` accumulates the chunk in
    one PSUM bank. Both transposes are exact copies, so the result does not depend on the split.
@@ -56,12 +58,13 @@ SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
 chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
 model."""
 
-DMA_TRANSPOSE_CHUNKS = (5, 8)
-"""Fraction ``(num, den)`` of the full 2048-key chunks (2-byte dtypes) whose P is transposed SBUF->SBUF by
-one DMA (``[128 q, 16, 128 k] -> [128 k, 16, 128 q]``, 4 KiB runs) instead of 16 TensorE transposes.
-TensorE saves 138 cycles per 128x128 block and the PSUM eviction disappears; the DMA pays ~184 ns per block
-(SBUF->SBUF transpose at 50 % of copy throughput, cost model §3). 5/8 balances TensorE against DMA at the
-Wan shapes (see docs/kernels/attention.md). Chunks are dealt by a running counter per program."""
+DMA_TRANSPOSE_CHUNKS = (1, 6)
+"""Fraction ``(num, den)`` of the full 2048-key chunks (2-byte dtypes) whose P is transposed SBUF->SBUF by the
+DMA instead of 16 TensorE transposes. NKI 0.6 hardware-DGE transposes take at most 16 source partitions, so a
+chunk costs one ``[<=16 q, 16, 128 k] -> [128 k, 16, <=16 q]`` DMA per 16 queries (8 per 128-query tile),
+each landing 512 B per destination partition; the trn2 cost model charges those at the 512-B descriptor
+efficiency (~21 %), ~15x the TensorE time saved. 1/6 balances TensorE against the DMA queues at the Wan
+shapes (modelled sweep in docs/kernels/attention.md). Chunks are dealt by a running counter per program."""
 
 
 def _dma_chunks(frac: Any) -> tuple[int, int]:
@@ -72,6 +75,58 @@ def _dma_chunks(frac: Any) -> tuple[int, int]:
     if den < 1 or not 0 <= num <= den:
         raise ValueError(f"dma_transpose_chunks={frac!r} must be (num, den) with 0 <= num <= den, den >= 1")
     return num, den
+
+
+HWDGE_ROWS = 16
+"""Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
+sources need ``src.shape[0]`` in {1, 2, 4, 8, 16} and ``(src.shape[0] * src.shape[-2]) % 16 == 0``)."""
+
+
+def _pow2_pieces(n: int) -> list[tuple[int, int]]:
+    """Split ``[0, n)`` into ``(start, size)`` pieces of at most 16 rows, sizes in {1, 2, 4, 8, 16}."""
+    out = []
+    r = 0
+    while r < n:
+        a = HWDGE_ROWS
+        while a > n - r:
+            a //= 2
+        out.append((r, a))
+        r += a
+    return out
+
+
+def _load_transposed(dst, src, n, two_byte):
+    """``dst[:, :n] = src[:n, :].T`` for an HBM view ``src`` ``[n, D]`` (rows any stride) into SBUF ``dst``
+    ``[D, >= n]``, in hardware-DGE-legal forms (2-byte dtypes).
+
+    The first ``16 * (n // 16)`` rows go in ONE 3-D transpose of the row-permuted view
+    ``src3[a, c, :] = src[c*16 + a, :]`` (``[16, n/16, D]``, permutation (2, 1, 0)) into
+    ``dst`` viewed ``[D, n/16, 16]``: element ``dst[d, c, a] = src[c*16 + a, d]``, i.e. exactly the transpose,
+    with the same 2*D-byte row descriptors as a plain 2-D transpose. A tail of r < 16 rows re-transposes the
+    last 16 rows (2-D, ``src.shape[0] == 16``), rewriting overlapping columns with identical values; fewer than
+    16 rows in total (or fp32) take a ``dma_copy`` of the permuted view (element-sized descriptors).
+    """
+    n16 = (n // HWDGE_ROWS) * HWDGE_ROWS
+    if not two_byte or n16 == 0:
+        nisa.dma_copy(dst=dst[:, :n], src=src[:n, :].permute((1, 0)))
+        return
+    nc = n16 // HWDGE_ROWS
+    src3 = src[:n16, :].reshape_dim(0, (nc, HWDGE_ROWS)).permute((1, 0, 2))
+    nisa.dma_transpose(dst=dst[:, :n16].reshape_dim(1, (nc, HWDGE_ROWS)), src=src3, axes=(2, 1, 0))
+    if n16 < n:
+        nisa.dma_transpose(dst=dst[:, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0))
+
+
+def _transpose_p_dma(pT_sb, p_sb, qr, nd):
+    """P^T of a full chunk by SBUF->SBUF DMA in hardware-DGE-legal pieces: for each group of at most 16 query
+    partitions (sizes in {1, 2, 4, 8, 16}), ``p_sb[q0:q0+A, nd blocks, 128 k] -> pT_sb[128 k, nd, q0:q0+A]``
+    (3-D, permutation (2, 1, 0); ``(A * nd) % 16 == 0`` as nd = 16)."""
+    for q0, a in _pow2_pieces(qr):
+        nisa.dma_transpose(
+            dst=pT_sb[:PMAX, :nd, q0 : q0 + a],
+            src=p_sb[q0 : q0 + a, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
+            axes=(2, 1, 0),
+        )
 
 
 GPSIMD_MAX_MIN_WIDTH = 512
@@ -121,13 +176,10 @@ def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
     """Load the segments' keys (transposed) and values of head h into consecutive key positions."""
     off = 0
     for start, length in segments:
-        for p0 in range(0, length, PMAX):
-            n = min(PMAX, length - p0)
-            src = kbuf[b, start + p0 : start + p0 + n, h, :]  # [n, D] HBM view, rows H*D apart
-            if two_byte:
-                nisa.dma_transpose(dst=kT_sb[:D, off + p0 : off + p0 + n], src=src, axes=(1, 0))
-            else:
-                nisa.dma_copy(dst=kT_sb[:D, off + p0 : off + p0 + n], src=src.permute((1, 0)))
+        # [length, D] HBM view, rows H*D apart -> key columns [off, off + length) of K^T
+        _load_transposed(
+            kT_sb[:D, off : off + length], kbuf[b, start : start + length, h, :], length, two_byte
+        )
         # values: key position j lives at partition j % 128 of tile j // 128
         j = off
         while j < off + length:
@@ -193,11 +245,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
             _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
             for q0 in range(0, Lq, PMAX):
                 qr = min(PMAX, Lq - q0)
-                qsrc = q[b, q0 : q0 + qr, h, :]
-                if two_byte:
-                    nisa.dma_transpose(dst=qT[:D, :qr], src=qsrc, axes=(1, 0))
-                else:
-                    nisa.dma_copy(dst=qT[:D, :qr], src=qsrc.permute((1, 0)))
+                _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
                 nm_old, nm_new = nm_a, nm_b
                 for ci, (c0, kc) in enumerate(chunks):
                     nsub = (kc + BANK - 1) // BANK
@@ -259,11 +307,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
                             nd = kc // PMAX
                         n_full += 1
                     if nd:
-                        nisa.dma_transpose(
-                            dst=pT_sb[:PMAX, :nd, :qr],
-                            src=p_sb[:qr, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
-                            axes=(2, 1, 0),
-                        )
+                        _transpose_p_dma(pT_sb, p_sb, qr, nd)
                     for t in range(nd, nblk):
                         kr = min(PMAX, kc - t * PMAX)
                         nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])

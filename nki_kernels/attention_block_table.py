@@ -33,14 +33,15 @@ empty entry must contribute nothing, exactly, while the flash loop is static:
 
 Loads per (b, h, g), per entry n and source s (all runtime-offset DMAs, software DGE):
 V straight into ``v_sb[key % 128, key // 128, :D]`` (head piece, run of full 128-row tiles, tail piece);
-K into a staging tile in natural layout (``[128 rows, tiles, D]``, two DMAs), then per entry one SBUF->SBUF
-``dma_transpose`` ``[128, tiles, D] -> [D, tiles, 128]`` (+ one for a tail) into ``K^T`` (fp32: TensorE
+K into a staging tile in natural layout (``[128 rows, tiles, D]``, two DMAs), then per entry eight SBUF->SBUF
+hardware-DGE ``dma_transpose`` pieces ``[16, tiles, D] -> [D, tiles, 16]`` (+ 16-row 2-D pieces for a tail,
+the last one overlapping; a tail under 16 rows on TensorE) into ``K^T`` (fp32: TensorE
 ``nc_transpose`` per 128 rows; a correctness path). ``dma_transpose`` from an HBM view has no out-of-bounds
 skip in the emulator (the skip must be exact), hence the staging.
 
 The flash inner loop is that of :mod:`nki_kernels.attention` (same chunking, row max helper, exp with the
 negated running max as bias, P^T by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS`
-(1/2 here) of the full chunks, else TensorE) except that l comes from the PV matmul's column D instead of
+(1/8 here) of the full chunks, else TensorE) except that l comes from the PV matmul's column D instead of
 the exp's row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
 sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
 LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
@@ -57,12 +58,15 @@ import numpy as np
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import (
     BANK,
+    HWDGE_ROWS,
     PMAX,
     SCALAR_EVICT_DEN,
     SCALAR_EVICT_NUM,
     _chunks,
     _dma_chunks,
+    _load_transposed,
     _row_max,
+    _transpose_p_dma,
     _validate,
 )
 
@@ -70,12 +74,12 @@ L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator before the reciprocal: only an all-empty group (l = 0 exactly)
 reaches it (any valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
-DMA_TRANSPOSE_CHUNKS = (1, 2)
-"""Default share of full 2048-key chunks whose P^T goes through the SBUF->SBUF DMA transpose (see
-:data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 5/8 because this kernel's K/V
-loads add DMA time: the trn2 cost model charges every per-source DMA of an entry, skipped ones included, and
-at the merged Wan shapes 1/2 balances DMA against TensorE (73.7 % vs 64.2 % with 5/8; docs/kernels/
-attention_block_table.md). Results do not depend on it (both transposes are exact copies)."""
+DMA_TRANSPOSE_CHUNKS = (1, 8)
+"""Default share of full 2048-key chunks whose P^T goes through the SBUF->SBUF DMA transpose (16-query
+hardware-DGE pieces, see :data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 1/6
+because this kernel's K/V loads add DMA time (the trn2 cost model charges every per-source DMA of an entry,
+skipped ones included): at the merged Wan shapes 1/8 balances DMA against TensorE (65.5 % vs 62.9 % with every
+P^T on TensorE; docs/kernels/attention_block_table.md). Results do not depend on it (exact copies)."""
 
 OFFSET_EXACT_LIMIT = 1 << 24
 """Token offsets are computed in fp32 on VectorE: ``B * S_i`` (the out-of-range sentinel) must stay below
@@ -199,12 +203,28 @@ def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D
                                    nl.add, valid[p0 : p0 + rows, n : n + 1], engine=nisa.vector_engine)  # fmt: skip
         # K^T of the entry: staged rows -> key columns [base, base + T)
         if two_byte:
+            # hardware-DGE-legal SBUF->SBUF pieces of 16 staged partitions: [16, nft, D] -> [D, nft, 16]
             if nft:
                 dst = kT_sb[:D, base : base + nft * PMAX].reshape_dim(1, (nft, PMAX))
-                nisa.dma_transpose(dst=dst, src=k_st[:, :nft, :D], axes=(2, 1, 0))
-            if rem:
-                nisa.dma_transpose(
-                    dst=kT_sb[:D, base + nft * PMAX : base + T], src=k_st[:rem, nft, :D], axes=(1, 0)
+                for g in range(0, PMAX, HWDGE_ROWS):
+                    nisa.dma_transpose(
+                        dst=dst[:, :, g : g + HWDGE_ROWS],
+                        src=k_st[g : g + HWDGE_ROWS, :nft, :D],
+                        axes=(2, 1, 0),
+                    )
+            if rem >= HWDGE_ROWS:
+                # 2-D [16, D] pieces; the last one ends at rem (overlapping columns get identical values)
+                c0 = base + nft * PMAX
+                for g in sorted({*range(0, rem - HWDGE_ROWS + 1, HWDGE_ROWS), rem - HWDGE_ROWS}):
+                    nisa.dma_transpose(
+                        dst=kT_sb[:D, c0 + g : c0 + g + HWDGE_ROWS],
+                        src=k_st[g : g + HWDGE_ROWS, nft, :D],
+                        axes=(1, 0),
+                    )
+            elif rem:  # fewer than 16 tail rows: TensorE transpose (dst dtype = data dtype)
+                nisa.nc_transpose(kT_ps[:D, :rem], k_st[:rem, nft, :D])
+                nisa.tensor_copy(
+                    kT_sb[:D, base + nft * PMAX : base + T], kT_ps[:D, :rem], engine=nisa.vector_engine
                 )
         else:
             for u in range(nft + (1 if rem else 0)):
@@ -242,7 +262,12 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
     v_sb = nl.ndarray((PMAX, nkt, Dv), dtype=dt, buffer=nl.sbuf)
     k_st = nl.ndarray((PMAX, ntile_blk, D), dtype=dt, buffer=nl.sbuf)
     nisa.memset(k_st, 0.0, engine=nisa.gpsimd_engine)  # an all-empty group transposes these: keep finite
-    kT_ps: Any = None if two_byte else nl.ndarray((D, PMAX), dtype=f32, buffer=nl.psum)
+    # TensorE K^T: every fp32 tile; for 2-byte dtypes only a tail of < 16 rows per block (DMA otherwise)
+    kT_ps: Any = (
+        nl.ndarray((D, PMAX), dtype=dt if two_byte else f32, buffer=nl.psum)
+        if not two_byte or 0 < T % PMAX < HWDGE_ROWS
+        else None
+    )
     qT = nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf)
     s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
     pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
@@ -277,11 +302,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                 _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
                 for q0 in range(lo, lo + nq, PMAX):
                     qr = min(PMAX, lo + nq - q0)
-                    qsrc = q[b, q0 : q0 + qr, h, :]
-                    if two_byte:
-                        nisa.dma_transpose(dst=qT[:D, :qr], src=qsrc, axes=(1, 0))
-                    else:
-                        nisa.dma_copy(dst=qT[:D, :qr], src=qsrc.permute((1, 0)))
+                    _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
                     nm_old, nm_new = nm_a, nm_b
                     for ci, (c0, kc) in enumerate(chunks):
                         nsub = (kc + BANK - 1) // BANK
@@ -319,11 +340,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                                 nd = kc // PMAX
                             n_full += 1
                         if nd:
-                            nisa.dma_transpose(
-                                dst=pT_sb[:PMAX, :nd, :qr],
-                                src=p_sb[:qr, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
-                                axes=(2, 1, 0),
-                            )
+                            _transpose_p_dma(pT_sb, p_sb, qr, nd)
                         for t in range(nd, nblk_c):
                             kr = min(PMAX, kc - t * PMAX)
                             nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])

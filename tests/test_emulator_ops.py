@@ -296,20 +296,122 @@ def test_nc_transpose_vector(p, f, seed):
 
 
 @SETTINGS
-@given(n=st.integers(1, 64), m=st.integers(1, 128), seed=st.integers(0, 99))
-def test_dma_transpose_and_load_transpose2d(n, m, seed):
-    a = rnd((n, m), "bfloat16", seed)
+@given(m=st.integers(1, 128), n=st.integers(1, 64), seed=st.integers(0, 99))
+def test_dma_transpose_2d_hwdge_and_load_transpose2d(m, n, seed):
+    """2-D hwdge form: src [16, m] -> dst [m, 16]; nl.load_transpose2d takes any row count (compiler)."""
+    a = rnd((16, m), "bfloat16", seed)
+    b = rnd((n, m), "float16", seed + 1)
 
-    def k(x):
-        t = nl.ndarray((m, n), x.dtype)
+    def k(x, y):
+        t = nl.ndarray((m, 16), x.dtype)
         nisa.dma_transpose(t, x)
-        t2 = nl.load_transpose2d(x)
+        t2 = nl.load_transpose2d(y)
         return out_of(t), out_of(t2)
 
-    (g1, g2), tr = run(k, a)
+    (g1, g2), tr = run(k, a, b)
     np.testing.assert_array_equal(g1, a.T)
-    np.testing.assert_array_equal(g2, a.T)
+    np.testing.assert_array_equal(g2, b.T)
     assert tr.count(op="dma_transpose") == 2
+
+
+@SETTINGS
+@given(
+    a0=st.sampled_from([1, 2, 4, 8, 16]),
+    mult=st.integers(1, 4),
+    c=st.integers(1, 128),
+    sbuf_src=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_dma_transpose_3d_legal_forms(a0, mult, c, sbuf_src, seed):
+    """3-D (2, 1, 0): src [A, B, C] -> dst [C, B, A], A in {1,2,4,8,16}, (A*B) % 16 == 0, from HBM or SBUF."""
+    b0 = (16 // a0) * mult
+    x = rnd((a0, b0, c), "bfloat16", seed)
+
+    def k(src):
+        s = sb(src) if sbuf_src else src
+        t = nl.ndarray((c, b0, a0), src.dtype)
+        nisa.dma_transpose(t, s, axes=(2, 1, 0), dge_mode=nisa.dge_mode.hwdge)
+        return out_of(t)
+
+    got, tr = run(k, x)
+    np.testing.assert_array_equal(got, np.transpose(x, (2, 1, 0)))
+    assert tr.count(op="dma_transpose") == 1
+
+
+@SETTINGS
+@given(d1=st.integers(1, 4), d2=st.integers(1, 4), c=st.integers(1, 64), seed=st.integers(0, 99))
+def test_dma_transpose_4d_and_row_permuted_hbm_view(d1, d2, c, seed):
+    """4-D (3, 1, 2, 0) and the 128-row transpose as one 3-D hwdge DMA of a row-permuted HBM view."""
+    x = rnd((16, d1, 16 * d2, c), "bfloat16", seed)
+    y = rnd((128, c), "bfloat16", seed + 1)
+
+    def k(src, rows):
+        t = nl.ndarray((c, d1, 16 * d2, 16), src.dtype)
+        nisa.dma_transpose(t, src, axes=(3, 1, 2, 0))
+        u = nl.ndarray((c, 128), rows.dtype)
+        # src[a, b, :] = rows[b*16 + a, :]  ->  dst[:, b, a] = column b*16 + a: the plain transpose
+        view = rows.reshape_dim(0, (8, 16)).permute((1, 0, 2))
+        nisa.dma_transpose(u.reshape_dim(1, (8, 16)), view, axes=(2, 1, 0))
+        return out_of(t), out_of(u)
+
+    (g1, g2), _ = run(k, x, y)
+    np.testing.assert_array_equal(g1, np.transpose(x, (3, 1, 2, 0)))
+    np.testing.assert_array_equal(g2, y.T)
+
+
+def test_dma_transpose_gather_and_oob_skip():
+    """Indirect (gather) transpose: rows picked by uint32 SBUF indices; oob_mode=skip leaves the skipped
+    rows' dst columns unchanged; a scalar runtime offset out of range drops the whole transfer."""
+    rng = np.random.default_rng(0)
+    src = rng.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)
+    idx = np.array([[5], [63], [0], [70], [12], [1], [2], [3], [4], [6], [7], [8], [9], [10], [11], [13]],
+                   dtype=np.uint32)  # fmt: skip
+
+    def k(s, ix):
+        i_sb = sb(ix)
+        t = nl.ndarray((32, 16), s.dtype)
+        nisa.memset(t, 0.0)
+        view = s.ap([[32, 16], [1, 32]], vector_offset=i_sb, indirect_dim=0)
+        nisa.dma_transpose(t, view, axes=(1, 0), oob_mode=nisa.oob_mode.skip)
+        off = nl.ndarray((1, 1), nl.int32)
+        nisa.memset(off, 100)
+        u = nl.ndarray((32, 16), s.dtype)
+        nisa.memset(u, 1.0)
+        sview = s.ap([[32, 16], [1, 32]], scalar_offset=off, indirect_dim=0)
+        nisa.dma_transpose(u, sview, axes=(1, 0), oob_mode=nisa.oob_mode.skip)
+        return out_of(t), out_of(u)
+
+    (g, u), _ = run(k, src, idx)
+    want = np.zeros((32, 16), np.float32)
+    for j, r in enumerate(idx[:, 0]):
+        if r < 64:
+            want[:, j] = src[r].astype(np.float32)
+    np.testing.assert_array_equal(g.astype(np.float32), want)
+    np.testing.assert_array_equal(u.astype(np.float32), np.ones((32, 16), np.float32))
+
+
+@SETTINGS
+@given(k_=st.integers(1, 128), m=st.integers(1, 128), dt=st.sampled_from(["bfloat16", "float32"]),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_nc_matmul_transpose_mode_is_bit_exact(k_, m, dt, seed):
+    """is_transpose=True with an identity moving: dst = stationary.T bit for bit (NaN/Inf kept)."""
+    x = rnd((k_, m), dt, seed)
+    x[0, 0] = np.nan
+    if k_ > 1:
+        x[1, 0] = np.inf
+    eye = np.eye(k_, dtype=np.float32).astype(x.dtype)
+
+    def k(a, e):
+        ps = nl.ndarray((m, k_), a.dtype, buffer=nl.psum)
+        nisa.nc_matmul(ps, sb(a), sb(e), is_transpose=True)
+        res = nl.ndarray((m, k_), a.dtype)
+        nisa.tensor_copy(res, ps)
+        return out_of(res)
+
+    got, tr = run(k, x, eye)
+    np.testing.assert_array_equal(got.view(np.uint16 if dt == "bfloat16" else np.uint32),
+                                  x.T.view(np.uint16 if dt == "bfloat16" else np.uint32))  # fmt: skip
+    assert tr.count(op="nc_matmul") == 1
 
 
 @SETTINGS

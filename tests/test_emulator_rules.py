@@ -338,3 +338,150 @@ def test_op_must_be_nl_function():
 
     with pytest.raises(TypeError, match="op: expected an nl function"):
         _run(k, trace_only=True)
+
+
+# ------------------------------------------------------------------ dma_transpose (NKI 0.6 contract)
+
+
+def _dt_case(src_shape, dst_shape, *, axes=None, dtype="bfloat16", dst_dtype=None, src_sbuf=False,
+             dst_buf=None, **kw):  # fmt: skip
+    def k():
+        src = nl.ndarray(src_shape, dtype, buffer=nl.sbuf if src_sbuf else nl.shared_hbm)
+        dst = nl.ndarray(dst_shape, dst_dtype or dtype, buffer=dst_buf or nl.sbuf)
+        nisa.dma_transpose(dst, src, axes=axes, **kw)
+
+    return k
+
+
+@pytest.mark.parametrize(
+    "case, err, pattern",
+    [
+        # permutations: only (1,0), (2,1,0), (3,1,2,0)
+        (dict(src_shape=(16, 8), dst_shape=(16, 8), axes=(0, 1)), emu.DmaTransposeError,
+         r"\[dma-transpose-axes\] axes \(0, 1\).*\[16, 8\]"),
+        (dict(src_shape=(16, 2, 8), dst_shape=(2, 8, 16), axes=(1, 2, 0)), emu.DmaTransposeError,
+         r"\[dma-transpose-axes\] axes \(1, 2, 0\)"),
+        # dst shape must be exactly the permuted src (same element count is not enough)
+        (dict(src_shape=(16, 8), dst_shape=(4, 32)), emu.DmaTransposeError,
+         r"\[dma-transpose-shape\] dst shape \[4, 32\].*\[16, 8\].*\[8, 16\]"),
+        # equal 2-byte dtypes
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), dtype="float32"), emu.DtypeError,
+         r"\[dma-transpose-dtype\].*float32"),
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), dst_dtype="float16"), emu.DtypeError,
+         r"\[dma-transpose-dtype\].*bfloat16.*float16"),
+        # dst in SBUF
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), dst_buf="hbm"), emu.MemorySpaceError,
+         r"\[memory-space\] dma_transpose: dst=.*must be in SBUF"),
+        # hwdge source shape, 2-D: src.shape[0] == 16 (default dge_mode unknown is treated as hwdge)
+        (dict(src_shape=(128, 64), dst_shape=(64, 128)), emu.DmaTransposeError,
+         r"\[dma-transpose-hwdge\] a 2-D .*src.shape\[0\] == 16, got src\[128, 64\]"),
+        (dict(src_shape=(128, 128), dst_shape=(128, 128), src_sbuf=True, dge_mode=nisa.dge_mode.hwdge),
+         emu.DmaTransposeError, r"\[dma-transpose-hwdge\].*src\[128, 128\]"),
+        # hwdge source shape, 3-D/4-D: shape[0] in {1,2,4,8,16} and (shape[0]*shape[-2]) % 16 == 0
+        (dict(src_shape=(128, 16, 128), dst_shape=(128, 16, 128), src_sbuf=True), emu.DmaTransposeError,
+         r"\[dma-transpose-hwdge\] a 3-D .*\{1, 2, 4, 8, 16\}.*src\[128, 16, 128\]"),
+        (dict(src_shape=(8, 1, 64), dst_shape=(64, 1, 8)), emu.DmaTransposeError,
+         r"\[dma-transpose-hwdge\] a 3-D .*% 16 == 0, got src\[8, 1, 64\]"),
+        (dict(src_shape=(4, 2, 3, 32), dst_shape=(32, 2, 3, 4), axes=(3, 1, 2, 0)), emu.DmaTransposeError,
+         r"\[dma-transpose-hwdge\] a 4-D .*src\[4, 2, 3, 32\]"),
+        # src.shape[-1] <= 128: dst.shape[0] == src.shape[-1] for every allowed permutation, so an SBUF dst
+        # for a wider src cannot even be allocated (the rule shows as the partition limit of dst)
+        (dict(src_shape=(16, 2, 256), dst_shape=(256, 2, 16)), emu.PartitionLimitError,
+         r"\[partition-limit\].*\[256, 2, 16\].*128"),
+        # a direct transpose accepts only dge_mode unknown / hwdge
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), dge_mode=nisa.dge_mode.swdge), emu.DmaTransposeError,
+         r"\[dma-transpose-dge\] a direct .*got swdge.*\[16, 8\]"),
+        # oob_mode=skip only with indirect (runtime) indexing
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), oob_mode=nisa.oob_mode.skip), emu.DmaTransposeError,
+         r"\[dma-transpose-oob\] oob_mode=skip .*static view"),
+    ],
+)  # fmt: skip
+def test_dma_transpose_rules(case, err, pattern):
+    if case.get("dst_buf") == "hbm":
+        case = {**case, "dst_buf": nl.shared_hbm}
+    with pytest.raises(err, match=pattern):
+        _run(_dt_case(**case))
+
+
+@pytest.mark.parametrize("trace_only", [False, True])
+def test_dma_transpose_rules_in_trace_only_mode(trace_only):
+    def k(x):
+        dst = nl.ndarray((64, 128), x.dtype)
+        nisa.dma_transpose(dst, x)
+
+    with pytest.raises(emu.DmaTransposeError, match=r"\[dma-transpose-hwdge\].*src\[128, 64\]"):
+        if trace_only:
+            run(k, TensorSpec((128, 64), "bfloat16"), trace_only=True)
+        else:
+            run(k, np.zeros((128, 64), np.float16))
+
+
+def _gather_case(n_rows=16, idx_shape=(16, 1), idx_dtype="uint32", idx_buf="sbuf", **kw):
+    def k():
+        src = nl.ndarray((64, 32), "bfloat16", buffer=nl.shared_hbm)
+        idx = nl.ndarray(idx_shape, idx_dtype, buffer=nl.sbuf if idx_buf == "sbuf" else nl.shared_hbm)
+        dst = nl.ndarray((32, n_rows), "bfloat16", buffer=nl.sbuf)
+        if idx_buf == "sbuf":
+            nisa.memset(idx, 0)
+        view = src.ap([[32, n_rows], [1, 32]], vector_offset=idx, indirect_dim=0)
+        nisa.dma_transpose(dst, view, axes=(1, 0), **kw)
+
+    return k
+
+
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(dge_mode=nisa.dge_mode.hwdge), r"\[dma-transpose-dge\] an indirect .*got hwdge"),
+        (dict(n_rows=8, idx_shape=(8, 1)), r"\[dma-transpose-indirect\].*% 16 == 0.*\[8, 32\]"),
+        (dict(idx_dtype="int32"), r"\[dma-transpose-indirect\] indices must be a 2-D uint32 SBUF"),
+        (dict(n_rows=32, idx_shape=(32, 2)), r"\[dma-transpose-indirect\] indices.shape\[0\].*\[32, 2\]"),
+    ],
+)  # fmt: skip
+def test_dma_transpose_indirect_rules(kw, pattern):
+    with pytest.raises(emu.DmaTransposeError, match=pattern):
+        _run(_gather_case(**kw))
+
+
+def test_dma_transpose_indirect_needs_trn2():
+    with pytest.raises(emu.DmaTransposeError, match=r"trn2\+"):
+        _run(_gather_case(), hw=HwConfig(nc_version=2))
+
+
+# ------------------------------------------------------------------ nc_matmul(is_transpose=True)
+
+
+def _tmode(k_, m, n, *, dst_dtype="bfloat16", moving=None, accumulate=None):
+    def k():
+        a = nl.ndarray((k_, m), "bfloat16", buffer=nl.sbuf)
+        nisa.memset(a, 1.0)
+        b = nl.ndarray((k_, n), "bfloat16", buffer=nl.sbuf)
+        if moving is None:
+            nisa.memset(b, 0.0)
+            for i in range(min(k_, n)):
+                nisa.memset(b[i : i + 1, i : i + 1], 1.0)
+        else:
+            nisa.memset(b, moving)
+        ps = nl.ndarray((m, n), dst_dtype, buffer=nl.psum)
+        nisa.nc_matmul(ps, a, b, is_transpose=True, accumulate=accumulate)
+
+    return k
+
+
+@pytest.mark.parametrize("trace_only", [False, True])
+def test_matmul_transpose_mode_needs_square_identity_shape(trace_only):
+    """A 'transpose' cannot hide a real matmul: moving must be [K, K] (checked in trace-only mode too)."""
+    with pytest.raises(emu.MatmulTileError, match=r"\[matmul-transpose\].*moving\[128, 512\].*\[128, 128\]"):
+        _run(_tmode(128, 128, 512, dst_dtype="bfloat16"), trace_only=trace_only)
+
+
+def test_matmul_transpose_mode_needs_identity_values():
+    with pytest.raises(emu.MatmulTileError, match=r"\[matmul-transpose\].*must be the \[64, 64\] identity"):
+        _run(_tmode(64, 32, 64, moving=0.5))
+
+
+def test_matmul_transpose_mode_dtype_and_accumulate():
+    with pytest.raises(emu.DtypeError, match=r"\[matmul-transpose\].*dst dtype float32.*bfloat16"):
+        _run(_tmode(32, 16, 32, dst_dtype="float32"))
+    with pytest.raises(emu.MatmulTileError, match=r"\[matmul-transpose\].*accumulate=True"):
+        _run(_tmode(32, 16, 32, accumulate=True))

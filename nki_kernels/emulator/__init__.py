@@ -8,6 +8,7 @@ See ``docs/emulator.md``.
 
 from . import isa, language, nki
 from .errors import (
+    DmaTransposeError,
     DtypeError,
     EmulatorWarning,
     LaunchError,
@@ -34,6 +35,7 @@ __all__ = [
     "NEURON_SDK_VERSION",
     "NKI_VERSION",
     "TRN2",
+    "DmaTransposeError",
     "DtypeError",
     "EmulatorWarning",
     "HwConfig",

@@ -43,6 +43,10 @@ class ViewError(NkiEmulatorError, ValueError):
     """An illegal tensor view (permute/broadcast/reshape/ap rule broken)."""
 
 
+class DmaTransposeError(NkiEmulatorError, ValueError):
+    """``nisa.dma_transpose`` contract broken (axes, exact dst shape, hardware-DGE source shape, indirect rules)."""
+
+
 class DtypeError(NkiEmulatorError, TypeError):
     """An operand dtype the instruction does not accept."""
 

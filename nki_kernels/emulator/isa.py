@@ -19,6 +19,7 @@ from . import dtypes as _dt
 from . import opdefs
 from . import state as _state
 from .errors import (
+    DmaTransposeError,
     DtypeError,
     MatmulTileError,
     MemorySpaceError,
@@ -461,6 +462,124 @@ def _cast_dma(vals: np.ndarray, dst_dtype: str, src_dtype: str) -> np.ndarray:
     return _dt.cast(_dt.to_fp32(vals), dst_dtype)
 
 
+def _dma_transpose_rules(
+    dst: Any, src: Any, axes: Any, dge_mode: Any, oob_mode: Any, launch: _state.Launch, hwdge_shape: bool
+) -> tuple[int, ...]:
+    """Check the NKI 0.6 ``dma_transpose`` contract; returns the permutation. Messages start with the rule.
+
+    ``hwdge_shape=False`` (``nl.load_transpose2d``, whose lowering the compiler chooses) skips only the
+    hardware-DGE source-shape rule.
+    """
+    op = "dma_transpose"
+    for t, a in ((dst, "dst"), (src, "src")):
+        if not isinstance(t, NkiTensor):
+            raise TypeError(f"{op}: {a} must be an NkiTensor, got {type(t).__name__}")
+    if type(dge_mode) is not _DGE:
+        raise TypeError(f"{op}: dge_mode must be an nisa.dge_mode member, got {dge_mode!r}")
+    if type(oob_mode) is not _OOB:
+        raise TypeError(f"{op}: oob_mode must be an nisa.oob_mode member, got {oob_mode!r}")
+    if dst._st.buffer is not sbuf:
+        raise MemorySpaceError(f"[memory-space] dma_transpose: dst={dst._desc()} must be in SBUF")
+    if src._st.buffer is psum:
+        raise MemorySpaceError(f"[memory-space] dma_transpose: src={src._desc()} cannot be in PSUM")
+    nd = len(src.shape)
+    axes = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(map(int, axes))
+    if axes not in _DMA_TRANSPOSE_AXES or len(axes) != nd:
+        raise DmaTransposeError(
+            f"[dma-transpose-axes] axes {axes} not supported for a {nd}-D src{list(src.shape)}; NKI 0.6 "
+            "allows (1, 0) for 2-D, (2, 1, 0) for 3-D, (3, 1, 2, 0) for 4-D"
+        )
+    want = tuple(map(src.shape.__getitem__, axes))
+    if dst.shape != want:
+        raise DmaTransposeError(
+            f"[dma-transpose-shape] dst shape {list(dst.shape)} must equal src{list(src.shape)} permuted by "
+            f"{axes} = {list(want)} exactly"
+        )
+    if _dt.itemsize(src.dtype) != 2 or dst.dtype != src.dtype:
+        raise DtypeError(
+            f"[dma-transpose-dtype] dma_transpose needs equal 2-byte dtypes, got src {src.dtype}, dst {dst.dtype}"
+        )
+    pmax = launch.hw.pmax
+    if src.shape[-1] > pmax:
+        raise DmaTransposeError(
+            f"[dma-transpose-src-last] dma_transpose: src.shape[-1] must be <= {pmax}, got src{list(src.shape)}"
+        )
+    for t, a in ((dst, "dst"), (src, "src")):
+        if t._st.buffer.on_chip and t.shape[0] > pmax:
+            raise PartitionLimitError(f"[partition-limit] dma_transpose: {a}={t._desc()} exceeds {pmax}")
+    runtime = src._dyn is not None
+    gather = runtime and src._dyn[0] == "vector"
+    if oob_mode is _OOB.skip and not runtime:
+        raise DmaTransposeError(
+            f"[dma-transpose-oob] oob_mode=skip is only valid when src uses indirect (runtime) indexing; "
+            f"src{list(src.shape)} is a static view"
+        )
+    if gather:
+        _indirect_transpose_rules(src, dge_mode, launch)
+        return axes
+    if dge_mode is not _DGE.unknown and dge_mode is not _DGE.hwdge:
+        raise DmaTransposeError(
+            f"[dma-transpose-dge] a direct (non-gather) dma_transpose only accepts dge_mode unknown or hwdge, "
+            f"got {dge_mode.name} for src{list(src.shape)}"
+        )
+    if hwdge_shape:
+        s0 = src.shape[0]
+        if nd == 2:
+            if s0 != 16:
+                raise DmaTransposeError(
+                    f"[dma-transpose-hwdge] a 2-D hardware-DGE dma_transpose needs src.shape[0] == 16, got "
+                    f"src{list(src.shape)} (dge_mode={dge_mode.name}: unknown lowers a direct transpose to "
+                    "hwdge; split the rows into 16-row pieces or use a 3-D [A, B, C] view)"
+                )
+        elif s0 not in (1, 2, 4, 8, 16) or (s0 * src.shape[-2]) % 16:
+            raise DmaTransposeError(
+                f"[dma-transpose-hwdge] a {nd}-D hardware-DGE dma_transpose needs src.shape[0] in "
+                f"{{1, 2, 4, 8, 16}} and (src.shape[0] * src.shape[-2]) % 16 == 0, got src{list(src.shape)} "
+                f"(dge_mode={dge_mode.name}: unknown lowers a direct transpose to hwdge)"
+            )
+    return axes
+
+
+def _indirect_transpose_rules(src: NkiTensor, dge_mode: Any, launch: _state.Launch) -> None:
+    """Documented constraints of the indirect (gather) transpose (software DGE, ``dma_gather_transpose``)."""
+    sh = list(src.shape)
+    if dge_mode is not _DGE.unknown and dge_mode is not _DGE.swdge:
+        raise DmaTransposeError(
+            f"[dma-transpose-dge] an indirect (gather) dma_transpose only accepts dge_mode unknown or swdge, "
+            f"got {dge_mode.name} for src{sh}"
+        )
+    if launch.hw.nc_version < 3:
+        raise DmaTransposeError(
+            "[dma-transpose-indirect] indirect dma_transpose needs trn2+ (nc_version >= 3)"
+        )
+    if src._st.buffer.on_chip:
+        raise DmaTransposeError(f"[dma-transpose-indirect] indirect dma_transpose src{sh} must be in HBM")
+    if sh[0] % 16:
+        raise DmaTransposeError(
+            f"[dma-transpose-indirect] indirect dma_transpose needs src.shape[0] % 16 == 0, got src{sh}"
+        )
+    if len(sh) == 4 and sh[1] != 1 and sh[2] != 1:
+        raise DmaTransposeError(
+            f"[dma-transpose-indirect] a 4-D indirect dma_transpose needs src.shape[1] or src.shape[2] == 1, "
+            f"got src{sh}"
+        )
+    idx = src._dyn[1]
+    ish = list(idx.shape)
+    if len(ish) != 2 or idx.dtype != "uint32" or idx._st.buffer is not sbuf:
+        raise DmaTransposeError(
+            f"[dma-transpose-indirect] indices must be a 2-D uint32 SBUF tensor, got {idx._desc()} {idx.dtype}"
+        )
+    if not 16 <= ish[0] <= 128 or ish[0] % 16 or (ish[1] > 1 and ish[0] != 128):
+        raise DmaTransposeError(
+            f"[dma-transpose-indirect] indices.shape[0] must be in [16, 128] and a multiple of 16 (exactly 128 "
+            f"when indices.shape[1] > 1), got indices{ish}"
+        )
+    if ish[0] * ish[1] < sh[0]:
+        raise DmaTransposeError(
+            f"[dma-transpose-indirect] indices{ish} hold fewer than src.shape[0] = {sh[0]} row indices"
+        )
+
+
 def dma_transpose(
     dst: NkiTensor,
     src: NkiTensor,
@@ -470,32 +589,44 @@ def dma_transpose(
     oob_mode: oob_mode = oob_mode.error,
     name: Any = None,
 ) -> NkiInstruction:
-    """Transpose ``src`` (HBM or SBUF) into SBUF ``dst`` with a DMA; 2-byte dtypes; axes (1,0), (2,1,0)
-    or (3,1,2,0) (default: reversed dims); ``dst.shape`` must equal the permuted ``src.shape`` exactly."""
+    """Transpose ``src`` (HBM or SBUF) into SBUF ``dst`` with a DMA (NKI 0.6 contract, all enforced).
+
+    * axes (1, 0), (2, 1, 0) or (3, 1, 2, 0) (default: reversed dims); ``dst.shape`` equals the permuted
+      ``src.shape`` exactly; equal 2-byte dtypes; ``src.shape[-1] <= 128``.
+    * Direct transpose (src not a gather view): ``dge_mode`` unknown or hwdge, and the hardware-DGE source
+      rule: 2-D ``src.shape[0] == 16``; 3-/4-D ``src.shape[0]`` in {1, 2, 4, 8, 16} and
+      ``(src.shape[0] * src.shape[-2]) % 16 == 0``. ``dge_mode.unknown`` is treated as hwdge (the only
+      direct mode the docstring allows besides unknown; see docs/emulator.md).
+    * Indirect (gather) transpose, src = ``.ap(vector_offset=idx)`` of HBM: ``dge_mode`` unknown or swdge,
+      trn2+, ``src.shape[0] % 16 == 0``, 4-D needs ``src.shape[1]`` or ``[2] == 1``, indices a 2-D uint32
+      SBUF tensor with ``shape[0]`` in [16, 128] (multiple of 16). Gather order: one index per src row.
+    * ``oob_mode=skip`` (only with a runtime-indexed src): an out-of-range scalar offset drops the
+      transfer, out-of-range gather rows leave their dst columns unchanged.
+    """
     launch = _state.current()
+    axes = _dma_transpose_rules(dst, src, axes, dge_mode, oob_mode, launch, True)
+    return _dma_transpose_do(dst, src, axes, oob_mode is _OOB.skip, launch)
+
+
+def _dma_transpose_do(
+    dst: NkiTensor, src: NkiTensor, axes: tuple, skip: bool, launch: _state.Launch
+) -> NkiInstruction:
     op = "dma_transpose"
-    if dst._st.buffer is not sbuf:
-        raise MemorySpaceError(f"[memory-space] dma_transpose: dst={dst._desc()} must be in SBUF")
-    if src._st.buffer is psum:
-        raise MemorySpaceError(f"[memory-space] dma_transpose: src={src._desc()} cannot be in PSUM")
-    nd = len(src.shape)
-    axes = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(map(int, axes))
-    if axes not in _DMA_TRANSPOSE_AXES or len(axes) != nd:
-        raise ShapeMismatchError(f"[dma-transpose] axes {axes} not supported for a {nd}-D src")
-    want = tuple(map(src.shape.__getitem__, axes))
-    if dst.shape != want:
-        raise ShapeMismatchError(
-            f"[dma-transpose] dst shape {list(dst.shape)} must equal src{list(src.shape)} permuted by {axes} = {list(want)}"
-        )
-    if _dt.itemsize(src.dtype) != 2 or dst.dtype != src.dtype:
-        raise DtypeError(f"[dma-transpose] needs equal 2-byte dtypes, got src {src.dtype}, dst {dst.dtype}")
-    if dst.shape[0] > launch.hw.pmax:
-        raise PartitionLimitError(
-            f"[partition-limit] dma_transpose: dst={dst._desc()} exceeds {launch.hw.pmax}"
-        )
     _dma_record(op, dst, src, launch, (("transpose", True),))
-    if not launch.trace_only:
-        dst.write(np.transpose(np.asarray(src.read()), axes))
+    if launch.trace_only:
+        return NkiInstruction(op)
+    vals = src.read(oob_skip=skip)
+    if vals is None:  # runtime scalar offset out of range, oob_mode=skip: nothing moves
+        return NkiInstruction(op)
+    new = np.transpose(np.asarray(vals), axes)
+    if skip and src._dyn is not None and src._dyn[0] == "vector":
+        idx = src.flat_indices(oob_skip=True)
+        ok = (idx >= 0).reshape(src.shape[0], -1).all(axis=1)
+        if not ok.all():
+            mask = np.broadcast_to(ok.reshape((-1,) + (1,) * (len(src.shape) - 1)), src.shape)
+            old = np.asarray(dst.read()).copy()
+            new = np.where(np.transpose(mask, axes), new, old)
+    dst.write(np.ascontiguousarray(new))
     return NkiInstruction(op)
 
 
@@ -706,7 +837,9 @@ def nc_matmul(
             )
         if sdt in _FP8_E4M3_PAIR and mdt in _FP8_E4M3_PAIR:
             raise DtypeError("[matmul-dtype] nc_matmul: float8_e4m3 and float8_e4m3fn cannot be mixed")
-    if not is_transpose and dst.dtype != "float32" and not (hw.nc_version >= 4 and dst.dtype == "bfloat16"):
+    if is_transpose:
+        _transpose_mode_rules(dst, stationary, moving, K, M, N, accumulate)
+    elif dst.dtype != "float32" and not (hw.nc_version >= 4 and dst.dtype == "bfloat16"):
         raise DtypeError(f"[matmul-dtype] nc_matmul: dst dtype must be float32 (got {dst.dtype})")
     if accumulate is not None and type(accumulate) is not bool and not isinstance(accumulate, np.bool_):
         raise TypeError(f"nc_matmul: accumulate must be None, True or False, got {accumulate!r}")
@@ -729,8 +862,23 @@ def nc_matmul(
         launch.checked[fkey] = launch.records[key]
     if launch.trace_only:
         return NkiInstruction(op)
-    a = _vals(stationary).reshape(K, M)
     b = _vals(moving).reshape(K, N)
+    if is_transpose:
+        if not np.array_equal(b, np.eye(K, dtype=np.float32)):
+            bad = np.argwhere(b != np.eye(K, dtype=np.float32))[:4].tolist()
+            raise MatmulTileError(
+                f"[matmul-transpose] nc_matmul(is_transpose=True): moving{list(moving.shape)} must be the "
+                f"[{K}, {K}] identity (transpose mode loads the data as stationary and streams an identity); "
+                f"entries (row, col) {bad} differ"
+            )
+        if hw.nc_version >= 3:  # bit-accurate pass-through: dst = stationary.T, bits unchanged (NaN/Inf too)
+            v = np.asarray(stationary.read()).reshape(K, M).T
+            dst.write(np.ascontiguousarray(v).reshape(dst.shape))
+            wm = dst.written_mask_view()
+            if wm is not None:
+                wm[...] = True
+            return NkiInstruction(op)
+    a = _vals(stationary).reshape(K, M)
     res = (a.T @ b).astype(np.float32).reshape(dst.shape)
     wm = dst.written_mask_view()
     if accumulate is False or wm is None:
@@ -750,6 +898,30 @@ def nc_matmul(
     if wm is not None:
         wm[...] = True
     return NkiInstruction(op)
+
+
+def _transpose_mode_rules(
+    dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, K: int, M: int, N: int, accumulate: Any
+) -> None:
+    """``nc_matmul(is_transpose=True)`` contract (NKI 0.6 docstring "Transpose mode"): the data is the
+    stationary tile and the moving tile is an identity, so ``dst[M, K] = stationary[K, M].T``, bit-exact
+    from NeuronCore-v3 (the instruction ``nc_transpose`` lowers to). Shape/dtype rules are checked in every
+    mode; the identity values are checked when values exist (not in trace-only mode)."""
+    if N != K:
+        raise MatmulTileError(
+            f"[matmul-transpose] nc_matmul(is_transpose=True): moving{list(moving.shape)} must be a square "
+            f"[{K}, {K}] identity matching stationary{list(stationary.shape)}'s {K} partitions (free size {N} != {K})"
+        )
+    if dst.dtype != stationary.dtype:
+        raise DtypeError(
+            f"[matmul-transpose] nc_matmul(is_transpose=True) passes the data through: dst dtype {dst.dtype} must "
+            f"equal stationary dtype {stationary.dtype} (as nc_transpose)"
+        )
+    if accumulate is True:
+        raise MatmulTileError(
+            "[matmul-transpose] nc_matmul(is_transpose=True) is a data transpose (pass-through), it cannot "
+            "accumulate=True onto PSUM"
+        )
 
 
 def nc_transpose(

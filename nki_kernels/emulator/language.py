@@ -654,7 +654,13 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
     if src.ndim != 2:
         raise ShapeMismatchError(f"nl.load_transpose2d: src {src._desc()} must be 2-D")
     out = allocate((src.shape[1], src.shape[0]), dtype or src.dtype, sbuf)
-    _isa.dma_transpose(out, src)
+    # the wrapper's lowering is the compiler's choice (it may split the rows): every dma_transpose rule
+    # applies except the hardware-DGE source-shape rule (src.shape[0] == 16 for a single 2-D instruction)
+    launch = _state.current()
+    axes = _isa._dma_transpose_rules(
+        out, src, None, _isa.dge_mode.unknown, _isa.oob_mode.error, launch, False
+    )
+    _isa._dma_transpose_do(out, src, axes, False, launch)
     return out
 
 
