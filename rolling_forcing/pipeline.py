@@ -17,7 +17,8 @@ By default (``merged=True``) the cache-update pass of window w-1 and the denoise
 ONE forward with static shapes (:mod:`rolling_forcing.merged`; equal to the two-pass stream, see
 ``docs/merged_forward.md``); ``merged=False`` runs the two passes separately as described above.
 
-Partial attentions over disjoint key sets are merged exactly with their log-sum-exp.
+Partial attentions over disjoint key sets are merged exactly with their log-sum-exp
+(:mod:`rolling_forcing.attend`, shared with the sharded stream).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import torch
 
 from nki_kernels import ops
 from rolling_forcing import schedule
-from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.attend import attend_cache
+from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
 from rolling_forcing.merged import (
     CompileSpec,
@@ -41,7 +43,7 @@ from rolling_forcing.merged import (
     tensor_signature,
 )
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, add_noise, flow_to_x0
-from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
+from rolling_forcing.schedule import PassPlan, WindowPlan
 
 
 @dataclass(frozen=True)
@@ -143,17 +145,6 @@ class ForwardStats:
     @property
     def total(self) -> int:
         return sum(self.forwards.values())
-
-
-def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Exact combination of attention partials ``(out, lse)`` over disjoint key sets."""
-    if len(parts) == 1:
-        return parts[0][0]
-    lses = torch.stack([lse for _, lse in parts])  # [P, B, Lq, H]
-    lse = torch.logsumexp(lses, dim=0)
-    out = sum(torch.exp(lses[i] - lse)[..., None] * o.float() for i, (o, _) in enumerate(parts))
-    assert isinstance(out, torch.Tensor)
-    return out.to(parts[0][0].dtype)
 
 
 class RollingForcingPipeline:
@@ -397,55 +388,6 @@ class RollingForcingPipeline:
                 st.clean[b], t0, st.cache.text_kv(), attn, backend=self.backend, context_frames=t0.shape[1]
             )
 
-    def _rope_copies(
-        self, layer: LayerKVCache, keys: list[KeyBlock], grid: Grid
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather blocks ``keys`` from the buffer and rope them at their positions (``[B, n*T, H, D]``)."""
-        fpb = self.pipe_cfg.frames_per_block
-        ks, vs = zip(*(layer.block(kb.slot) for kb in keys))
-        k = torch.cat(ks, dim=1).contiguous()
-        v = torch.cat(vs, dim=1).contiguous()
-        pos = [kb.position + i for kb in keys for i in range(fpb)]
-        _, kr = ops.rope3d(k, k, (len(pos), grid[1], grid[2]), frame_positions=pos, backend=self.backend)
-        return kr, v
-
-    def _attend(
-        self,
-        layer: LayerKVCache,
-        qr: torch.Tensor,
-        keys: tuple[KeyBlock, ...],
-        own: tuple[torch.Tensor, torch.Tensor] | None,
-        grid: Grid,
-    ) -> torch.Tensor:
-        be = self.backend
-        in_place = [kb for kb in keys if kb.roped_in_cache]
-        copies = [kb for kb in keys if not kb.roped_in_cache]
-        ks: list[torch.Tensor] = []
-        vs: list[torch.Tensor] = []
-        if copies:
-            ck, cv = self._rope_copies(layer, copies, grid)
-            ks.append(ck)
-            vs.append(cv)
-        if own is not None:
-            ks.append(own[0])
-            vs.append(own[1])
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if ks:
-            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
-            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
-            res = ops.attention(qr, k, v, return_lse=bool(in_place), backend=be)
-            if not in_place:
-                assert isinstance(res, torch.Tensor)
-                return res
-            assert isinstance(res, tuple)
-            parts.append(res)
-        if in_place:
-            segs = schedule.segments(in_place, layer.tokens_per_block)
-            res2 = ops.attention_segments(qr, layer.k, layer.v, segs, return_lse=True, backend=be)
-            assert isinstance(res2, tuple)
-            parts.append(res2)
-        return _merge(parts)
-
     def _denoise_attn(self, plan: WindowPlan) -> SelfAttnFn:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
@@ -453,7 +395,7 @@ class RollingForcingPipeline:
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
-            return self._attend(cache.layers[layer], qr, p.cache_keys, (kr, v), grid)
+            return attend_cache(cache.layers[layer], qr, p.cache_keys, (kr, v), grid, backend=self.backend)
 
         return attn
 
@@ -470,7 +412,7 @@ class RollingForcingPipeline:
                 return q
             qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
             lc.write(slot, kr if store_roped else k, v, backend=self.backend)
-            return self._attend(lc, qr, p.cache_keys, None, grid)
+            return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
 
         return attn
 

@@ -53,7 +53,8 @@ import torch.distributed as dist
 
 from nki_kernels import ops
 from rolling_forcing import schedule
-from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.attend import attend_cache
+from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
 from rolling_forcing.model import (
     CausalWanModel,
@@ -65,7 +66,7 @@ from rolling_forcing.model import (
     sinusoidal_embedding_1d,
 )
 from rolling_forcing.pipeline import Chunk, NoiseSource
-from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
+from rolling_forcing.schedule import PassPlan, WindowPlan
 from sharding.attention import (
     DEFAULT_TIMEOUT_S,
     ShardGroups,
@@ -123,18 +124,6 @@ def _check_plan(p: ShardingPlan, model_cfg: ModelConfig, pipe_cfg: PipelineConfi
             f"a block has {t} tokens but the plan has {p.world_size} ranks: the cache-update pass (one "
             "block) needs at least one token per rank; use fewer cores"
         )
-
-
-def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Exact combination of attention partials ``(out [B, Lq, H, D], lse [B, Lq, H])`` over disjoint keys."""
-    if len(parts) == 1:
-        return parts[0][0]
-    lses = torch.stack([lse for _, lse in parts])
-    lse = torch.logsumexp(lses, dim=0)
-    out = torch.zeros_like(parts[0][0], dtype=torch.float32)
-    for i, (o, _) in enumerate(parts):
-        out = out + torch.exp(lses[i] - lse)[..., None] * o.float()
-    return out.to(parts[0][0].dtype)
 
 
 class RankStream:
@@ -299,56 +288,6 @@ class RankStream:
         qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
         return qr[:, qsl].contiguous(), kr
 
-    def _rope_copies(
-        self, layer: LayerKVCache, keys: list[KeyBlock], grid: Grid
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather blocks ``keys`` from the local buffer, roped at their positions: ``[B, n*T, H/tp, D]``."""
-        fpb = self.pipe_cfg.frames_per_block
-        ks, vs = zip(*(layer.block(kb.slot) for kb in keys))
-        k = torch.cat(ks, dim=1).contiguous()
-        v = torch.cat(vs, dim=1).contiguous()
-        pos = [kb.position + i for kb in keys for i in range(fpb)]
-        _, kr = ops.rope3d(k, k, (len(pos), grid[1], grid[2]), frame_positions=pos, backend=self.backend)
-        return kr, v
-
-    def _attend(
-        self,
-        layer: LayerKVCache,
-        qr: torch.Tensor,
-        keys: tuple[KeyBlock, ...],
-        own: tuple[torch.Tensor, torch.Tensor] | None,
-        grid: Grid,
-    ) -> torch.Tensor:
-        """Attention of roped local queries over [re-roped copies] + [own keys] and [in-place segments]."""
-        be = self.backend
-        in_place = [kb for kb in keys if kb.roped_in_cache]
-        copies = [kb for kb in keys if not kb.roped_in_cache]
-        ks: list[torch.Tensor] = []
-        vs: list[torch.Tensor] = []
-        if copies:
-            ck, cv = self._rope_copies(layer, copies, grid)
-            ks.append(ck)
-            vs.append(cv)
-        if own is not None:
-            ks.append(own[0])
-            vs.append(own[1])
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if ks:
-            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
-            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
-            res = ops.attention(qr, k, v, return_lse=bool(in_place), backend=be)
-            if not in_place:
-                assert isinstance(res, torch.Tensor)
-                return res
-            assert isinstance(res, tuple)
-            parts.append(res)
-        if in_place:
-            segs = schedule.segments(in_place, layer.tokens_per_block)
-            res2 = ops.attention_segments(qr, layer.k, layer.v, segs, return_lse=True, backend=be)
-            assert isinstance(res2, tuple)
-            parts.append(res2)
-        return _merge(parts)
-
     def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
         return self._pass_attn(cache, plan.denoise, None)
 
@@ -373,10 +312,10 @@ class RankStream:
             ) -> torch.Tensor:
                 qr, kr = self._rope(q_s, k_all, grid, p.query_position)
                 if write is None:
-                    return self._attend(lc, qr, p.cache_keys, (kr, v_all), grid)
+                    return attend_cache(lc, qr, p.cache_keys, (kr, v_all), grid, backend=self.backend)
                 slot, store_roped = write
                 lc.write(slot, kr if store_roped else k_all, v_all, backend=self.backend)
-                return self._attend(lc, qr, p.cache_keys, None, grid)
+                return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
 
             out = sharded_attention(
                 q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
