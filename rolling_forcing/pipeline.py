@@ -147,6 +147,76 @@ class ForwardStats:
         return sum(self.forwards.values())
 
 
+def resolve_positions(pipe_cfg: PipelineConfig, positions: str | None) -> str:
+    """The RoPE position mode of a stream: ``positions``, or ``pipe_cfg.positions`` when None.
+
+    Raises ``ValueError`` naming ``positions`` if it is not one of ``POSITION_MODES``.
+    """
+    mode = pipe_cfg.positions if positions is None else positions
+    if mode not in POSITION_MODES:
+        raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+    return mode
+
+
+def check_stream_args(
+    model: CausalWanModel,
+    pipe_cfg: PipelineConfig,
+    text_embeds: torch.Tensor,
+    num_blocks: int,
+    positions: str,
+) -> None:
+    """Validate a stream's prompt ``[B, L<=text_len, text_dim]`` and length before any work is done.
+
+    Raises ``ValueError`` for a prompt of the wrong shape, ``num_blocks < window_blocks`` and, in
+    ``"absolute"`` mode, a stream longer than the RoPE table.
+    """
+    model._check_context(text_embeds)
+    schedule.window_range(pipe_cfg, num_blocks, 0)  # validates num_blocks
+    if positions == "absolute":
+        schedule.check_positions(pipe_cfg, num_blocks, "absolute")
+
+
+def window_input(
+    pipe_cfg: PipelineConfig,
+    plan: WindowPlan,
+    noise: NoiseSource,
+    noisy: dict[int, torch.Tensor],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window's latents ``[B, n*fpb, C, H, W]`` and per-frame timesteps ``[B, n*fpb]`` float32.
+
+    The fresh block's input is drawn from ``noise``; every other block's current noisy latents are
+    popped from ``noisy`` (block -> ``[B, fpb, C, H, W]``).
+    """
+    parts = []
+    for b in plan.blocks:
+        parts.append(noise.initial(b).to(device) if b == plan.fresh_block else noisy.pop(b))
+    x_in = torch.cat(parts, dim=1)
+    t_in = torch.tensor(schedule.frame_timesteps(pipe_cfg, plan.levels), dtype=torch.float32)
+    return x_in, t_in[None].expand(x_in.shape[0], -1).contiguous()
+
+
+def renoise_window(
+    pipe_cfg: PipelineConfig,
+    table: tuple[torch.Tensor, torch.Tensor],
+    plan: WindowPlan,
+    x0: torch.Tensor,
+    noise: NoiseSource,
+    noisy: dict[int, torch.Tensor],
+) -> None:
+    """Re-noise the window's x0 ``[B, n*fpb, C, H, W]`` to each block's next level, into ``noisy``.
+
+    One fresh whole-window sample per re-noised block (the original's RNG order), of which the block's
+    slice is used; ``table`` is ``pipe_cfg.scheduler_table()``.
+    """
+    fpb = pipe_cfg.frames_per_block
+    for b, nxt in plan.renoise:
+        eps = noise.renoise(x0.shape[1]).to(x0.device).unflatten(0, x0.shape[:2])
+        i = b - plan.start_block
+        blk = x0[:, i * fpb : (i + 1) * fpb]
+        noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], pipe_cfg.timesteps[nxt], table)
+
+
 class RollingForcingPipeline:
     """Streaming Rolling Forcing on a :class:`~rolling_forcing.model.CausalWanModel`.
 
@@ -176,9 +246,7 @@ class RollingForcingPipeline:
         merged: bool | None = None,
         compile: CompileSpec = None,
     ) -> None:
-        mode = pipe_cfg.positions if positions is None else positions
-        if mode not in POSITION_MODES:
-            raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        mode = resolve_positions(pipe_cfg, positions)
         if merged is not None and not isinstance(merged, bool):
             raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
         supported = ops.has_kernel("attention_block_table", backend)
@@ -231,10 +299,7 @@ class RollingForcingPipeline:
                 :class:`NoiseSource`; None draws it from ``generator`` in the original order.
         """
         cfg, mcfg = self.pipe_cfg, self.model_cfg
-        self.model._check_context(text_embeds)
-        schedule.window_range(cfg, num_blocks, 0)  # validates num_blocks
-        if self.positions == "absolute":
-            schedule.check_positions(cfg, num_blocks, "absolute")
+        check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)
         bsz = text_embeds.shape[0]
         dtype = cfg.torch_dtype
         device = self.model.patch_embedding.weight.device
@@ -256,23 +321,11 @@ class RollingForcingPipeline:
 
     # ---- internals -----------------------------------------------------------------------------
     def _window_input(self, st: StreamState, plan: WindowPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """The window's latents ``[B, n*fpb, C, H, W]`` and per-frame timesteps ``[B, n*fpb]`` float32."""
         device = self.model.patch_embedding.weight.device
-        parts = []
-        for b in plan.blocks:
-            parts.append(st.noise.initial(b).to(device) if b == plan.fresh_block else st.noisy.pop(b))
-        x_in = torch.cat(parts, dim=1)
-        t_in = torch.tensor(schedule.frame_timesteps(self.pipe_cfg, plan.levels), dtype=torch.float32)
-        return x_in, t_in[None].expand(x_in.shape[0], -1).contiguous()
+        return window_input(self.pipe_cfg, plan, st.noise, st.noisy, device)
 
     def _renoise(self, st: StreamState, plan: WindowPlan, x0: torch.Tensor) -> None:
-        cfg, fpb = self.pipe_cfg, self.pipe_cfg.frames_per_block
-        device = x0.device
-        for b, nxt in plan.renoise:
-            eps = st.noise.renoise(x0.shape[1]).to(device).unflatten(0, x0.shape[:2])
-            i = b - plan.start_block
-            blk = x0[:, i * fpb : (i + 1) * fpb]
-            st.noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], cfg.timesteps[nxt], self._table)
+        renoise_window(self.pipe_cfg, self._table, plan, x0, st.noise, st.noisy)
 
     def _merged_windows(self, st: StreamState) -> Iterator[Chunk]:
         """One merged forward per window: update of the previous window + denoise of this one."""
@@ -417,4 +470,14 @@ class RollingForcingPipeline:
         return attn
 
 
-__all__ = ["Chunk", "ForwardStats", "NoiseSource", "RollingForcingPipeline", "StreamState"]
+__all__ = [
+    "Chunk",
+    "ForwardStats",
+    "NoiseSource",
+    "RollingForcingPipeline",
+    "StreamState",
+    "check_stream_args",
+    "renoise_window",
+    "resolve_positions",
+    "window_input",
+]

@@ -55,17 +55,23 @@ from nki_kernels import ops
 from rolling_forcing import schedule
 from rolling_forcing.attend import attend_cache
 from rolling_forcing.cache import RollingKVCache
-from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
+from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.model import (
     CausalWanModel,
     Grid,
     SelfAttnFn,
     TextKV,
-    add_noise,
     flow_to_x0,
     sinusoidal_embedding_1d,
 )
-from rolling_forcing.pipeline import Chunk, NoiseSource
+from rolling_forcing.pipeline import (
+    Chunk,
+    NoiseSource,
+    check_stream_args,
+    renoise_window,
+    resolve_positions,
+    window_input,
+)
 from rolling_forcing.schedule import PassPlan, WindowPlan
 from sharding.attention import (
     DEFAULT_TIMEOUT_S,
@@ -152,9 +158,7 @@ class RankStream:
         positions: str | None = None,
         gather_group: Any = None,
     ) -> None:
-        mode = pipe_cfg.positions if positions is None else positions
-        if mode not in POSITION_MODES:
-            raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        mode = resolve_positions(pipe_cfg, positions)
         _check_plan(groups.plan, model_cfg, pipe_cfg)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.groups, self.plan, self.rank = groups, groups.plan, groups.rank
@@ -180,11 +184,9 @@ class RankStream:
         the same text, noise and generator state (the noise is drawn replicated).
         """
         cfg, mcfg = self.pipe_cfg, self.model_cfg
-        self.model._check_context(text_embeds)
-        schedule.window_range(cfg, num_blocks, 0)  # validates num_blocks
-        if self.positions == "absolute":
-            schedule.check_positions(cfg, num_blocks, "absolute")
+        check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)
         bsz, dtype, fpb = text_embeds.shape[0], cfg.torch_dtype, cfg.frames_per_block
+        device = self.model.patch_embedding.weight.device
         src = NoiseSource(
             bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype, generator=generator, initial_noise=noise
         )
@@ -195,17 +197,10 @@ class RankStream:
         noisy: dict[int, torch.Tensor] = {}
         for w in range(schedule.num_windows(cfg, num_blocks)):
             plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
-            parts = [src.initial(b) if b == plan.fresh_block else noisy.pop(b) for b in plan.blocks]
-            x_in = torch.cat(parts, dim=1)
-            t_in = torch.tensor(schedule.frame_timesteps(cfg, plan.levels), dtype=torch.float32)
-            t_in = t_in[None].expand(bsz, -1).contiguous()
+            x_in, t_in = window_input(cfg, plan, src, noisy, device)
             flow = self.forward(x_in, t_in, text_kv, self._denoise_attn(cache, plan))
             x0 = flow_to_x0(flow, x_in, t_in, self._table)
-            for b, nxt in plan.renoise:
-                eps = src.renoise(x0.shape[1]).unflatten(0, x0.shape[:2])
-                i = b - plan.start_block
-                blk = x0[:, i * fpb : (i + 1) * fpb]
-                noisy[b] = add_noise(blk, eps[:, i * fpb : (i + 1) * fpb], cfg.timesteps[nxt], self._table)
+            renoise_window(cfg, self._table, plan, x0, src, noisy)
             clean = x0[:, :fpb].contiguous()
             t0 = torch.full((bsz, fpb), float(cfg.context_noise), dtype=torch.float32)
             self.forward(clean, t0, text_kv, self._update_attn(cache, plan))
@@ -405,9 +400,7 @@ class ShardedRollingForcingPipeline:
         positions: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        mode = pipe_cfg.positions if positions is None else positions
-        if mode not in POSITION_MODES:
-            raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
+        mode = resolve_positions(pipe_cfg, positions)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
@@ -434,10 +427,7 @@ class ShardedRollingForcingPipeline:
         Closing the generator early waits for the ranks to finish the stream.
         """
         cfg = self.pipe_cfg
-        self.model._check_context(text_embeds)
-        schedule.window_range(cfg, num_blocks, 0)  # validates num_blocks before spawning
-        if self.positions == "absolute":
-            schedule.check_positions(cfg, num_blocks, "absolute")
+        check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)  # before spawning
         state = generator.get_state() if generator is not None else torch.get_rng_state()
         job = _Job(
             self.model, self.model_cfg, cfg, self.plan, self.backend, self.positions,
