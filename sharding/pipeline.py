@@ -54,7 +54,7 @@ import torch.distributed as dist
 from nki_kernels import ops
 from rolling_forcing import schedule
 from rolling_forcing.attend import attend_cache
-from rolling_forcing.cache import RollingKVCache
+from rolling_forcing.cache import LayerKVCache, RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.model import (
     CausalWanModel,
@@ -203,27 +203,47 @@ class RankStream:
             renoise_window(cfg, self._table, plan, x0, src, noisy)
             clean = x0[:, :fpb].contiguous()
             t0 = torch.full((bsz, fpb), float(cfg.context_noise), dtype=torch.float32)
-            self.forward(clean, t0, text_kv, self._update_attn(cache, plan))
+            # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
+            self.forward(clean, t0, text_kv, self._update_attn(cache, plan), context_frames=fpb)
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
         self.cache = None
 
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
-        self, x: torch.Tensor, timesteps: torch.Tensor, text_kv: TextKV, self_attn: SelfAttnFn
+        self,
+        x: torch.Tensor,
+        timesteps: torch.Tensor,
+        text_kv: TextKV,
+        self_attn: SelfAttnFn,
+        *,
+        context_frames: int = 0,
     ) -> torch.Tensor:
         """Flow prediction of ``x`` ``[B, F, C, H, W]`` at ``timesteps`` ``[B, F]``; collective.
 
-        Equals ``model.forward_with(x, timesteps, text_kv, attn)`` of the unsharded model when
-        ``self_attn`` is the sharded counterpart of ``attn``: ``self_attn(layer, q, k, v, grid)`` gets this
-        rank's token shard ``[B, L_local, H, D]`` (all heads) and the *full* grid ``(F, Hp, Wp)``.
-        Returns the full flow ``[B, F, C, H, W]`` (all-gathered: the same on every rank).
+        Equals ``model.forward_with(x, timesteps, text_kv, attn, context_frames=...)`` of the unsharded
+        model when ``self_attn`` is the sharded counterpart of ``attn``: ``self_attn(layer, q, k, v,
+        grid)`` gets this rank's token shard ``[B, L_local, H, D]`` (all heads) and the *full* grid
+        ``(F, Hp, Wp)``. Returns the full flow ``[B, F, C, H, W]`` (all-gathered: the same on every rank).
+
+        ``context_frames``: 0, or F for a pass whose frames only feed the KV cache (the cache-update
+        pass): then the last layer stops after ``self_attn`` (which gets q ``[B, 0, H, D]`` with the k, v
+        shards, and must still write them), the head and its all-gather are skipped, and ``[B, 0, C, H,
+        W]`` is returned. Token shards do not follow frame boundaries, so 0 < context_frames < F is not
+        supported here (``ValueError``).
         """
         model, c = self.model, self.model_cfg
         model._check_latents(x, "x", 1)
         b, f = x.shape[:2]
         if tuple(timesteps.shape) != (b, f):
             raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
+        if isinstance(context_frames, bool) or not isinstance(context_frames, int):
+            raise TypeError(f"context_frames must be an int, got {type(context_frames).__name__}")
+        if context_frames not in (0, f):
+            raise ValueError(
+                f"context_frames must be 0 or F={f} in the sharded forward (token shards cut frames), "
+                f"got {context_frames}"
+            )
         hp, wp = c.grid_hw
         grid: Grid = (f, hp, wp)
         n_tok = f * hp * wp
@@ -241,8 +261,13 @@ class RankStream:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _g: Grid) -> torch.Tensor:
             return self_attn(layer, q, k, v, grid)
 
+        last = len(model.blocks) - 1
         for i, blk in enumerate(model.blocks):
-            tok = blk(i, tok, e0_tok, tok_grid, text_kv[i], attn, self.backend)
+            # context_frames == F: the last layer keeps none of this rank's tokens (one "frame" each)
+            drop = n_loc if context_frames and i == last else 0
+            tok = blk(i, tok, e0_tok, tok_grid, text_kv[i], attn, self.backend, drop)
+        if context_frames:  # every rank takes this branch: no collective is left unmatched
+            return x.new_empty((b, 0, *x.shape[2:]))
         e_tok = e.unflatten(0, (b, f))[:, frame].unsqueeze(2)  # [B, L_local, 1, dim]
         out = model.head(tok, e_tok, n_loc).flatten(1, 2)  # [B, L_local, patch_out]
         out = self._gather_tokens(out, n_tok)  # [B, L, patch_out]
@@ -283,6 +308,47 @@ class RankStream:
         qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
         return qr[:, qsl].contiguous(), kr
 
+    def _write_only(
+        self,
+        lc: LayerKVCache,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        grid: Grid,
+        position: int,
+        write: tuple[int, bool],
+    ) -> torch.Tensor:
+        """The cache write of a layer whose queries are all dropped; collective; returns ``q`` (empty).
+
+        The k, v token shards ``[B, L_local, H, D]`` are regrouped to all keys of the local heads by
+        :func:`sharding.attention.sharded_attention`, whose local step then only writes them. That
+        function skips the local step of an empty query shard, so it is given one placeholder query per
+        rank (the rank's first key; ``num_queries = world``) and its output is dropped.
+        """
+        slot, store_roped = write
+
+        def local(
+            q_s: torch.Tensor,
+            k_all: torch.Tensor,
+            v_all: torch.Tensor,
+            *,
+            scale: float | None,
+            return_lse: bool,
+            backend: str | None,
+        ) -> torch.Tensor:
+            if store_roped:
+                _, k_all = ops.rope3d(k_all, k_all, grid, position, backend=self.backend)
+            lc.write(slot, k_all, v_all, backend=self.backend)
+            return q_s.new_zeros(q_s.shape)
+
+        placeholder = k[:, :1].contiguous()
+        sharded_attention(
+            placeholder, k.contiguous(), v.contiguous(), self.groups,
+            num_queries=self.plan.world_size, num_keys=grid[0] * grid[1] * grid[2],
+            attention_fn=local, backend=self.backend,
+        )  # fmt: skip
+        return q
+
     def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
         return self._pass_attn(cache, plan.denoise, None)
 
@@ -295,6 +361,10 @@ class RankStream:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             lc = cache.layers[layer]
             n_tok = grid[0] * grid[1] * grid[2]
+            if q.shape[1] == 0:  # last layer of forward(context_frames=F): only the write is needed
+                if write is None:
+                    raise ValueError("context_frames=F applies to the cache-update pass only (it writes k/v)")
+                return self._write_only(lc, q, k, v, grid, p.query_position, write)
 
             def local(
                 q_s: torch.Tensor,
