@@ -7,8 +7,6 @@ stream of 30 s of video (tiny preset) with no graph break and no recompilation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -33,6 +31,8 @@ from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.video import VideoSpec
 from tests import numerics
+from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
+from tests.pipeline_helpers import text_embeds, tiny_model
 
 M = get_preset("tiny")
 P = PipelineConfig()
@@ -42,30 +42,18 @@ NB = 12
 FP32_TOL = 1e-5  # the issue's bound for fp32 (measured ~2e-6: reordered fp32 sums)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model() -> CausalWanModel:
-    return CausalWanModel(M).init_random(0).eval()
-
-
-def _text(seed: int = 1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(1, M.text_len, M.text_dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return tiny_model(M)
 
 
 def _run(pipe: RollingForcingPipeline, nb: int = NB, switch_at: int | None = None, recache: bool = False):
     out = []
     dtype = pipe.pipe_cfg.torch_dtype
-    for c in pipe.stream(_text(dtype=dtype), nb, generator=torch.Generator().manual_seed(7)):
+    for c in pipe.stream(text_embeds(dtype=dtype), nb, generator=torch.Generator().manual_seed(7)):
         out.append(c)
         if switch_at is not None and c.block == switch_at:
-            pipe.set_prompt(_text(99, dtype), recache=recache)
+            pipe.set_prompt(text_embeds(99, dtype), recache=recache)
     return out
 
 
@@ -108,7 +96,7 @@ def test_merged_bf16_within_tolerance(model: CausalWanModel) -> None:
     """bf16 merged vs the fp32 two-pass baseline within K x (bf16 two-pass's own error) + bf16 floor."""
     nb = 8
     base = _cat(_run(RollingForcingPipeline(model, M, P, merged=False), nb))
-    m16 = CausalWanModel(M).init_random(0).eval().to(torch.bfloat16)
+    m16 = tiny_model(M).to(torch.bfloat16)
     p16 = PipelineConfig(dtype="bfloat16")
     two16 = _cat(_run(RollingForcingPipeline(m16, M, p16, merged=False), nb))
     one16 = _cat(_run(RollingForcingPipeline(m16, M, p16, merged=True), nb))

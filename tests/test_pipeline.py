@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import resource
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +11,8 @@ from reference.rolling_forcing import rolling_forcing_reference
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
+from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
+from tests.pipeline_helpers import text_embeds, tiny_model
 
 M = get_preset("tiny")
 P = PipelineConfig()
@@ -19,22 +20,9 @@ NB = 8  # warm-up (5 windows), 4 steady windows incl. eviction-free, 4 tail wind
 FP32_EPS = torch.finfo(torch.float32).eps
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # the CI box has 2 cores shared by several jobs: intra-op threads only add contention here
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model() -> CausalWanModel:
-    return CausalWanModel(M).init_random(0).eval()
-
-
-def _text(seed: int = 1) -> torch.Tensor:
-    return torch.randn(1, M.text_len, M.text_dim, generator=torch.Generator().manual_seed(seed))
+    return tiny_model(M)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +32,7 @@ def reference_out(model: CausalWanModel) -> torch.Tensor:
     sig, ts = P.scheduler_table()
     with torch.no_grad():
         return rolling_forcing_reference(
-            model, _text(), noise, denoising_timesteps=P.timesteps, sigmas=sig, timesteps=ts,
+            model, text_embeds(), noise, denoising_timesteps=P.timesteps, sigmas=sig, timesteps=ts,
             tokens_per_frame=M.tokens_per_frame, num_heads=M.num_heads, generator=g,
         )  # fmt: skip
 
@@ -53,7 +41,7 @@ def _stream(
     model: CausalWanModel, positions: str = "absolute", merged: bool | None = None, **kw: object
 ) -> list:
     pipe = RollingForcingPipeline(model, M, P, positions=positions, merged=merged)
-    return list(pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7), **kw))  # type: ignore[arg-type]
+    return list(pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7), **kw))  # type: ignore[arg-type]
 
 
 def _baseline_err(model: CausalWanModel, ref: torch.Tensor) -> float:
@@ -83,7 +71,7 @@ def test_pipeline_equals_reference_loop(
 def test_each_chunk_is_final_when_yielded(model: CausalWanModel, reference_out: torch.Tensor) -> None:
     pipe = RollingForcingPipeline(model, M, P)
     seen = []
-    for c in pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7)):
+    for c in pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)):
         # the reference's *end-of-stream* latents of this block already equal what we got now
         ref = reference_out[:, c.block * 3 : (c.block + 1) * 3]
         assert float((c.latents - ref).abs().max()) < 1e-5
@@ -108,7 +96,7 @@ def test_injected_noise_source_equals_tensor(model: CausalWanModel) -> None:
     src = NoiseSource(1, M.latent_frame_shape(), 3, NB, torch.float32, initial_noise=noise,
                       generator=torch.Generator().manual_seed(7))  # fmt: skip
     pipe = RollingForcingPipeline(model, M, P)
-    b = list(pipe.stream(_text(), NB, noise=src))
+    b = list(pipe.stream(text_embeds(), NB, noise=src))
     for ca, cb in zip(a, b):
         assert torch.equal(ca.latents, cb.latents)
 
@@ -118,20 +106,20 @@ def test_prompt_switch_takes_effect_at_next_window(model: CausalWanModel) -> Non
     for recache in (False, True):
         pipe = RollingForcingPipeline(model, M, P)
         out = []
-        for c in pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7)):
+        for c in pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)):
             out.append(c)
             if c.block == 2:
-                pipe.set_prompt(_text(99), recache=recache)
+                pipe.set_prompt(text_embeds(99), recache=recache)
         for i in range(3):
             assert torch.equal(out[i].latents, base[i].latents)
         assert float((out[3].latents - base[3].latents).abs().max()) > 1e-3
     # re-caching under the *same* prompt before any eviction reproduces the stream
     pipe = RollingForcingPipeline(model, M, P)
     same = []
-    for c in pipe.stream(_text(), NB, generator=torch.Generator().manual_seed(7)):
+    for c in pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)):
         same.append(c)
         if c.block == 1:
-            pipe.set_prompt(_text(), recache=True)
+            pipe.set_prompt(text_embeds(), recache=True)
     for a, b in zip(same, base):
         assert float((a.latents - b.latents).abs().max()) < 1e-5
 
@@ -139,15 +127,15 @@ def test_prompt_switch_takes_effect_at_next_window(model: CausalWanModel) -> Non
 def test_bad_input_raises(model: CausalWanModel) -> None:
     pipe = RollingForcingPipeline(model, M, P)
     with pytest.raises(ValueError, match="num_blocks=4 is too short"):
-        next(pipe.stream(_text(), 4))
+        next(pipe.stream(text_embeds(), 4))
     with pytest.raises(ValueError, match="text embeddings must be"):
         next(pipe.stream(torch.randn(1, M.text_len, M.text_dim + 1), NB))
     with pytest.raises(ValueError, match="text embeddings must be"):
         next(pipe.stream(torch.randn(1, M.text_len + 1, M.text_dim), NB))
     with pytest.raises(ValueError, match="noise latents must be"):
-        next(pipe.stream(_text(), NB, noise=torch.randn(1, NB * 3 - 1, *M.latent_frame_shape())))
+        next(pipe.stream(text_embeds(), NB, noise=torch.randn(1, NB * 3 - 1, *M.latent_frame_shape())))
     with pytest.raises(ValueError, match="beyond the 1024-position table"):
-        next(pipe.stream(_text(), 1024 // 3 + 1))
+        next(pipe.stream(text_embeds(), 1024 // 3 + 1))
     with pytest.raises(ValueError, match="positions must be"):
         RollingForcingPipeline(model, M, P, positions="rotary")
     with pytest.raises(ValueError, match="text embeddings must be"):
@@ -156,7 +144,7 @@ def test_bad_input_raises(model: CausalWanModel) -> None:
 
 def _long_relative(num_blocks: int) -> None:
     mc = get_preset("micro")
-    model = CausalWanModel(mc).init_random(0).eval()
+    model = tiny_model(mc)
     pipe = RollingForcingPipeline(model, mc, P, positions="relative")
     text = torch.randn(1, mc.text_len, mc.text_dim)
     src = NoiseSource(1, mc.latent_frame_shape(), 3, num_blocks, torch.float32,

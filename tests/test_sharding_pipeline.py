@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -31,30 +30,19 @@ from rolling_forcing.model import CausalWanModel, Head
 from rolling_forcing.pipeline import RollingForcingPipeline
 from sharding.launch import LaunchError
 from sharding.pipeline import ShardedRollingForcingPipeline, pipeline_plan
+from tests.pipeline_helpers import TINY, text_embeds, tiny_model
+from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 
 TOL = 1e-5
 TIMEOUT_S = 20.0
-TINY = get_preset("tiny")  # 12 heads, 16 tokens per frame, 48 per block
 # 15 tokens per frame, 45 per block: every pass's token count is odd (splits 12/11/11/11 on 4 ranks)
 ODD = dataclasses.replace(TINY, name="tiny-odd", latent_height=6, latent_width=10)
 P = PipelineConfig()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _text(seed: int = 1) -> torch.Tensor:
-    return torch.randn(1, TINY.text_len, TINY.text_dim, generator=torch.Generator().manual_seed(seed))
-
-
 def _unsharded(model: CausalWanModel, positions: str, num_blocks: int, merged: bool) -> list:
     pipe = RollingForcingPipeline(model, model.cfg, P, positions=positions, merged=merged)
-    return list(pipe.stream(_text(), num_blocks, generator=torch.Generator().manual_seed(7)))
+    return list(pipe.stream(text_embeds(), num_blocks, generator=torch.Generator().manual_seed(7)))
 
 
 def _check_equal(sharded: ShardedRollingForcingPipeline, chunks: list, ref: list) -> tuple[float, float]:
@@ -85,13 +73,13 @@ def test_2_ranks_stream_equals_unsharded() -> None:
     """Default 2-core plan; 9 blocks: warm-up, steady windows, sink dropped from the update pass
     (block >= 7), the ring wrapping (block 8 reuses slot 1), and the tail."""
     nb = 9
-    model = CausalWanModel(TINY).init_random(0).eval()
+    model = tiny_model(TINY)
     ref = _unsharded(model, "absolute", nb, merged=False)  # the two-pass order the ranks run
     sharded = ShardedRollingForcingPipeline(
         model, TINY, P, cores=2, positions="absolute", timeout_s=TIMEOUT_S
     )
     chunks = list(
-        sharded.stream(_text(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
+        sharded.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
     )
     err, scale = _check_equal(sharded, chunks, ref)
     print(f"\n{sharded.plan.name}: max |sharded - unsharded| = {err:.3g} (|latents| <= {scale:.3g})")
@@ -102,14 +90,14 @@ def test_4_ranks_tp2_sp2_odd_token_counts_equals_unsharded() -> None:
     """TP2 x SP2 (all-to-all and K/V all-gather, cache replicated within the head group), token counts
     that do not divide the ranks, relative positions (keys re-roped from the cache every pass)."""
     nb = 6
-    model = CausalWanModel(ODD).init_random(3).eval()
+    model = tiny_model(ODD, 3)
     ref = _unsharded(model, "relative", nb, merged=True)  # the default (merged) pipeline
     sharded = ShardedRollingForcingPipeline(
         model, ODD, P, cores=4, tp=2, positions="relative", timeout_s=TIMEOUT_S
     )
     assert (sharded.plan.tp, sharded.plan.sp) == (2, 2)
     chunks = list(
-        sharded.stream(_text(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
+        sharded.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
     )
     assert P.tokens_per_block(ODD) % 4 != 0
     err, scale = _check_equal(sharded, chunks, ref)
@@ -130,7 +118,7 @@ class DyingHead(Head):
 
 @pytest.mark.distributed
 def test_rank_dying_mid_stream_raises_launch_error() -> None:
-    model = CausalWanModel(TINY).init_random(0).eval()
+    model = tiny_model(TINY)
     head = DyingHead(TINY)
     head.load_state_dict(model.head.state_dict())
     model.head = head
@@ -138,10 +126,14 @@ def test_rank_dying_mid_stream_raises_launch_error() -> None:
     got = []
     t0 = time.monotonic()
     with pytest.raises(LaunchError, match="rank 1 exited with code 3") as info:
-        for chunk in sharded.stream(_text(), P.window_blocks, generator=torch.Generator().manual_seed(7)):
+        for chunk in sharded.stream(
+            text_embeds(), P.window_blocks, generator=torch.Generator().manual_seed(7)
+        ):
             got.append(chunk.block)
     assert info.value.rank == 1
-    assert got == []  # the 3rd forward is in window 1: no block was finished yet
+    # the update pass skips the head (context_frames): the 3rd head call is window 2's denoise forward,
+    # and the first block is final after window 4
+    assert got == []
     assert time.monotonic() - t0 < 2 * 5.0 + 30
 
 
@@ -153,13 +145,13 @@ def test_bad_plans_and_inputs_raise_before_spawning() -> None:
         pipeline_plan(TINY, P, 0)
     with pytest.raises(ValueError, match="illegal|group size|balanced"):
         pipeline_plan(TINY, P, 3)  # 3 ranks: not a legal Neuron collective group size
-    model = CausalWanModel(TINY).init_random(0).eval()
+    model = tiny_model(TINY)
     with pytest.raises(ValueError, match="positions"):
         ShardedRollingForcingPipeline(model, TINY, P, cores=2, positions="sideways")
     sharded = ShardedRollingForcingPipeline(model, TINY, P, cores=2)
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="window_blocks"):
-        next(sharded.stream(_text(), P.window_blocks - 1))
+        next(sharded.stream(text_embeds(), P.window_blocks - 1))
     with pytest.raises(ValueError, match="text embeddings"):
         next(sharded.stream(torch.zeros(1, TINY.text_len, TINY.text_dim + 1), P.window_blocks))
     assert time.monotonic() - t0 < 1.0  # rejected in the caller, no ranks spawned
