@@ -54,7 +54,7 @@ import torch.distributed as dist
 from nki_kernels import ops
 from rolling_forcing import schedule
 from rolling_forcing.attend import attend_cache
-from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.model import (
     CausalWanModel,
@@ -308,47 +308,6 @@ class RankStream:
         qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
         return qr[:, qsl].contiguous(), kr
 
-    def _write_only(
-        self,
-        lc: LayerKVCache,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        grid: Grid,
-        position: int,
-        write: tuple[int, bool],
-    ) -> torch.Tensor:
-        """The cache write of a layer whose queries are all dropped; collective; returns ``q`` (empty).
-
-        The k, v token shards ``[B, L_local, H, D]`` are regrouped to all keys of the local heads by
-        :func:`sharding.attention.sharded_attention`, whose local step then only writes them. That
-        function skips the local step of an empty query shard, so it is given one placeholder query per
-        rank (the rank's first key; ``num_queries = world``) and its output is dropped.
-        """
-        slot, store_roped = write
-
-        def local(
-            q_s: torch.Tensor,
-            k_all: torch.Tensor,
-            v_all: torch.Tensor,
-            *,
-            scale: float | None,
-            return_lse: bool,
-            backend: str | None,
-        ) -> torch.Tensor:
-            if store_roped:
-                _, k_all = ops.rope3d(k_all, k_all, grid, position, backend=self.backend)
-            lc.write(slot, k_all, v_all, backend=self.backend)
-            return q_s.new_zeros(q_s.shape)
-
-        placeholder = k[:, :1].contiguous()
-        sharded_attention(
-            placeholder, k.contiguous(), v.contiguous(), self.groups,
-            num_queries=self.plan.world_size, num_keys=grid[0] * grid[1] * grid[2],
-            attention_fn=local, backend=self.backend,
-        )  # fmt: skip
-        return q
-
     def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
         return self._pass_attn(cache, plan.denoise, None)
 
@@ -356,15 +315,20 @@ class RankStream:
         return self._pass_attn(cache, plan.update, (plan.write_slot, plan.store_roped))
 
     def _pass_attn(self, cache: RollingKVCache, p: PassPlan, write: tuple[int, bool] | None) -> SelfAttnFn:
-        """Sharded self-attention of one pass; ``write = (slot, store_roped)`` for the update pass."""
+        """Sharded self-attention of one pass; ``write = (slot, store_roped)`` for the update pass.
+
+        A layer called with no queries (the last layer of ``forward(context_frames=F)``) only writes the
+        pass's k/v. :func:`sharding.attention.sharded_attention` still regroups them to all keys of the
+        local heads, but it skips the local step of an empty query shard, so such a layer sends one
+        placeholder query per rank (the rank's first key; ``num_queries = world``) whose output is dropped.
+        """
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             lc = cache.layers[layer]
             n_tok = grid[0] * grid[1] * grid[2]
-            if q.shape[1] == 0:  # last layer of forward(context_frames=F): only the write is needed
-                if write is None:
-                    raise ValueError("context_frames=F applies to the cache-update pass only (it writes k/v)")
-                return self._write_only(lc, q, k, v, grid, p.query_position, write)
+            write_only = q.shape[1] == 0
+            if write_only and write is None:
+                raise ValueError("context_frames=F applies to the cache-update pass only (it writes k/v)")
 
             def local(
                 q_s: torch.Tensor,
@@ -375,6 +339,13 @@ class RankStream:
                 return_lse: bool,
                 backend: str | None,
             ) -> torch.Tensor:
+                if write_only:
+                    assert write is not None
+                    slot, store_roped = write
+                    if store_roped:
+                        _, k_all = ops.rope3d(k_all, k_all, grid, p.query_position, backend=self.backend)
+                    lc.write(slot, k_all, v_all, backend=self.backend)
+                    return q_s.new_zeros(q_s.shape)
                 qr, kr = self._rope(q_s, k_all, grid, p.query_position)
                 if write is None:
                     return attend_cache(lc, qr, p.cache_keys, (kr, v_all), grid, backend=self.backend)
@@ -382,12 +353,13 @@ class RankStream:
                 lc.write(slot, kr if store_roped else k_all, v_all, backend=self.backend)
                 return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
 
+            q_in, n_q = (k[:, :1], self.plan.world_size) if write_only else (q, n_tok)
             out = sharded_attention(
-                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_tok, attention_fn=local, backend=self.backend,
+                q_in.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
-            return out
+            return q if write_only else out
 
         return attn
 
