@@ -16,11 +16,16 @@ passes per window: denoise, then the cache update at t = 0) in lockstep; only th
   group regroups q, k, v to (head group x query shard), an all-gather in the SP group collects all of
   the pass's new keys of the local heads, then the local step (``attention_fn``) ropes them, writes the
   cache (update pass), and attends over [cache keys] + [own keys] exactly as the unsharded pipeline
-  (partials merged by log-sum-exp); the inverse all-to-all restores token shards.
+  (:func:`rolling_forcing.attend.attend_cache`, the unsharded pipeline's code on ``H/tp`` heads;
+  partials merged by log-sum-exp); the inverse all-to-all restores token shards.
 * The head's output ``[B, L_local, patch_out]`` is all-gathered over all ranks, so every rank holds the
   full flow prediction; x0, re-noising and the noise draws are then replicated (cheap elementwise work;
   every rank draws the same noise from the same generator state). Every rank therefore yields the same
   chunks; rank 0 hands them to the caller.
+* *The cache-update pass* only needs its k/v writes (``forward(..., context_frames=F)``, as the unsharded
+  pipeline's ``forward_with(..., context_frames=F)``): its last layer stops after the k/v regroup and the
+  write (one placeholder query per rank keeps :func:`~sharding.attention.sharded_attention`'s local step
+  running), and the head and its all-gather are skipped.
 
 **KV cache per head group.** Rank ``r`` keeps a :class:`~rolling_forcing.cache.RollingKVCache` of only
 its heads ``local_heads(plan, r)``: buffers ``[B, S, H/tp, D]``. Within a head group (SP > 1) every SP
