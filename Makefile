@@ -1,6 +1,6 @@
 PY ?= python
 
-.PHONY: test test-all lint format bench e2e
+.PHONY: test test-all lint format bench e2e bench-pipeline bench-long-stream
 
 test:
 	$(PY) -m pytest -q
@@ -22,3 +22,9 @@ bench:
 
 e2e:
 	$(PY) -m perf.e2e
+
+bench-pipeline:
+	$(PY) -m perf.bench_pipeline
+
+bench-long-stream:
+	$(PY) -m perf.bench_long_stream
