@@ -58,13 +58,29 @@ SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
 chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
 model."""
 
-DMA_TRANSPOSE_CHUNKS = (1, 6)
-"""Fraction ``(num, den)`` of the full 2048-key chunks (2-byte dtypes) whose P is transposed SBUF->SBUF by the
-DMA instead of 16 TensorE transposes. NKI 0.6 hardware-DGE transposes take at most 16 source partitions, so a
-chunk costs one ``[<=16 q, 16, 128 k] -> [128 k, 16, <=16 q]`` DMA per 16 queries (8 per 128-query tile),
-each landing 512 B per destination partition; the trn2 cost model charges those at the 512-B descriptor
-efficiency (~21 %), ~15x the TensorE time saved. 1/6 balances TensorE against the DMA queues at the Wan
-shapes (modelled sweep in docs/kernels/attention.md). Chunks are dealt by a running counter per program."""
+DMA_TRANSPOSE_CHUNKS = (2, 3)
+"""Fraction ``(num, den)`` of the P^T *groups* (up to :data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks
+of one query tile, 2-byte dtypes) transposed SBUF->SBUF by the DMA instead of by 16 TensorE transposes per
+chunk; groups are dealt by a running counter per program. NKI 0.6 hardware-DGE transposes take at most 16
+source partitions, so a group costs one ``[<=16 q, 16 x g, 128 k] -> [128 k, 16 x g, <=16 q]`` DMA per 16
+queries (8 per 128-query tile), each landing ``512 x g`` bytes per destination partition. 2/3 (with g = 8)
+balances TensorE against the DMA queues at the Wan shapes (modelled sweep in docs/kernels/attention.md)."""
+
+DMA_GROUP_CHUNKS = 8
+"""Chunks per DMA-transposed P^T group (``g``): their P stay in SBUF and their PV matmuls wait until one
+transpose per 16 queries has moved all of them, so each lands ``512 x g`` B per destination partition (4 KiB
+at g = 8, ~97 % DMA efficiency in the trn2 cost model, vs 512 B / ~21 % for one chunk). Costs
+``(g - 1) x 8 KiB`` more SBUF per partition (p_sb and pT_sb): the kernel lowers g to what fits next to the
+resident K^T / V (:func:`fit_group`), so long key sequences still compile (with smaller groups)."""
+
+
+def fit_group(group: int, sbuf_bytes: int, fixed_bytes: int, chunk_bytes: int) -> int:
+    """Largest ``g <= group`` with ``fixed_bytes + 2 * g * chunk_bytes <= sbuf_bytes`` (P and P^T of g chunks
+    next to everything else a kernel keeps in SBUF, per partition), at least 1."""
+    g = group
+    while g > 1 and fixed_bytes + 2 * g * chunk_bytes > sbuf_bytes:
+        g -= 1
+    return g
 
 
 def _dma_chunks(frac: Any) -> tuple[int, int]:
@@ -75,6 +91,69 @@ def _dma_chunks(frac: Any) -> tuple[int, int]:
     if den < 1 or not 0 <= num <= den:
         raise ValueError(f"dma_transpose_chunks={frac!r} must be (num, den) with 0 <= num <= den, den >= 1")
     return num, den
+
+
+def _dma_group(g: Any) -> int:
+    """Validate the compile-time ``dma_group`` (None = :data:`DMA_GROUP_CHUNKS`)."""
+    if g is None:
+        return DMA_GROUP_CHUNKS
+    if isinstance(g, bool) or int(g) != g or int(g) < 1:
+        raise ValueError(f"dma_group={g!r} must be an int >= 1 (full chunks per DMA-transposed P^T group)")
+    return int(g)
+
+
+def p_transpose_plan(
+    chunks: Sequence[tuple[int, int]], kc_full: int, group: int, n_grp: int, share: tuple[int, int]
+) -> tuple[list[tuple[bool, int, bool]], int]:
+    """Pure schedule of one query tile's P^T transposes.
+
+    The full chunks (``n == kc_full``) are cut into groups of ``group`` consecutive chunks (the last one
+    shorter); group number ``n_grp`` (a running counter carried across tiles, returned advanced) goes to the DMA
+    when ``(n_grp * num) % den < num``. Returns per chunk ``(dma, slot, flush)``: ``slot`` is the chunk's place
+    in its group (its P and alpha live at that slot; 0 for TensorE chunks) and ``flush`` marks the last chunk of
+    a DMA group (transpose the group, then its PV matmuls and o updates in chunk order). TensorE chunks
+    (including partial ones) are never inside a pending group, so the o updates keep the chunk order.
+    """
+    num, den = share
+    full = [i for i, (_, n) in enumerate(chunks) if n == kc_full]
+    plan: list[tuple[bool, int, bool]] = [(False, 0, False)] * len(chunks)
+    for g0 in range(0, len(full), group):
+        members = full[g0 : g0 + group]
+        dma = (n_grp * num) % den < num
+        n_grp += 1
+        for slot, i in enumerate(members):
+            plan[i] = (True, slot, slot == len(members) - 1) if dma else (False, 0, False)
+    return plan, n_grp
+
+
+def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc):
+    """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM, evicted to SBUF (VectorE,
+    ScalarE for :data:`SCALAR_EVICT_NUM` / :data:`SCALAR_EVICT_DEN` of the blocks)."""
+    for t in range((kc + PMAX - 1) // PMAX):
+        kr = min(PMAX, kc - t * PMAX)
+        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
+        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
+            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
+        else:
+            nisa.tensor_copy(pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine)
+
+
+def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
+    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks),
+    then ``o = PV`` (first chunk) or ``o = o * alpha + PV`` (VectorE, fp32)."""
+    for t in range((kc + PMAX - 1) // PMAX):
+        kr = min(PMAX, kc - t * PMAX)
+        kt = (c0 + t * PMAX) // PMAX
+        nisa.nc_matmul(
+            pv_ps[:qr, :dv],
+            stationary=pT_sb[:kr, blk0 + t, :qr],
+            moving=v_sb[:kr, kt, :dv],
+            accumulate=t > 0,
+        )
+    if first:
+        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :dv], engine=nisa.vector_engine)
+    else:
+        nisa.scalar_tensor_tensor(o_acc[:qr], o_acc[:qr], nl.multiply, alpha, nl.add, pv_ps[:qr, :dv])
 
 
 HWDGE_ROWS = 16
@@ -198,7 +277,7 @@ def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
         off += length
 
 
-def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
+def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_group):
     B, Lq, H, D = q.shape
     Lk = sum(n for _, n in segments)
     dt = q.dtype
@@ -217,8 +296,16 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
     s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
     pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
     pv_ps = nl.ndarray((PMAX, D), dtype=f32, buffer=nl.psum)
-    p_sb = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
-    pT_sb = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
+    chunks = _chunks(Lk, KC)
+    # P / P^T hold a whole DMA group (dma_group chunks) when any full chunk can be dealt to the DMA
+    gmax = 1
+    if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
+        isz = 2
+        # per-partition bytes of every other SBUF tile below, plus a 1 KiB margin
+        fixed = isz * (nkt * PMAX + nkt * D + PMAX + KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + dma_group)
+        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
+    p_sb = nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf)
+    pT_sb = nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
     o_acc = nl.ndarray((PMAX, D), dtype=f32, buffer=nl.sbuf)
     o_out = nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf)
     bmax = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
@@ -227,15 +314,14 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
     mx_b = nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf)
     rs = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     l_sum = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    alpha = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    alpha = nl.ndarray((PMAX, gmax), dtype=f32, buffer=nl.sbuf)  # one column per chunk of a pending group
     nm_a = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     nm_b = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     lse_t = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    chunks = _chunks(Lk, KC)
 
     pair = 0
-    n_full = 0  # full chunks seen by this program: the DMA-transposed ones are dealt by this counter
+    n_grp = 0  # P^T groups seen by this program: the DMA-transposed ones are dealt by this counter
     for b in range(B):
         for h in range(H):
             mine = pair % nprog == pid
@@ -247,7 +333,10 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
                 qr = min(PMAX, Lq - q0)
                 _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
                 nm_old, nm_new = nm_a, nm_b
+                plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
+                pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
                 for ci, (c0, kc) in enumerate(chunks):
+                    dma, slot, flush = plan[ci]
                     nsub = (kc + BANK - 1) // BANK
                     w = min(kc, BANK)
                     for j in range(nsub):
@@ -259,7 +348,8 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
                         )
                     s_view = s_ps[:qr, :nsub, :w]
                     _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w)
-                    p_view = p_sb[:qr, :kc].reshape_dim(1, (nsub, w))
+                    p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, w))
+                    a_col = alpha[:qr, slot : slot + 1]
                     if ci == 0:
                         nisa.tensor_scalar(
                             nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine
@@ -284,7 +374,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
                             engine=nisa.vector_engine,
                         )
                         # alpha = exp(nm_new - nm_old) = exp(scale*(m_old - m_new))
-                        nisa.activation(alpha[:qr], nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
+                        nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
                         nisa.activation_reduce(
                             p_view,
                             nl.exp,
@@ -294,44 +384,23 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
                             bias=nm_new[:qr],
                             scale=scale,
                         )
-                        nisa.scalar_tensor_tensor(
-                            l_sum[:qr], l_sum[:qr], nl.multiply, alpha[:qr], nl.add, rs[:qr]
-                        )
-                    # P^T: a full chunk dealt to the DMA is transposed SBUF->SBUF by one dma_transpose;
-                    # otherwise per 128-key block on TensorE, evicted to SBUF (VectorE / ScalarE split)
-                    nblk = (kc + PMAX - 1) // PMAX
-                    dnum, dden = dma_chunks
-                    nd = 0
-                    if two_byte and kc == KC:
-                        if (n_full * dnum) % dden < dnum:
-                            nd = kc // PMAX
-                        n_full += 1
-                    if nd:
-                        _transpose_p_dma(pT_sb, p_sb, qr, nd)
-                    for t in range(nd, nblk):
-                        kr = min(PMAX, kc - t * PMAX)
-                        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
-                        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
-                            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
-                        else:
-                            nisa.tensor_copy(
-                                pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine
-                            )
-                    for t in range(nblk):
-                        kr = min(PMAX, kc - t * PMAX)
-                        kt = (c0 + t * PMAX) // PMAX
-                        nisa.nc_matmul(
-                            pv_ps[:qr, :D],
-                            stationary=pT_sb[:kr, t, :qr],
-                            moving=v_sb[:kr, kt, :D],
-                            accumulate=t > 0,
-                        )
-                    if ci == 0:
-                        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :D], engine=nisa.vector_engine)
+                        nisa.scalar_tensor_tensor(l_sum[:qr], l_sum[:qr], nl.multiply, a_col, nl.add, rs[:qr])
+                    # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
+                    # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
+                    # chunk order; any other chunk is transposed per 128-key block on TensorE right away
+                    if dma:
+                        pending.append((ci, c0, kc, slot))
+                        if flush:
+                            _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * (KC // PMAX))
+                            for pci, pc0, pkc, ps in pending:
+                                _pv_update(
+                                    pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1],
+                                    ps * (KC // PMAX), pc0, pkc, qr, D, pci == 0,
+                                )  # fmt: skip
+                            pending = []
                     else:
-                        nisa.scalar_tensor_tensor(
-                            o_acc[:qr], o_acc[:qr], nl.multiply, alpha[:qr], nl.add, pv_ps[:qr, :D]
-                        )
+                        _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
+                        _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, D, ci == 0)
                     nm_old, nm_new = nm_new, nm_old
                 # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
                 nisa.reciprocal(rl[:qr], l_sum[:qr])
@@ -347,22 +416,40 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks):
 
 
 @nki.jit
-def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None):
+def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_group=None):
     """Flash attention ``[B, Lq, H, D] x [B, Lk, H, D]`` -> out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]``).
 
     ``scale`` (float) and ``return_lse`` (bool) are compile-time constants; ``dma_transpose_chunks``
     (``(num, den)``, default :data:`DMA_TRANSPOSE_CHUNKS`) is the fraction of full 2048-key chunks whose P is
     transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either way.
     """
-    return _attention_body(q, k, v, ((0, k.shape[1]),), scale, return_lse, _dma_chunks(dma_transpose_chunks))
+    return _attention_body(
+        q,
+        k,
+        v,
+        ((0, k.shape[1]),),
+        scale,
+        return_lse,
+        _dma_chunks(dma_transpose_chunks),
+        _dma_group(dma_group),
+    )
 
 
 @nki.jit
-def attention_segments_kernel(q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None):
+def attention_segments_kernel(
+    q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None, dma_group=None
+):
     """Attention over keys/values read in place from ordered ``(start, length)`` segments of ``[B, S, H, D]``
     buffers (compile-time tuple of int pairs); ``dma_transpose_chunks`` as :func:`attention_kernel`."""
     return _attention_body(
-        q, kv_k, kv_v, tuple(segments), scale, return_lse, _dma_chunks(dma_transpose_chunks)
+        q,
+        kv_k,
+        kv_v,
+        tuple(segments),
+        scale,
+        return_lse,
+        _dma_chunks(dma_transpose_chunks),
+        _dma_group(dma_group),
     )
 
 

@@ -40,9 +40,9 @@ the last one overlapping; a tail under 16 rows on TensorE) into ``K^T`` (fp32: T
 skip in the emulator (the skip must be exact), hence the staging.
 
 The flash inner loop is that of :mod:`nki_kernels.attention` (same chunking, row max helper, exp with the
-negated running max as bias, P^T by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS`
-(1/8 here) of the full chunks, else TensorE) except that l comes from the PV matmul's column D instead of
-the exp's row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
+negated running max as bias, P^T by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS` of
+groups of :data:`DMA_GROUP_CHUNKS` full chunks (1/3 of groups of 7 here), else TensorE) except that l comes
+from the PV matmul's column D instead of the exp's row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
 sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
 LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
 """
@@ -60,26 +60,35 @@ from nki_kernels.attention import (
     BANK,
     HWDGE_ROWS,
     PMAX,
-    SCALAR_EVICT_DEN,
-    SCALAR_EVICT_NUM,
     _chunks,
     _dma_chunks,
+    _dma_group,
     _load_transposed,
+    _pe_transpose_p,
+    _pv_update,
     _row_max,
     _transpose_p_dma,
     _validate,
+    fit_group,
+    p_transpose_plan,
 )
 
 L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator before the reciprocal: only an all-empty group (l = 0 exactly)
 reaches it (any valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
-DMA_TRANSPOSE_CHUNKS = (1, 8)
-"""Default share of full 2048-key chunks whose P^T goes through the SBUF->SBUF DMA transpose (16-query
-hardware-DGE pieces, see :data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 1/6
-because this kernel's K/V loads add DMA time (the trn2 cost model charges every per-source DMA of an entry,
-skipped ones included): at the merged Wan shapes 1/8 balances DMA against TensorE (65.5 % vs 62.9 % with every
-P^T on TensorE; docs/kernels/attention_block_table.md). Results do not depend on it (exact copies)."""
+DMA_TRANSPOSE_CHUNKS = (1, 3)
+"""Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks of a query tile)
+transposed by SBUF->SBUF DMAs (16-query hardware-DGE pieces, see
+:data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 2/3 because this kernel's K/V loads
+add DMA time (the trn2 cost model charges every per-source DMA of an entry, skipped ones included): at the
+merged Wan shapes 1/3 of groups of 7 balances DMA against TensorE (73.7 % vs 62.9 % with every P^T on
+TensorE; docs/kernels/attention_block_table.md). Results do not depend on it (exact copies)."""
+
+DMA_GROUP_CHUNKS = 7
+"""Full chunks per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
+because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760); lowered
+further to what fits for longer key sequences."""
 
 OFFSET_EXACT_LIMIT = 1 << 24
 """Token offsets are computed in fp32 on VectorE: ``B * S_i`` (the out-of-range sentinel) must stay below
@@ -237,7 +246,7 @@ def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D
                 )
 
 
-def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks):
+def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks, dma_group):
     B, Lq, H, D = q.shape
     G, NB, _ = table.shape
     n_src = len(k_sources)
@@ -272,24 +281,32 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
     s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
     pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
     pv_ps = nl.ndarray((PMAX, Dv), dtype=f32, buffer=nl.psum)
-    p_sb = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
-    pT_sb = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
+    chunks = _chunks(Lk, KC)
+    # P / P^T hold a whole DMA group (see nki_kernels.attention.DMA_GROUP_CHUNKS), lowered to what fits
+    gmax = 1
+    if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
+        # per-partition bytes of every other SBUF tile (K^T, V, K staging, q^T, scores, max tree, small), +4 KiB
+        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + PMAX + KC + KC // 2 + KC // 4 + D + 1)
+        fixed += 4 * (Dv + 6 + dma_group) + 4 * 16 * NB * (G + 1)
+        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, KC * 2)
+    p_sb = nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf)
+    pT_sb = nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
     o_acc = nl.ndarray((PMAX, Dv), dtype=f32, buffer=nl.sbuf)
     o_out = nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf)
     bmax = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
     s_bf = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
     mx_a = nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf)
     mx_b = nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf)
-    alpha = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    alpha = nl.ndarray((PMAX, gmax), dtype=f32, buffer=nl.sbuf)  # one column per chunk of a pending group
     nm_a = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     nm_b = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     lse_t = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    chunks = _chunks(Lk, KC)
-    dnum, dden = dma_chunks
+    share = dma_chunks if two_byte else (0, 1)
+    nbc = KC // PMAX
 
     pair = 0
-    n_full = 0
+    n_grp = 0
     for b in range(B):
         for h in range(H):
             mine = pair % nprog == pid
@@ -304,7 +321,10 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                     qr = min(PMAX, lo + nq - q0)
                     _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
                     nm_old, nm_new = nm_a, nm_b
+                    plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, share)
+                    pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
                     for ci, (c0, kc) in enumerate(chunks):
+                        dma, slot, flush = plan[ci]
                         nsub = (kc + BANK - 1) // BANK
                         w = min(kc, BANK)
                         for j in range(nsub):
@@ -316,7 +336,8 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                             )
                         s_view = s_ps[:qr, :nsub, :w]
                         _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w)
-                        p_view = p_sb[:qr, :kc].reshape_dim(1, (nsub, w))
+                        p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, w))
+                        a_col = alpha[:qr, slot : slot + 1]
                         if ci == 0:
                             nisa.tensor_scalar(
                                 nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine
@@ -331,40 +352,23 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                                 operand1=nm_old[:qr],
                                 engine=nisa.vector_engine,
                             )
-                            nisa.activation(alpha[:qr], nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
+                            nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
                         nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
-                        nblk_c = (kc + PMAX - 1) // PMAX
-                        nd = 0
-                        if two_byte and kc == KC:
-                            if (n_full * dnum) % dden < dnum:
-                                nd = kc // PMAX
-                            n_full += 1
-                        if nd:
-                            _transpose_p_dma(pT_sb, p_sb, qr, nd)
-                        for t in range(nd, nblk_c):
-                            kr = min(PMAX, kc - t * PMAX)
-                            nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
-                            if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
-                                nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
-                            else:
-                                nisa.tensor_copy(
-                                    pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine
-                                )
-                        for t in range(nblk_c):
-                            kr = min(PMAX, kc - t * PMAX)
-                            kt = (c0 + t * PMAX) // PMAX
-                            nisa.nc_matmul(
-                                pv_ps[:qr, :Dv],
-                                stationary=pT_sb[:kr, t, :qr],
-                                moving=v_sb[:kr, kt, :Dv],
-                                accumulate=t > 0,
-                            )
-                        if ci == 0:
-                            nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :Dv], engine=nisa.vector_engine)
+                        # P^T: DMA groups wait for their last chunk (one transpose per 16 queries for the
+                        # group, then PV / o updates in chunk order); other chunks on TensorE right away
+                        if dma:
+                            pending.append((ci, c0, kc, slot))
+                            if flush:
+                                _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * nbc)
+                                for pci, pc0, pkc, ps in pending:
+                                    _pv_update(
+                                        pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1],
+                                        ps * nbc, pc0, pkc, qr, Dv, pci == 0,
+                                    )  # fmt: skip
+                                pending = []
                         else:
-                            nisa.scalar_tensor_tensor(
-                                o_acc[:qr], o_acc[:qr], nl.multiply, alpha[:qr], nl.add, pv_ps[:qr, :Dv]
-                            )
+                            _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
+                            _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, Dv, ci == 0)
                         nm_old, nm_new = nm_new, nm_old
                     # out = o / max(l, floor) ; lse = log(l) - nm  (l = column D; 0 only for an empty group)
                     l_col = o_acc[:qr, D : D + 1]
@@ -386,7 +390,16 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
 
 @nki.jit
 def attention_block_table_kernel(
-    q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, dma_transpose_chunks=None
+    q,
+    k_sources,
+    v_sources,
+    block_table,
+    q_groups,
+    block_tokens,
+    scale,
+    return_lse,
+    dma_transpose_chunks=None,
+    dma_group=None,
 ):
     """Grouped flash attention over key blocks picked at runtime from ``k_sources``/``v_sources``.
 
@@ -407,6 +420,7 @@ def attention_block_table_kernel(
         scale,
         return_lse,
         _dma_chunks(DMA_TRANSPOSE_CHUNKS if dma_transpose_chunks is None else dma_transpose_chunks),
+        _dma_group(DMA_GROUP_CHUNKS if dma_group is None else dma_group),
     )
 
 

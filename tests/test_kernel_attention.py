@@ -12,6 +12,8 @@ from nki_kernels.attention import (
     attention_kernel,
     attention_segments_emulated,
     attention_segments_kernel,
+    fit_group,
+    p_transpose_plan,
 )
 from nki_kernels.emulator import TensorSpec, run
 from reference.attention import attention, attention_segments
@@ -55,40 +57,74 @@ def test_attention_kernel_multi_chunk_tails_bf16() -> None:
 
 
 def test_attention_dma_and_pe_transposes_agree_bitwise() -> None:
-    """P^T through the SBUF->SBUF DMA transpose and through TensorE transposes are exact copies: the same
-    kernel with every full chunk on the DMA, none, and a mix (both paths in one run, across query tiles and
-    heads) gives bit-identical out and lse, and the mix matches the fp32 reference within tolerance."""
-    b, lq, lk, h, d = 1, 200, 4096 + 300, 2, 64  # 2 full 2048-key chunks + a 300-key tail per query tile
+    """P^T through the SBUF->SBUF DMA transpose (one chunk or a group of chunks per instruction) and through
+    TensorE transposes are exact copies: the same kernel with every full chunk on the DMA, none, and mixes
+    (both paths in one run, across query tiles and heads; groups of 1, 2 and 3 chunks, including a short last
+    group) gives bit-identical out and lse, and a mix matches the fp32 reference within tolerance."""
+    b, lq, lk, h, d = 1, 200, 3 * 2048 + 300, 2, 64  # 3 full 2048-key chunks + a 300-key tail per query tile
     q, k, v = _qkv(b, lq, lk, h, d, seed=5)
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
     outs = {}
-    full = 2 * 2 * h  # full chunks: 2 per query tile, 2 query tiles per head
-    # hwdge-legal loads per head: K^T = one 3-D transpose of 4384 rows + one 16-row tail (4396 % 16 = 12);
+    n_full = 3
+    tiles = [8, 5] * h  # P^T DMA pieces per transpose instruction set: 128 q -> 8 x 16, 72 q -> 4 x 16 + 8
+    # hwdge-legal loads per head: K^T = one 3-D transpose of 6432 rows + one 16-row tail (6444 % 16 = 12);
     # q^T = 1 for the 128-row tile, 1 + 1 tail for the 72-row tile (72 % 16 = 8)
     loads = h * (2 + 1 + 2)
-    pieces = [
-        8,
-        8,
-        5,
-        5,
-    ] * h  # P^T DMA pieces per full chunk, dealt in order: 128 q -> 8 x 16, 72 -> 4 x 16 + 8
-    for frac in ((0, 1), (1, 1), (1, 2), (2, 3)):
-        (o, lse), tr = run(attention_kernel, qb, kb, vb, 0.15, True, frac)
-        outs[frac] = (o, lse)
-        dealt = [(i * frac[0]) % frac[1] < frac[0] for i in range(full)]  # dealt in order
-        n_chunks = sum(dealt)
-        assert tr.count(op="dma_transpose") == loads + sum(p for p, d in zip(pieces, dealt) if d)
-        assert tr.count(op="nc_transpose") == (full - n_chunks) * 16 + 2 * h * 3  # tail: 3 blocks per tile
-    for frac in ((1, 1), (1, 2), (2, 3)):
-        assert torch.equal(outs[frac][0], outs[(0, 1)][0]) and torch.equal(outs[frac][1], outs[(0, 1)][1])
+    cases = [((0, 1), 1), ((1, 1), 1), ((1, 2), 1), ((2, 3), 1), ((1, 1), 2), ((1, 2), 2), ((2, 3), 3)]
+    for frac, group in cases:
+        (o, lse), tr = run(attention_kernel, qb, kb, vb, 0.15, True, frac, group)
+        outs[(frac, group)] = (o, lse)
+        # groups of `group` consecutive full chunks per query tile, dealt in order by a running counter
+        sizes = [min(group, n_full - g0) for g0 in range(0, n_full, group)]
+        n_dma_instr = n_dma_chunks = i = 0
+        for pieces in tiles:
+            for size in sizes:
+                if (i * frac[0]) % frac[1] < frac[0]:
+                    n_dma_instr += pieces
+                    n_dma_chunks += size
+                i += 1
+        assert tr.count(op="dma_transpose") == loads + n_dma_instr, (frac, group)
+        n_pe = (n_full * len(tiles) - n_dma_chunks) * 16 + len(tiles) * 3  # tail: 3 blocks per tile
+        assert tr.count(op="nc_transpose") == n_pe, (frac, group)
+    base = outs[((0, 1), 1)]
+    for key, (o, lse) in outs.items():
+        assert torch.equal(o, base[0]) and torch.equal(lse, base[1]), key
     ref_err, (base_o, base_l) = reference_error(
         attention, [q, k, v], torch.bfloat16, scale=0.15, return_lse=True
     )
-    o, lse = outs[(1, 2)]
+    o, lse = outs[((1, 2), 2)]
     assert_within(torch.as_tensor(o), base_o, torch.bfloat16, ref_err, what="attention dma/pe mix out")
     assert_within(torch.as_tensor(lse), base_l, torch.bfloat16, ref_err, what="attention dma/pe mix lse")
     with pytest.raises(ValueError, match="dma_transpose_chunks"):
         run(attention_kernel, qb, kb, vb, 0.15, False, (3, 2))
+    with pytest.raises(ValueError, match="dma_group"):
+        run(attention_kernel, qb, kb, vb, 0.15, False, (1, 2), 0)
+
+
+def test_p_transpose_plan_groups_and_deals() -> None:
+    """Pure schedule: full chunks in groups of consecutive chunks, dealt by a running counter; partial chunks
+    always on TensorE; the last member of a DMA group flushes it."""
+    chunks = [(0, 2048), (2048, 2048), (4096, 2048), (6144, 512), (6656, 77)]
+    plan, n = p_transpose_plan(chunks, 2048, 2, 0, (1, 2))
+    assert n == 2  # groups {0, 1} (dealt: 0 * 1 % 2 < 1) and {2} (not: 1 % 2 >= 1)
+    assert plan == [
+        (True, 0, False),
+        (True, 1, True),
+        (False, 0, False),
+        (False, 0, False),
+        (False, 0, False),
+    ]
+    plan, n = p_transpose_plan(chunks, 2048, 2, 1, (1, 2))
+    assert n == 3 and plan[:3] == [(False, 0, False), (False, 0, False), (True, 0, True)]
+    plan, n = p_transpose_plan(chunks, 2048, 8, 5, (0, 1))
+    assert n == 6 and not any(dma for dma, _, _ in plan)
+
+
+def test_fit_group_respects_budget() -> None:
+    # 2 * g * chunk + fixed <= budget
+    assert fit_group(8, 200, 40, 10) == 8
+    assert fit_group(8, 200, 140, 10) == 3
+    assert fit_group(8, 200, 199, 10) == 1  # never below one chunk (the kernel's own capacity check decides)
 
 
 def test_attention_kernel_multi_chunk_fp32() -> None:

@@ -97,10 +97,40 @@ def test_multi_chunk_bf16_dma_transposed_chunk() -> None:
     _check(q, ks, vs, table, [129, 1], t, torch.bfloat16, scale=0.2, lnc=2)
 
 
+def test_grouped_dma_and_pe_transposes_agree_bitwise() -> None:
+    """P^T by TensorE only, by the DMA one chunk per instruction, and by the DMA for groups of 2 and 3 chunks
+    (their PV matmuls held back until the group is transposed) give bit-identical out and lse: 21 entries x
+    300 keys = 3 full 2048-key chunks + a 156-key tail per query tile, with empty entries in every chunk."""
+    b, h, d, t = 1, 1, 32, 300
+    q, ks, vs = _data(b, h, d, t, (12, 9), lq=140, seed=6)
+    g = torch.Generator().manual_seed(7)
+    rows = []
+    for _ in range(2):  # each group: the 21 distinct blocks of both sources in a random order, 4 left empty
+        code = torch.randperm(21, generator=g)
+        row = torch.stack([(code >= 12).long(), torch.where(code >= 12, code - 12, code)], dim=-1)
+        row[torch.randperm(21, generator=g)[:4]] = torch.tensor([-1, 0])
+        rows.append(row)
+    table = torch.stack(rows).to(torch.int32)
+    qb, kb, vb = q.bfloat16(), [k.bfloat16() for k in ks], [v.bfloat16() for v in vs]
+    groups = (100, 40)
+    res = {}
+    for frac, group in (((0, 1), 1), ((1, 1), 1), ((1, 1), 2), ((1, 2), 3), ((2, 3), 2)):
+        (o, lse), tr = run(
+            attention_block_table_kernel, qb, kb, vb, table.numpy(), groups, t, 0.2, True, frac, group
+        )
+        res[(frac, group)] = (o, lse, tr.count(op="nc_transpose"))
+    base = res[((0, 1), 1)]
+    for key, (o, lse, _) in res.items():
+        assert torch.equal(o, base[0]) and torch.equal(lse, base[1]), key
+    # with every group on the DMA no P^T block is left on TensorE (only the tails), whatever the group size
+    assert res[((1, 1), 1)][2] == res[((1, 1), 2)][2] < base[2]
+    _check(q, ks, vs, table, list(groups), t, torch.bfloat16, scale=0.2)
+
+
 def test_large_scores_empty_entries_exact() -> None:
-    # scale = 4 and keys/queries built so that scaled scores reach about -100: an empty entry filled with zero keys would give a
-    # stabiliser of 0 and every valid exp of a query whose scores are all below -88 would underflow; the
-    # duplicate-key fill keeps the row max a max over real keys, so the result stays exact.
+    # scale = 4 and keys/queries built so that scaled scores reach about -100: an empty entry filled with zero
+    # keys would give a stabiliser of 0 and every valid exp of a query whose scores are all below -88 would
+    # underflow; the duplicate-key fill keeps the row max a max over real keys, so the result stays exact.
     b, h, d, t = 1, 1, 16, 40
     q, ks, vs = _data(b, h, d, t, (4,), lq=60, seed=3)
     # keys lean along e0; the first 20 queries point the other way: all their scaled scores are ~ -130
