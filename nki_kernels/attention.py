@@ -27,11 +27,14 @@ PSUM banks; 1024 for fp32):
    VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
 3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
    (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
-4. P^T: for :data:`DMA_TRANSPOSE_CHUNKS` (1/6) of the full chunks SBUF->SBUF ``dma_transpose`` in
-   hardware-DGE-legal pieces ``[16 q, 16, 128 k] -> [128 k, 16, 16 q]`` (8 per 128-query tile); for the others TensorE transposes each 128x128 block
-   (``nc_transpose`` into PSUM), evicted to SBUF (split between VectorE and ScalarE). Then
-   ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k, D])`` accumulates the chunk in
-   one PSUM bank. Both transposes are exact copies, so the result does not depend on the split.
+4. P^T: the full chunks of a query tile form groups of :data:`DMA_GROUP_CHUNKS` (g = 8) consecutive chunks;
+   for :data:`DMA_TRANSPOSE_CHUNKS` (3/5) of the groups the P of all g chunks stays in SBUF and one SBUF->SBUF
+   ``dma_transpose`` per 16 queries moves the group, in hardware-DGE-legal pieces
+   ``[16 q, 16 g, 128 k] -> [128 k, 16 g, 16 q]`` (8 per 128-query tile), before the group's PV matmuls; for
+   the other chunks TensorE transposes each 128x128 block (``nc_transpose`` into PSUM), evicted to SBUF (split
+   between VectorE and ScalarE). Then ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k,
+   D])`` accumulates the chunk in one PSUM bank. Both transposes are exact copies and the o updates keep the
+   chunk order, so the result does not depend on the split or the grouping.
 5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
@@ -58,13 +61,14 @@ SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
 chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
 model."""
 
-DMA_TRANSPOSE_CHUNKS = (2, 3)
+DMA_TRANSPOSE_CHUNKS = (3, 5)
 """Fraction ``(num, den)`` of the P^T *groups* (up to :data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks
 of one query tile, 2-byte dtypes) transposed SBUF->SBUF by the DMA instead of by 16 TensorE transposes per
 chunk; groups are dealt by a running counter per program. NKI 0.6 hardware-DGE transposes take at most 16
 source partitions, so a group costs one ``[<=16 q, 16 x g, 128 k] -> [128 k, 16 x g, <=16 q]`` DMA per 16
-queries (8 per 128-query tile), each landing ``512 x g`` bytes per destination partition. 2/3 (with g = 8)
-balances TensorE against the DMA queues at the Wan shapes (modelled sweep in docs/kernels/attention.md)."""
+queries (8 per 128-query tile), each landing ``512 x g`` bytes per destination partition. 3/5 (with g = 8)
+balances TensorE against the DMA queues at both Wan shapes, full layer and TP4 x SP2 per core (modelled sweep
+in docs/kernels/attention.md)."""
 
 DMA_GROUP_CHUNKS = 8
 """Chunks per DMA-transposed P^T group (``g``): their P stay in SBUF and their PV matmuls wait until one

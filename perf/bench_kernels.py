@@ -258,10 +258,10 @@ def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callabl
     hbm_min = th * (2 * lq + 2 * 2 * nb * blk) * d * BF16  # q, out, each group's k and v read once
     extra = {"target": "TensorE util >= 70% (as attention); one kernel for every table"}
     fn = _attention_fn(attention_block_table_kernel, args, 2, h, hbm_min, extra)
-    # bound: one source holding every block = traffic when skipped DMAs cost nothing (attention's 1/6 share)
+    # bound: one source holding every block = traffic when skipped DMAs cost nothing (default P^T share)
     one = (_spec(1, s.cache, th, d),)
-    args1 = (args[0], one, one, *args[3:], (1, 6))
-    cfg1 = {**cfg, "sources_S": [s.cache], "dma_transpose_chunks": [1, 6], "note": "skip-free bound"}
+    args1 = (args[0], one, one, *args[3:])
+    cfg1 = {**cfg, "sources_S": [s.cache], "note": "skip-free bound"}
     fn1 = _attention_fn(attention_block_table_kernel, args1, 2, h, hbm_min, extra)
     return [
         ("attention_block_table", "merged_update_plus_window_lnc2", cfg, fn),
