@@ -11,6 +11,7 @@ import pytest
 
 from nki_kernels.emulator.cost import profile
 from nki_kernels.emulator.trace import Trace, TraceRecord
+from perf import runner
 from perf.runner import (
     FIGURES,
     BenchRow,
@@ -38,19 +39,37 @@ def _row(**kw: object) -> BenchRow:
     return BenchRow(**base)  # type: ignore[arg-type]
 
 
-def test_row_provenance_filled() -> None:
+def test_row_provenance_filled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The row's sha comes from git_sha(); pin it so the test does not race other commits moving HEAD.
+    monkeypatch.setattr(runner, "_git_sha", lambda cwd: "abc1234")
     row = _row(latency_us=1.5)
     assert row.status == "ok"
     assert row.command == current_command()
-    assert row.git_sha == git_sha()
-    expected = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=Path(__file__).resolve().parent,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    assert row.git_sha == (expected or "unknown")
+    assert row.git_sha == "abc1234"
     assert row.timestamp.endswith("+00:00")
+
+
+def test_git_sha_reads_head(tmp_path: Path) -> None:
+    # A private repository whose HEAD nobody else moves; its sha is read once, independently.
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    try:
+        git("init", "-q")
+        (tmp_path / "f").write_text("x")
+        git("add", "f")
+        git("commit", "-q", "-m", "one")
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"git is not usable here to build a scratch repository: {e}")
+    expected = git("rev-parse", "--short", "HEAD")
+    assert len(expected) >= 7
+    assert git_sha(tmp_path) == expected
 
 
 def test_git_sha_unknown_outside_repo(tmp_path: Path) -> None:
