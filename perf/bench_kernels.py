@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nki_kernels.attention import attention_kernel, attention_segments_kernel
@@ -24,21 +24,35 @@ from nki_kernels.emulator.cost import profile
 from nki_kernels.kv_cache import kv_cache_slide_kernel, kv_cache_write_kernel
 from nki_kernels.rope3d import rope3d_kernel, rope3d_naive_kernel
 from perf.runner import BenchRow, append_rows, figures_from_profile, print_table, run_case
+from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 
 BF16 = 2
 
 
 @dataclass(frozen=True)
 class Shapes:
-    """Benchmark shapes (defaults: Wan2.1-1.3B Rolling Forcing, 480x832, one layer)."""
+    """Benchmark shapes of one layer; :meth:`from_config` derives them from the model/pipeline config."""
 
-    tokens_per_frame: int = 1560
-    heads: int = 12
-    head_dim: int = 128
-    window_frames: int = 15
-    block_frames: int = 3
-    cache_blocks: int = 8
-    key_frames: int = 21
+    tokens_per_frame: int
+    heads: int
+    head_dim: int
+    window_frames: int
+    block_frames: int
+    cache_blocks: int
+    key_frames: int
+
+    @classmethod
+    def from_config(cls, model: ModelConfig, pipe: PipelineConfig) -> Shapes:
+        """Shapes of ``model`` streamed by ``pipe``: window, block, KV buffer and key budget."""
+        return cls(
+            tokens_per_frame=model.tokens_per_frame,
+            heads=model.num_heads,
+            head_dim=model.head_dim,
+            window_frames=pipe.window_frames,
+            block_frames=pipe.frames_per_block,
+            cache_blocks=pipe.buffer_slots,
+            key_frames=pipe.key_budget_frames,
+        )
 
     @property
     def lq(self) -> int:
@@ -57,8 +71,8 @@ class Shapes:
         return self.cache_blocks * self.block
 
 
-WAN = Shapes()
-QUICK = Shapes(tokens_per_frame=96, window_frames=3, key_frames=9)
+WAN = Shapes.from_config(get_preset("wan2.1-1.3b"), PipelineConfig())  # 480x832: 1,560 tokens/frame
+QUICK = replace(WAN, tokens_per_frame=96, window_frames=3, key_frames=9)
 
 
 def _spec(*shape: int, dtype: str = "bfloat16") -> TensorSpec:
