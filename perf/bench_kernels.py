@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
             "min_descriptor_bytes",
             "target",
         )
-        print(f"{r.op}/{r.variant}: " + ", ".join(f"{k}={ex[k]}" for k in keys if k in ex))
+        print(f"{r.kind} {r.op}/{r.variant}: " + ", ".join(f"{k}={ex[k]}" for k in keys if k in ex))
     return rows
 
 
