@@ -47,7 +47,10 @@ from typing import Any, Protocol
 from perf.footprint import (
     Footprint,
     VaeProbe,
+    dit_block_param_count,
+    dit_outside_param_count,
     footprint,
+    lower_bound_footprint,
     merged_tokens,
     model_at_resolution,
     vae_probe,
@@ -67,6 +70,10 @@ __all__ = [
     "forward_components",
     "vae_components",
     "summarize",
+    "all_reduce_s",
+    "fsdp_gather",
+    "tp_linear_comm",
+    "WEIGHT_VARIANTS",
     "PUBLISHED",
     "main",
 ]
@@ -298,6 +305,7 @@ GROUPS = (
     "kv_write",
     "elementwise",
     "comm",
+    "weight_comm",
     "launch",
     "vae",
 )
@@ -360,16 +368,34 @@ def forward_components(
     kernels: KernelProvider,
     matmul: MatmulProvider,
     params: E2EParams,
+    linear_mode: str = "token",
+    comm_source: str = "sharding.plan",
 ) -> list[Component]:
-    """Per-core modelled components of one forward of ``fwd`` under a ``tp x sp`` plan (chunk-level calls)."""
+    """Per-core modelled components of one forward of ``fwd`` under a ``tp x sp`` plan (chunk-level calls).
+
+    ``linear_mode="token"``: linear layers token-sharded (``ceil(N / cores)`` tokens, full weights).
+    ``"tp_linear"``: Megatron column/row parallel inside the TP group: ``ceil(N / sp)`` tokens of the SP
+    shard times ``1 / tp`` of the output (column: QKV, cross-Q, FFN up) or input (row: O, cross-O, FFN
+    down) features; cross-attention and RoPE run on the local heads over the SP shard's tokens.  The
+    per-block linears have the same FLOPs per core in both modes; only the GEMM shapes differ.
+    ``comm_s`` / ``collectives`` are the caller's per-layer communication (seconds, collective count).
+    """
+    if linear_mode not in ("token", "tp_linear"):
+        raise ValueError(f"linear_mode must be 'token' or 'tp_linear', got {linear_mode!r}")
     cores = tp * sp
     n = math.ceil(fwd.tokens / cores)
+    ns = math.ceil(fwd.tokens / sp)
     d, f, L, hd = m.dim, m.ffn_dim, m.num_layers, m.head_dim
     hl = m.num_heads // tp
     out: list[Component] = []
+    tpl = linear_mode == "tp_linear"
 
-    def lin(name: str, k: int, nn: int, layered: bool = True) -> None:
-        prof = linear_profile(name, n, k, nn, matmul)
+    def lin(name: str, k: int, nn: int, layered: bool = True, col: bool | None = None) -> None:
+        rows, kk, cols = n, k, nn
+        if tpl and col is not None:
+            rows = ns
+            kk, cols = (k, math.ceil(nn / tp)) if col else (math.ceil(k / tp), nn)
+        prof = linear_profile(name, rows, kk, cols, matmul)
         calls = L if layered else 1
         out.append(
             Component(
@@ -380,24 +406,28 @@ def forward_components(
     # embeddings and head (once per forward)
     _, ph, pw = m.patch_size
     lin("patch_embed", m.in_channels * ph * pw, d, layered=False)
-    lin("qkv_proj", d, 3 * d)
-    lin("o_proj", d, d)
-    lin("cross_q_proj", d, d)
-    lin("cross_o_proj", d, d)
-    lin("ffn_up", d, f)
-    lin("ffn_down", f, d)
+    lin("qkv_proj", d, 3 * d, col=True)
+    lin("o_proj", d, d, col=False)
+    lin("cross_q_proj", d, d, col=True)
+    lin("cross_o_proj", d, d, col=False)
+    lin("ffn_up", d, f, col=True)
+    lin("ffn_down", f, d, col=False)
     lin("head_proj", d, m.patch_out, layered=False)
 
     for name, lq, lk in fwd.attention:
         c = kernels.attention(math.ceil(lq / sp), lk, hl, hd)
         out.append(Component(f"attn_{name}", "attention", c.time_s, L, 4 * lq * lk * d, 1, True, c.source))
-    c = kernels.attention(n, m.text_len, m.num_heads, hd)
+    c = (
+        kernels.attention(ns, m.text_len, hl, hd)
+        if tpl
+        else kernels.attention(n, m.text_len, m.num_heads, hd)
+    )
     out.append(
         Component(
             "cross_attn", "cross_attention", c.time_s, L, 4 * fwd.tokens * m.text_len * d, 1, True, c.source
         )
     )
-    c = kernels.rope(n, m.num_heads, hd)
+    c = kernels.rope(ns, hl, hd) if tpl else kernels.rope(n, m.num_heads, hd)
     out.append(Component("rope3d", "rope", c.time_s, L, 0, 1, True, c.source))
     upd = [a for a in fwd.attention if a[0] == "update"]
     if upd:
@@ -418,7 +448,7 @@ def forward_components(
     for name, elems, rb, wb, ops, eng in ew:
         out.append(_elementwise(name, elems, rb, wb, ops, eng, params, L))
     if comm_s > 0:
-        out.append(Component("sharding_comm", "comm", comm_s, L, 0, collectives, True, "sharding.plan"))
+        out.append(Component("sharding_comm", "comm", comm_s, L, 0, collectives, True, comm_source))
     out.append(Component("graph_launch", "launch", params.graph_launch_s, 1, 0, 0, False, "peers §2a"))
     return out
 
@@ -466,6 +496,66 @@ def vae_components(
         Component(f"vae_mid_attention_{tag}", "vae", attn_t, 1, attn_flops, 1, False, "conv efficiency"),
         Component(f"vae_elementwise_{tag}", "vae", ew_t, 1, 0, 0, False, "vector/hbm-bound"),
     ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Weight placement: communication of the sharded-weight variants
+# ---------------------------------------------------------------------------------------------------
+WEIGHT_VARIANTS = ("replicated", "fsdp", "tp_linear")
+
+
+def all_reduce_s(comm_model: Any, group: int, nbytes: int, spans_chips: bool) -> float:
+    """Modelled ring all-reduce of ``nbytes`` per rank: a reduce-scatter then an all-gather, each moving
+    ``(p - 1) / p x nbytes`` per rank, each timed as ``CommModel.all_gather_s`` (``sharding.plan``)."""
+    if group <= 1:
+        return 0.0
+    moved = math.ceil(nbytes * (group - 1) / group)
+    return 2 * comm_model.all_gather_s(group, moved, spans_chips)
+
+
+def fsdp_gather(
+    m: ModelConfig, cores: int, comm_model: Any, weight_bytes: float = 2
+) -> tuple[int, float, int, float]:
+    """FSDP all-gather of one block's weights (and of the non-block weights) over ``cores`` ranks.
+
+    Returns ``(block_bytes_received, block_s, outside_bytes_received, outside_s)`` per rank: each rank
+    holds ``1 / cores`` and receives the other ``(cores - 1) / cores`` of ``params x weight_bytes``
+    (:func:`perf.footprint.dit_block_param_count`, :func:`perf.footprint.dit_outside_param_count`),
+    timed as one ring all-gather of ``CommModel`` (``sharding.plan``).
+    """
+    spans = cores > comm_model.cores_per_chip
+    out: list[Any] = []
+    for n_par in (dit_block_param_count(m), dit_outside_param_count(m)):
+        b = int(n_par * weight_bytes)
+        recv = b - math.ceil(b / cores) if cores > 1 else 0
+        out += [recv, comm_model.all_gather_s(cores, recv, spans)]
+    return out[0], out[1], out[2], out[3]
+
+
+def tp_linear_comm(
+    m: ModelConfig, tokens: int, tp: int, sp: int, comm_model: Any, act_bytes: int = 2
+) -> tuple[int, float, int]:
+    """Per-layer extra communication of Megatron column/row parallel linears inside a TP group.
+
+    Wan's block has three row-parallel outputs (self-attention O, cross-attention O, FFN down), each
+    reduced over the ``tp`` ranks: one all-reduce (as reduce-scatter + all-gather, Megatron sequence
+    parallelism; same bytes) of the SP shard's activations ``ceil(tokens / sp) x dim x act_bytes``.  Wan's
+    RMSNorm of q and k (and of the cross-attention q) spans all heads, so their sums of squares need two
+    small all-reduces of ``ceil(tokens / sp) x fp32`` (q and k fused; cross q).  Returns
+    ``(bytes moved per rank, seconds, collectives)``.  The attention all-to-all of the token-sharded plan
+    is not needed (the column-parallel QKV output already is head-sharded); the caller keeps the SP K/V
+    all-gather.
+    """
+    if tp <= 1:
+        return 0, 0.0, 0
+    ns = math.ceil(tokens / sp)
+    spans = tp > comm_model.cores_per_chip
+    big = ns * m.dim * act_bytes
+    small_q, small_x = 2 * ns * 4, ns * 4
+    t = 3 * all_reduce_s(comm_model, tp, big, spans)
+    t += all_reduce_s(comm_model, tp, small_q, spans) + all_reduce_s(comm_model, tp, small_x, spans)
+    moved = sum(2 * math.ceil(b * (tp - 1) / tp) for b in (big, big, big, small_q, small_x))
+    return moved, t, 5
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -580,8 +670,25 @@ def chunk_model(
     comm_model: Any = None,
     forwards: list[Forward] | None = None,
     vae_layers: str = "steady",
+    weights: str = "replicated",
 ) -> ChunkModel:
-    """Modelled chunk: the forwards (default: steady state of ``variant``) + VAE decode of the block."""
+    """Modelled chunk: the forwards (default: steady state of ``variant``) + VAE decode of the block.
+
+    ``weights`` (one of :data:`WEIGHT_VARIANTS`; communication timed with ``comm_model``, default
+    ``sharding.plan.CommModel()``, the conservative one):
+
+    * ``"replicated"``: the plan as is (weights on every core; per-layer all-to-all + K/V all-gather).
+    * ``"fsdp"``: as replicated, plus the just-in-time all-gather of each block's weights
+      (:func:`fsdp_gather`) into a double buffer, prefetched while the previous layer computes: exposed
+      time per layer ``max(0, gather - previous layer's compute)`` (compute = every per-layer component
+      except the gather itself, i.e. including the plan's collectives); the first block's gather and
+      the non-block weights' gather are charged in full once per forward (nothing to hide behind).
+      Assumes the gather's DMA traffic does not slow the compute it overlaps.
+    * ``"tp_linear"``: Megatron linears (:func:`forward_components` ``linear_mode="tp_linear"``); per
+      layer the plan's SP K/V all-gather + :func:`tp_linear_comm`, serial with compute.
+    """
+    if weights not in WEIGHT_VARIANTS:
+        raise ValueError(f"chunk_model: weights must be one of {WEIGHT_VARIANTS}, got {weights!r}")
     fwds = steady_forwards(m, p, variant) if forwards is None else forwards
     comps: list[Component] = []
     pl = None
@@ -589,17 +696,43 @@ def chunk_model(
         lq = sum(a[1] for a in fwd.attention)
         lk = max(a[2] for a in fwd.attention)
         pl = _plan(m.num_heads, cores, max(fwd.tokens, lq), lk, comm_model)
+        comm_s, n_coll, src, mode = pl.comm_time_s, pl.comm.collectives, "sharding.plan", "token"
+        if weights == "tp_linear":
+            _, t_tp, c_tp = tp_linear_comm(m, fwd.tokens, pl.tp, pl.sp, pl.model)
+            comm_s = pl.comm.all_gather_s + t_tp
+            n_coll = (1 if pl.sp > 1 else 0) + c_tp
+            src, mode = f"K/V gather + {c_tp} TP all-reduces ({pl.model.name})", "tp_linear"
         cs = forward_components(
             m,
             fwd,
             tp=pl.tp,
             sp=pl.sp,
-            comm_s=pl.comm_time_s,
-            collectives=pl.comm.collectives,
+            comm_s=comm_s,
+            collectives=n_coll,
             kernels=kernels,
             matmul=matmul,
             params=params,
+            linear_mode=mode,
+            comm_source=src,
         )
+        if weights == "fsdp":
+            layer_s = sum(c.time_s for c in cs if c.per_layer)
+            _, g_blk, _, g_out = fsdp_gather(m, pl.tp * pl.sp, pl.model)
+            exposed = max(0.0, g_blk - layer_s)
+            tag = f"FSDP all-gather ({pl.model.name})"
+            cs += [
+                Component("weight_gather_first", "weight_comm", g_blk + g_out, 1, 0, 2, False, tag),
+                Component(
+                    "weight_gather_exposed",
+                    "weight_comm",
+                    exposed,
+                    m.num_layers - 1,
+                    0,
+                    1,
+                    False,
+                    f"{tag}: max(0, {g_blk * 1e3:.3f} - {layer_s * 1e3:.3f} ms)",
+                ),
+            ]
         comps += [replace(c, name=f"{c.name}" if len(fwds) == 1 else f"{fwd.name}:{c.name}") for c in cs]
     if vae is not None:
         layers = vae.steady if vae_layers == "steady" else vae.first
@@ -665,6 +798,8 @@ class E2EResult:
     matmul_name: str
     wall_s: float = 0.0
     command: str = ""
+    weight_variants: list[tuple[str, str, ChunkModel]] = field(default_factory=list)
+    lower_bounds: list[Footprint] = field(default_factory=list)
 
 
 def run_model(
@@ -720,6 +855,31 @@ def run_model(
                     label=f"{lab}, {wl}",
                 )
             )
+    for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears")):
+        for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+            fps_.append(
+                footprint(
+                    m,
+                    pipe,
+                    tp=merged.tp,
+                    sp=merged.sp,
+                    kv_bytes=kvb,
+                    weights=wp,
+                    vae=vae,
+                    label=f"{lab}, {wl}",
+                )
+            )
+    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, 1)]
+    from sharding.plan import CommModel
+
+    wv: list[tuple[str, str, ChunkModel]] = []
+    for cmod in (CommModel.conservative(), CommModel.optimistic()):
+        for wp in WEIGHT_VARIANTS:
+            if wp == "replicated" and cmod.name == "conservative":
+                cm = merged
+            else:
+                cm = chunk_model(m, pipe, cores=cores, variant="merged", weights=wp, comm_model=cmod, **kw)
+            wv.append((wp, cmod.name, cm))
     return E2EResult(
         m,
         pipe,
@@ -736,6 +896,8 @@ def run_model(
         kernels.name,
         getattr(matmul, "name", type(matmul).__name__),
         time.perf_counter() - t0,
+        weight_variants=wv,
+        lower_bounds=lower,
     )
 
 
@@ -753,6 +915,14 @@ def _blocker(r: E2EResult) -> str:
     return f"{top} ({_ms(groups[top])} ms of {_ms(r.merged.chunk_s)} ms per chunk)"
 
 
+_WP_NAMES = {"replicated": "replicated", "fsdp": "FSDP-sharded", "tp_linear": "TP-sharded linears"}
+_WP_LABEL = {
+    "replicated": "weights per core",
+    "fsdp": "FSDP-sharded weights",
+    "tp_linear": "TP-sharded linears",
+}
+
+
 def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     """``perf/REPORT.md`` text (generated; every figure labelled)."""
     mg, tw, prm = r.merged, r.two_pass, r.merged.params
@@ -760,7 +930,11 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     deadline = mg.video_frames / prm.target_fps
     fp_bf16 = r.footprints[0]
     fps_ok = mg.headroom() >= prm.target_headroom
-    hbm_ok = fp_bf16.per_chip <= prm.target_hbm_bytes
+    # "one shared weight copy" is a bound, not a modelled placement: excluded from the best line
+    bf16_lines = [fp for fp in r.footprints if fp.label.startswith("bf16") and "shared" not in fp.label]
+    best = min(bf16_lines, key=lambda fp: fp.per_chip)
+    hbm_ok = best.per_chip <= prm.target_hbm_bytes
+    by_label = {fp.label: fp for fp in r.footprints}
     L = []
     L.append("# nki-ardiff performance report (GENERATED by `python -m perf.e2e`; do not edit)\n")
     L.append(
@@ -793,6 +967,21 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         f"| nki-ardiff HBM per chip, fp8 KV | {_gb(r.footprints[2].per_chip)} GB ({r.footprints[2].label}); "
         f"{_gb(r.footprints[3].per_chip)} GB ({r.footprints[3].label}) | modelled | `{cmd}` |"
     )
+    for wl in ("FSDP-sharded weights", "TP-sharded linears"):
+        a, b = by_label.get(f"bf16, {wl}"), by_label.get(f"fp8 KV cache, {wl}")
+        if a is not None and b is not None:
+            L.append(
+                f"| nki-ardiff HBM per chip, {wl} | {_gb(a.per_chip)} GB (bf16); {_gb(b.per_chip)} GB "
+                f"(fp8 KV cache) | modelled | `{cmd}` |"
+            )
+    for lb in r.lower_bounds:
+        L.append(f"| nki-ardiff HBM floor: {lb.label} | {_gb(lb.per_chip)} GB | modelled | `{cmd}` |")
+    for wp, cname, cm in r.weight_variants:
+        if wp != "replicated":
+            L.append(
+                f"| nki-ardiff merged forward, {_WP_NAMES[wp]}, {cname} comm | {cm.fps:.1f} fps end to end "
+                f"(DiT {cm.dit_fps:.1f} fps) | modelled | `{cmd}` |"
+            )
     L.append(
         f"| nki-ardiff time to first frame | {_ms(r.ttff_s)} ms (warm-up windows with growing shapes); "
         f"{_ms(r.ttff_static_s)} ms (static padded shapes) | modelled | `{cmd}` |"
@@ -809,9 +998,14 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         f"{mg.fps:.1f} fps, chunk {_ms(mg.chunk_s)} ms, headroom {mg.headroom():.1%} | "
         f"{'yes' if fps_ok else 'no'} |"
     )
+    lb_txt = (
+        f"; floor (KV cache + one DiT weight copy) {_gb(r.lower_bounds[0].per_chip)} GB"
+        if r.lower_bounds
+        else ""
+    )
     L.append(
-        f"| HBM <= {_gb(prm.target_hbm_bytes)} GB in bf16 | {_gb(fp_bf16.per_chip)} GB "
-        f"({fp_bf16.label}); {_gb(r.footprints[1].per_chip)} GB ({r.footprints[1].label}) | "
+        f"| HBM <= {_gb(prm.target_hbm_bytes)} GB in bf16 | baseline {_gb(fp_bf16.per_chip)} GB "
+        f"({fp_bf16.label}); best modelled placement {_gb(best.per_chip)} GB ({best.label}){lb_txt} | "
         f"{'yes' if hbm_ok else 'no'} |"
     )
     L.append("")
@@ -825,10 +1019,29 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         )
     if not hbm_ok:
         big = max(fp_bf16.items, key=lambda i: i.per_chip)
-        L.append(
-            f"What holds HBM back: **{big.name}** ({_gb(big.per_chip)} GB per chip in {fp_bf16.label}); "
-            f"the KV cache alone is {_gb(fp_bf16.item('kv_cache').per_chip)} GB in bf16.\n"
+        bbig = max(best.items, key=lambda i: i.per_chip)
+        txt = (
+            f"What holds HBM back: in the replicated baseline **{big.name}** ({_gb(big.per_chip)} GB per "
+            f"chip in {fp_bf16.label}); in the best bf16 line ({best.label}, {_gb(best.per_chip)} GB) "
+            f"**{bbig.name}** ({_gb(bbig.per_chip)} GB). The KV cache alone is "
+            f"{_gb(fp_bf16.item('kv_cache').per_chip)} GB in bf16 (sink + ring slots, needed because the "
+            f"cache-update pass attends to the most recent blocks)"
         )
+        if r.lower_bounds:
+            lb = r.lower_bounds[0]
+            verdict = "above" if lb.per_chip > prm.target_hbm_bytes else "below"
+            txt += (
+                f", so KV cache + one DiT weight copy = {_gb(lb.per_chip)} GB is already {verdict} the "
+                f"{_gb(prm.target_hbm_bytes)} GB target in bf16, whatever the weight placement"
+            )
+            if len(r.lower_bounds) > 1:
+                txt += f" (with an fp8 KV cache the floor is {_gb(r.lower_bounds[1].per_chip)} GB)"
+        fp8_lines = [fp for fp in r.footprints if fp.label.startswith("fp8") and "shared" not in fp.label]
+        if fp8_lines:
+            b8 = min(fp8_lines, key=lambda fp: fp.per_chip)
+            ok8 = "meets" if b8.per_chip <= prm.target_hbm_bytes else "misses"
+            txt += f". Best fp8-KV line: {b8.label}, {_gb(b8.per_chip)} GB ({ok8} the target)"
+        L.append(txt + ".\n")
     L.append("## Per-chunk breakdown (modelled, merged forward)\n")
     L.append("| group | ms per chunk | share |")
     L.append("|---|---|---|")
@@ -874,6 +1087,58 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         note = " (2 chips)" if nc > 8 else ""
         L.append(f"| {nc}{note} | {name} | {f:.2f} | {df:.2f} |")
     L.append("")
+    if r.weight_variants:
+        L.append("## Weight placement (modelled, merged forward, 8 cores)\n")
+        L.append(
+            "Replicated: every core holds all DiT weights (the plan of issue 6). FSDP: each core holds 1/8 "
+            "of every parameter; a block's full weights are all-gathered just in time into a double buffer "
+            "while the previous layer computes (exposed = max(0, gather - previous layer's compute) per "
+            "layer; the first block and the non-block weights are charged in full once per forward; the "
+            "gather's DMA is assumed not to slow the overlapped compute). TP-sharded linears: Megatron "
+            "column/row parallel inside each TP group (weights / tp per core, x sp replicas), 3 activation "
+            "all-reduces per layer (self-attention O, cross-attention O, FFN down: Wan has cross-attention, "
+            "so one more than a plain transformer's 2) + 2 small RMSNorm-statistics all-reduces, no "
+            "attention all-to-all, the SP K/V all-gather kept; serial with compute. Collective times from "
+            "`sharding.plan.CommModel` (conservative: 40.7 GB/s measured 2-rank all-reduce bus bandwidth; "
+            "optimistic: 400 GB/s uncited die-to-die figure); all-reduce = reduce-scatter + all-gather.\n"
+        )
+        by_wp = {
+            wp: (by_label.get(f"bf16, {_WP_LABEL[wp]}"), by_label.get(f"fp8 KV cache, {_WP_LABEL[wp]}"))
+            for wp in WEIGHT_VARIANTS
+        }
+        L.append(
+            "| weights | comm model | chunk ms | fps | DiT fps | comm ms | weight comm ms | HBM bf16 GB | "
+            "HBM fp8 KV GB |"
+        )
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for wp, cname, cm in r.weight_variants:
+            g = cm.by_group()
+            a, b = by_wp[wp]
+            L.append(
+                f"| {_WP_NAMES[wp]} | {cname} | {_ms(cm.chunk_s)} | {cm.fps:.2f} | {cm.dit_fps:.2f} | "
+                f"{_ms(g.get('comm', 0.0))} | {_ms(g.get('weight_comm', 0.0))} | "
+                f"{_gb(a.per_chip) if a else '-'} | {_gb(b.per_chip) if b else '-'} |"
+            )
+        L.append("")
+        fs = [
+            c
+            for wp, _, cm in r.weight_variants
+            if wp == "fsdp"
+            for c in cm.components
+            if c.group == "weight_comm"
+        ]
+        if fs:
+            L.append(
+                "FSDP gather terms: "
+                + "; ".join(f"{c.name} {_ms(c.time_s)} ms x {c.calls} ({c.source})" for c in fs)
+                + ".\n"
+            )
+        L.append(
+            "The `one shared weight copy` lines are a bound, not a modelled placement: HBM is 4 stacks each "
+            "shared by 2 physical cores and under LNC=1 every core's runtime holds its own tensors "
+            "(shared/docs/trn2_cost_model.md §1); one copy read by all 8 cores needs cross-stack reads the "
+            "cost model has no bandwidth figure for.\n"
+        )
     L.append("## HBM footprint (modelled arithmetic; formulas in `perf/footprint.py`)\n")
     for fp in r.footprints:
         L.append(f"**{fp.label}**: {_gb(fp.per_core)} GB per core, {_gb(fp.per_chip)} GB per chip\n")
@@ -881,6 +1146,13 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         L.append("|---|---|---|---|")
         for i in fp.items:
             L.append(f"| {i.name} | {_gb(i.per_core)} | {_gb(i.per_chip)} | {i.formula} |")
+        L.append("")
+    for lb in r.lower_bounds:
+        L.append(f"**{lb.label}**: {_gb(lb.per_chip)} GB per chip\n")
+        L.append("| item | per chip GB | formula |")
+        L.append("|---|---|---|")
+        for i in lb.items:
+            L.append(f"| {i.name} | {_gb(i.per_chip)} | {i.formula} |")
         L.append("")
     L.append(
         "Not counted: the umT5-XXL text encoder (once per prompt; unload or run on the host), runtime "
@@ -890,8 +1162,9 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     for k, v in prm.__dict__.items():
         L.append(f"- `{k}` = {v}")
     L.append(
-        "- components run back to back (no overlap between kernels or with communication); inside one "
-        "kernel the cost model overlaps engines."
+        "- components run back to back (no overlap between kernels or with communication; the one "
+        "exception is the FSDP weight prefetch, see Weight placement); inside one kernel the cost model "
+        "overlaps engines."
     )
     L.append(f"- plots: {', '.join(png_names)}")
     L.append("")
@@ -907,7 +1180,12 @@ def write_plots(r: E2EResult, out_dir: Path, stem: str = "e2e") -> list[Path]:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
     variants = [("merged", r.merged), ("two-pass", r.two_pass)]
-    bottoms = [0.0, 0.0]
+    variants += [
+        (f"{_WP_NAMES[wp].replace('-sharded', '')} (cons.)", cm)
+        for wp, cname, cm in r.weight_variants
+        if wp != "replicated" and cname == "conservative"
+    ]
+    bottoms = [0.0] * len(variants)
     for g in GROUPS:
         vals = [cm.by_group().get(g, 0.0) * 1e3 for _, cm in variants]
         if any(vals):
@@ -986,6 +1264,32 @@ def _rows(r: E2EResult) -> list[Any]:
                 kind="modelled",
                 memory_bytes=fp.per_chip,
                 extra={"per_core": fp.per_core, "items": {i.name: i.per_chip for i in fp.items}},
+            )
+        )
+    for wp, cname, cm in r.weight_variants:
+        if wp == "replicated" and cname == "conservative":
+            continue  # the merged row above
+        rows.append(
+            BenchRow(
+                op="e2e_chunk",
+                variant=f"merged/{wp}/{cname}",
+                config={**cfg, "cores": cm.cores, "plan": cm.plan_name, "weights": wp, "comm": cname},
+                kind="modelled",
+                latency_us=cm.chunk_s * 1e6,
+                fps=cm.fps,
+                tensore_util=cm.mfu,
+                extra={"dit_fps": cm.dit_fps, "groups_ms": {g: t * 1e3 for g, t in cm.by_group().items()}},
+            )
+        )
+    for lb in r.lower_bounds:
+        rows.append(
+            BenchRow(
+                op="e2e_hbm",
+                variant=lb.label,
+                config={**cfg, "cores": lb.cores},
+                kind="modelled",
+                memory_bytes=lb.per_chip,
+                extra={"items": {i.name: i.per_chip for i in lb.items}},
             )
         )
     for c, name, f, df in r.scaling:

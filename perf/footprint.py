@@ -7,7 +7,18 @@ stored next to the value so the report can print it.  Items:
 * ``dit_weights``: parameter count of the Wan2.1 DiT (:func:`dit_param_count`) x weight bytes.  The plan
   replicates weights on every core (``sharding/plan.py``: "weights replicated, not split"), so per core it is
   the full model and per chip ``weight_copies`` copies (default: one per core; ``weight_copies=1`` is the
-  shared-buffer variant, which needs every core to read one HBM copy).
+  shared-buffer variant, which needs every core to read one HBM copy: NOT argued feasible, see below).
+  ``weights="fsdp"`` (ZeRO-3 style): each core keeps ``1 / cores`` of every parameter and all-gathers one
+  block's full weights just in time into a double buffer (item ``weight_gather_buffer``: 2 x the
+  largest gather unit, the DiT block or the non-block weights).  ``weights="tp_linear"`` (Megatron
+  column/row parallel inside the TP group): the block's linear weights (:func:`dit_block_param_split`)
+  are split ``/ tp`` and replicated ``sp`` times; norms, modulation, row-parallel biases and the
+  non-block weights stay replicated per core; cross-attention runs head-sharded, so ``text_kv`` is
+  ``/ tp`` per core and ``x sp`` per chip.
+* one shared copy (``weight_copies=1``): the HBM is 4 stacks, each shared by 2 physical cores
+  (``shared/docs/trn2_cost_model.md`` §1), and under LNC=1 the runtime gives every core its own
+  tensors; one copy read by all 8 cores would need cross-stack reads the cost model has no figure for.
+  The line is kept as a bound, not as a modelled placement.
 * ``kv_cache``: the rolling buffer (sink + ring slots) of self-attention k and v for every layer:
   ``buffer_tokens x dim x 2 (k, v) x layers x kv_bytes``; split over head groups (TP) and along SP, so
   per core ``/ cores``.
@@ -39,28 +50,55 @@ __all__ = [
     "Footprint",
     "VaeProbe",
     "dit_param_count",
+    "dit_block_param_count",
+    "dit_block_param_split",
+    "dit_outside_param_count",
+    "WEIGHT_PLACEMENTS",
+    "weight_gather_unit_bytes",
+    "lower_bound_footprint",
     "model_at_resolution",
     "kv_cache_bytes",
     "activation_peak_bytes",
+    "activation_peak_bytes_tp_linear",
     "vae_probe",
     "footprint",
 ]
 
 GB = 1e9
 
+WEIGHT_PLACEMENTS = ("replicated", "fsdp", "tp_linear")
 
-def dit_param_count(m: ModelConfig) -> int:
-    """Parameters of the Wan2.1 causal DiT ``m`` (``shared/docs/rolling_forcing.md`` §1.1-1.3).
 
-    Per block: self-attn q,k,v,o ``4 (d^2 + d)`` + RMSNorm q,k ``2d``; cross-attn q,k,v,o ``4 (d^2 + d)`` +
-    RMSNorm q,k ``2d``; LN3 affine ``2d``; FFN ``d f + f + f d + d``; modulation ``6d``.  Outside:
-    patch embedding ``C_in ph pw d + d``, text embedding ``T d + d + d^2 + d``, time embedding
-    ``F d + d + d^2 + d``, time projection ``6 d^2 + 6d``, head ``d p + p`` + head modulation ``2d``.
+def dit_block_param_count(m: ModelConfig) -> int:
+    """Parameters of one Wan2.1 DiT block (``shared/docs/rolling_forcing.md`` §1.1-1.3).
+
+    Self-attn q,k,v,o ``4 (d^2 + d)`` + RMSNorm q,k ``2d``; cross-attn q,k,v,o ``4 (d^2 + d)`` + RMSNorm
+    q,k ``2d``; LN3 affine ``2d``; FFN ``d f + f + f d + d``; modulation ``6d``.
     """
     d, f = m.dim, m.ffn_dim
-    block = 4 * (d * d + d) + 2 * d + 4 * (d * d + d) + 2 * d + 2 * d + (d * f + f + f * d + d) + 6 * d
+    return 4 * (d * d + d) + 2 * d + 4 * (d * d + d) + 2 * d + 2 * d + (d * f + f + f * d + d) + 6 * d
+
+
+def dit_block_param_split(m: ModelConfig) -> tuple[int, int]:
+    """``(tp_sharded, replicated)`` parameters of one block under Megatron column/row parallel linears.
+
+    Column parallel (weight and bias split by output features): self q,k,v, cross q,k,v, FFN up:
+    ``6 (d^2 + d) + d f + f``.  Row parallel (weight split by input features, bias added once, so
+    replicated): self o, cross o, FFN down: ``2 d^2 + f d`` sharded, ``3 d`` replicated.  Replicated
+    too: the four RMSNorm weights ``4d``, LN3 affine ``2d``, modulation ``6d``.
+    """
+    d, f = m.dim, m.ffn_dim
+    sharded = 6 * (d * d + d) + d * f + f + 2 * d * d + f * d
+    return sharded, dit_block_param_count(m) - sharded
+
+
+def dit_outside_param_count(m: ModelConfig) -> int:
+    """Parameters outside the blocks: patch embedding ``C_in ph pw d + d``, text embedding
+    ``T d + d + d^2 + d``, time embedding ``F d + d + d^2 + d``, time projection ``6 d^2 + 6d``, head
+    ``d p + p`` + head modulation ``2d``."""
+    d = m.dim
     _, ph, pw = m.patch_size
-    outside = (
+    return (
         m.in_channels * ph * pw * d
         + d
         + (m.text_dim * d + d + d * d + d)
@@ -68,7 +106,18 @@ def dit_param_count(m: ModelConfig) -> int:
         + (6 * d * d + 6 * d)
         + (d * m.patch_out + m.patch_out + 2 * d)
     )
-    return m.num_layers * block + outside
+
+
+def dit_param_count(m: ModelConfig) -> int:
+    """Parameters of the Wan2.1 causal DiT: ``layers x`` :func:`dit_block_param_count` ``+``
+    :func:`dit_outside_param_count`."""
+    return m.num_layers * dit_block_param_count(m) + dit_outside_param_count(m)
+
+
+def weight_gather_unit_bytes(m: ModelConfig, weight_bytes: float = 2) -> int:
+    """Bytes of the largest FSDP gather unit (one block, or all non-block weights): the size of one
+    half of the per-core double buffer."""
+    return int(max(dit_block_param_count(m), dit_outside_param_count(m)) * weight_bytes)
 
 
 def model_at_resolution(m: ModelConfig, height: int, width: int, vae_spatial_stride: int) -> ModelConfig:
@@ -111,6 +160,31 @@ def activation_peak_bytes(
     attn = 4 * n * m.dim + 3 * n * m.dim * act_bytes + q_loc * hl * m.head_dim * act_bytes
     attn += 2 * n_tot * hl * m.head_dim * act_bytes + q_loc * hl * m.head_dim * act_bytes
     ffn = 4 * n * m.dim + n * m.dim * act_bytes + n * m.ffn_dim * act_bytes + n * m.dim * act_bytes
+    return {"attention": attn, "ffn": ffn, "peak": max(attn, ffn)}
+
+
+def activation_peak_bytes_tp_linear(
+    m: ModelConfig, p: PipelineConfig, tp: int, sp: int, act_bytes: int = 2
+) -> dict[str, int]:
+    """Live activation bytes per core of one layer with Megatron column/row parallel linears.
+
+    Residual stream token-sharded in fp32 ``4 n d`` (``n = ceil(N / (tp sp))``, Megatron sequence
+    parallelism); ``N_s = ceil(N / sp)`` tokens of the SP shard are all-gathered before every column
+    parallel linear.  Attention phase: residual + gathered normed input ``N_s d b`` + local q,k,v
+    ``3 N_s (d / tp) b`` + gathered new keys and values ``2 N (H / tp) hd b`` + attention output
+    ``N_s (d / tp) b`` + the row-parallel partial output ``N_s d b`` (before its reduce-scatter).  FFN
+    phase: residual + gathered input ``N_s d b`` + local hidden ``N_s (f / tp) b`` + partial output
+    ``N_s d b``.
+    """
+    cores = tp * sp
+    n_tot = merged_tokens(m, p)
+    n = math.ceil(n_tot / cores)
+    ns = math.ceil(n_tot / sp)
+    dl, fl = m.dim // tp, math.ceil(m.ffn_dim / tp)
+    hl = m.num_heads // tp
+    attn = 4 * n * m.dim + ns * m.dim * act_bytes + 3 * ns * dl * act_bytes
+    attn += 2 * n_tot * hl * m.head_dim * act_bytes + ns * dl * act_bytes + ns * m.dim * act_bytes
+    ffn = 4 * n * m.dim + ns * m.dim * act_bytes + ns * fl * act_bytes + ns * m.dim * act_bytes
     return {"attention": attn, "ffn": ffn, "peak": max(attn, ffn)}
 
 
@@ -253,14 +327,17 @@ def footprint(
     weight_bytes: float = 2,
     act_bytes: int = 2,
     weight_copies: int | None = None,
+    weights: str = "replicated",
     vae: VaeProbe | None = None,
     label: str = "",
 ) -> Footprint:
     """HBM footprint per core and per chip (see the module docstring for every formula).
 
     ``tp x sp`` cores (the sharding plan); ``kv_bytes`` 2 (bf16) or 1 (fp8 KV cache); ``weight_copies``
-    copies of the weights on the chip (default ``tp x sp``: replicated per core); ``vae`` a
-    :func:`vae_probe` result (omit to leave the VAE out).
+    copies of the weights on the chip (default ``tp x sp``: replicated per core; only with
+    ``weights="replicated"``); ``weights`` one of :data:`WEIGHT_PLACEMENTS` (module docstring); ``vae``
+    a :func:`vae_probe` result (omit to leave the VAE out; VAE weights are replicated per core in every
+    placement).
     """
     for name, v in (("tp", tp), ("sp", sp)):
         if not isinstance(v, int) or v < 1:
@@ -269,21 +346,60 @@ def footprint(
         raise ValueError(f"footprint: tp={tp} must divide num_heads={m.num_heads}")
     if kv_bytes <= 0 or weight_bytes <= 0:
         raise ValueError("footprint: kv_bytes and weight_bytes must be > 0")
+    if weights not in WEIGHT_PLACEMENTS:
+        raise ValueError(f"footprint: weights must be one of {WEIGHT_PLACEMENTS}, got {weights!r}")
+    if weight_copies is not None and weights != "replicated":
+        raise ValueError(f"footprint: weight_copies only applies to weights='replicated', not {weights!r}")
     cores = tp * sp
     copies = cores if weight_copies is None else weight_copies
     if not 1 <= copies <= cores:
         raise ValueError(f"footprint: weight_copies must be in [1, {cores}], got {copies}")
-    w = int(dit_param_count(m) * weight_bytes)
+    n_par = dit_param_count(m)
+    w = int(n_par * weight_bytes)
     kv = kv_cache_bytes(m, p, kv_bytes)
     text = int(m.text_len * m.dim * 2 * m.num_layers * act_bytes)
+    text_core, text_note = text, "on every core"
     act = activation_peak_bytes(m, p, tp, sp, act_bytes)["peak"]
-    items = [
-        FootprintItem(
+    act_note = "max(attention, FFN) phase live tensors per core x cores"
+    extra: list[FootprintItem] = []
+    if weights == "replicated":
+        w_item = FootprintItem(
+            "dit_weights", w, w * copies, f"params {n_par:,} x {weight_bytes} B x {copies} copies"
+        )
+    elif weights == "fsdp":
+        wc = math.ceil(w / cores)
+        w_item = FootprintItem(
             "dit_weights",
-            w,
-            w * copies,
-            f"params {dit_param_count(m):,} x {weight_bytes} B x {copies} copies",
-        ),
+            wc,
+            wc * cores,
+            f"params {n_par:,} x {weight_bytes} B, 1/{cores} per core (FSDP shard)",
+        )
+        buf = 2 * weight_gather_unit_bytes(m, weight_bytes)
+        extra.append(
+            FootprintItem(
+                "weight_gather_buffer",
+                buf,
+                buf * cores,
+                f"2 (double buffer) x max(block {dit_block_param_count(m):,}, non-block "
+                f"{dit_outside_param_count(m):,}) params x {weight_bytes} B, per core",
+            )
+        )
+    else:
+        sh, rep = dit_block_param_split(m)
+        wc = int((m.num_layers * (math.ceil(sh / tp) + rep) + dit_outside_param_count(m)) * weight_bytes)
+        w_item = FootprintItem(
+            "dit_weights",
+            wc,
+            wc * cores,
+            f"({m.num_layers} x ({sh:,} linear / {tp} + {rep:,} repl.) + {dit_outside_param_count(m):,} "
+            f"non-block) x {weight_bytes} B per core, x {cores} cores",
+        )
+        text_core, text_note = math.ceil(text / tp), f"heads / {tp} per core (TP cross-attention)"
+        act = activation_peak_bytes_tp_linear(m, p, tp, sp, act_bytes)["peak"]
+        act_note = "max(attention, FFN) live tensors per core, Megatron-SP layout, x cores"
+    items = [
+        w_item,
+        *extra,
         FootprintItem(
             "kv_cache",
             math.ceil(kv / cores),
@@ -293,20 +409,22 @@ def footprint(
         ),
         FootprintItem(
             "text_kv",
-            text,
-            text * cores,
-            f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B, on every core",
+            text_core,
+            text_core * cores,
+            f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B, {text_note}",
         ),
-        FootprintItem(
-            "activations", act, act * cores, "max(attention, FFN) phase live tensors per core x cores"
-        ),
+        FootprintItem("activations", act, act * cores, act_note),
     ]
     if vae is not None:
         vw = int(vae.decoder_params * weight_bytes)
         ws = int((vae.feat_cache_elems + vae.peak_layer_elems) * act_bytes)
         items += [
             FootprintItem(
-                "vae_weights", vw, vw * copies, f"decoder params {vae.decoder_params:,} x {weight_bytes} B"
+                "vae_weights",
+                vw,
+                vw * (copies if weights == "replicated" else cores),
+                f"decoder params {vae.decoder_params:,} x {weight_bytes} B"
+                + ("" if weights == "replicated" else ", replicated per core"),
             ),
             FootprintItem(
                 "vae_workspace",
@@ -316,3 +434,27 @@ def footprint(
             ),
         ]
     return Footprint(label=label, cores=cores, items=tuple(items))
+
+
+def lower_bound_footprint(
+    m: ModelConfig, p: PipelineConfig, *, cores: int, kv_bytes: float = 2, weight_bytes: float = 2
+) -> Footprint:
+    """The floor no weight placement can go below: the faithful ring KV cache + ONE copy of the DiT
+    weights on the chip (no text k/v, activations, VAE, buffers).  Per core is the chip total / cores."""
+    if not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"lower_bound_footprint: cores must be a positive int, got {cores!r}")
+    kv = kv_cache_bytes(m, p, kv_bytes)
+    w = int(dit_param_count(m) * weight_bytes)
+    items = (
+        FootprintItem(
+            "kv_cache", math.ceil(kv / cores), kv, f"{p.buffer_tokens(m):,} tok ring buffer x {kv_bytes} B"
+        ),
+        FootprintItem(
+            "dit_weights",
+            math.ceil(w / cores),
+            w,
+            f"params {dit_param_count(m):,} x {weight_bytes} B, one copy",
+        ),
+    )
+    kvl = "bf16" if kv_bytes == 2 else "fp8 KV cache"
+    return Footprint(f"lower bound ({kvl}): KV cache + one DiT weight copy", cores, items)
