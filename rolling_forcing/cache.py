@@ -79,6 +79,7 @@ class RollingKVCache:
             layer.text_k, layer.text_v = k, v
 
     def text_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer text ``(k, v)``, each ``[B, text_len, H, D]``; RuntimeError before :meth:`set_text`."""
         out = []
         for i, layer in enumerate(self.layers):
             if layer.text_k is None or layer.text_v is None:

@@ -33,9 +33,13 @@ class StreamingDecoder(Protocol):
     temporal_stride: int
     spatial_stride: int
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """Forget the previous chunks: the next :meth:`decode` starts a new stream."""
+        ...
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Next chunk ``[B, F, C, H, W]`` latents -> float32 video ``[B, T, 3, sH, sW]`` in [-1, 1]."""
+        ...
 
 
 def video_frames_for(num_latent_frames: int, *, first_in_stream: bool, temporal_stride: int = 4) -> int:

@@ -243,6 +243,7 @@ class MergedIndex:
         )
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The fields in declaration order (the graph's index inputs)."""
         return (
             self.frame_positions,
             self.write_slot,

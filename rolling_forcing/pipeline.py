@@ -111,11 +111,13 @@ class NoiseSource:
         return torch.randn(shape, generator=self.generator, dtype=self.dtype)
 
     def initial(self, block: int) -> torch.Tensor:
+        """Pure-noise input of ``block``: ``[B, fpb, C, H, W]`` in ``dtype``."""
         if self._initial is None:
             return self._randn((self.batch, self.fpb, *self.frame_shape))
         return self._initial[:, block * self.fpb : (block + 1) * self.fpb]
 
     def renoise(self, num_frames: int) -> torch.Tensor:
+        """Fresh noise ``[B * num_frames, C, H, W]`` in ``dtype`` drawn from ``generator``."""
         return self._randn((self.batch * num_frames, *self.frame_shape))
 
 

@@ -35,7 +35,9 @@ class TextEncoder(Protocol):
     text_len: int
     text_dim: int
 
-    def encode(self, prompts: Sequence[str]) -> torch.Tensor: ...
+    def encode(self, prompts: Sequence[str]) -> torch.Tensor:
+        """``B`` prompts (a ``str`` counts as one) -> ``[B, text_len, text_dim]``; empty input raises."""
+        ...
 
 
 def _check_prompts(prompts: Sequence[str]) -> list[str]:
@@ -70,6 +72,7 @@ class SeededTextEncoder:
         return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "little") >> 1
 
     def encode(self, prompts: Sequence[str]) -> torch.Tensor:
+        """``B`` prompts -> float32 ``[B, text_len, text_dim]`` (see the class docstring)."""
         rows = []
         for prompt in _check_prompts(prompts):
             clean = whitespace_clean(prompt)
@@ -118,6 +121,7 @@ class UMT5TextEncoder:
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str]) -> torch.Tensor:
+        """``B`` prompts -> ``[B, text_len, text_dim]`` in ``dtype``, padding positions zeroed."""
         texts = [whitespace_clean(p) for p in _check_prompts(prompts)]
         tok = self.tokenizer(
             texts,

@@ -235,10 +235,12 @@ class ShardingPlan:
         return self.comm.total_s
 
     def head_group(self, rank: int) -> int:
+        """Head group (TP index, ``rank % tp``) of ``rank`` in ``[0, world_size)``; else ``ValueError``."""
         _check_rank(rank, self.world_size)
         return rank % self.tp
 
     def query_shard(self, rank: int) -> int:
+        """Query shard (SP index, ``rank // tp``) of ``rank`` in ``[0, world_size)``; else ``ValueError``."""
         _check_rank(rank, self.world_size)
         return rank // self.tp
 
