@@ -968,10 +968,10 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         f"{_gb(r.footprints[3].per_chip)} GB ({r.footprints[3].label}) | modelled | `{cmd}` |"
     )
     for wl in ("FSDP-sharded weights", "TP-sharded linears"):
-        a, b = by_label.get(f"bf16, {wl}"), by_label.get(f"fp8 KV cache, {wl}")
-        if a is not None and b is not None:
+        fa, fb = by_label.get(f"bf16, {wl}"), by_label.get(f"fp8 KV cache, {wl}")
+        if fa is not None and fb is not None:
             L.append(
-                f"| nki-ardiff HBM per chip, {wl} | {_gb(a.per_chip)} GB (bf16); {_gb(b.per_chip)} GB "
+                f"| nki-ardiff HBM per chip, {wl} | {_gb(fa.per_chip)} GB (bf16); {_gb(fb.per_chip)} GB "
                 f"(fp8 KV cache) | modelled | `{cmd}` |"
             )
     for lb in r.lower_bounds:
@@ -1112,12 +1112,12 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         )
         L.append("|---|---|---|---|---|---|---|---|---|")
         for wp, cname, cm in r.weight_variants:
-            g = cm.by_group()
-            a, b = by_wp[wp]
+            groups = cm.by_group()
+            fa, fb = by_wp[wp]
             L.append(
                 f"| {_WP_NAMES[wp]} | {cname} | {_ms(cm.chunk_s)} | {cm.fps:.2f} | {cm.dit_fps:.2f} | "
-                f"{_ms(g.get('comm', 0.0))} | {_ms(g.get('weight_comm', 0.0))} | "
-                f"{_gb(a.per_chip) if a else '-'} | {_gb(b.per_chip) if b else '-'} |"
+                f"{_ms(groups.get('comm', 0.0))} | {_ms(groups.get('weight_comm', 0.0))} | "
+                f"{_gb(fa.per_chip) if fa else '-'} | {_gb(fb.per_chip) if fb else '-'} |"
             )
         L.append("")
         fs = [
