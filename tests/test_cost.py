@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import fields, replace
 
+import numpy as np
 import pytest
 
 from nki_kernels.emulator.cost import (
@@ -480,7 +481,6 @@ def test_param_validation(kwargs: dict[str, object], match: str) -> None:
 @pytest.mark.emulator
 def test_profile_of_an_emulated_kernel() -> None:
     """End to end: a matmul kernel run by the emulator; its trace is priced by the same formulas."""
-    np = pytest.importorskip("numpy")
     from nki_kernels.emulator import isa as nisa
     from nki_kernels.emulator import language as nl
     from nki_kernels.emulator import run
