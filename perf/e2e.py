@@ -1341,7 +1341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = render_report(r, [str(p.relative_to(out)) for p in pngs])
     (out / ("REPORT_quick.md" if a.quick else "REPORT.md")).write_text(report)
     print(
-        f"wrote {out / ('REPORT_quick.md' if a.quick else 'REPORT.md')} ({r.wall_s:.1f} s)", file=sys.stderr
+        f"wrote {out / ('REPORT_quick.md' if a.quick else 'REPORT.md')} "
+        f"(measured {r.wall_s:.1f} s CPU wall time)",
+        file=sys.stderr,
     )
     return 0
 
