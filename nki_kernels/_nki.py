@@ -63,6 +63,60 @@ def reset() -> None:
         object.__setattr__(proxy, "_key", key)
 
 
+class LazyKernel:
+    """What ``@nki.jit`` returns through the shim: the kernel is handed to the resolved backend's
+    ``nki.jit`` on first use (a call, ``kernel[lnc]``, or :meth:`resolve_kernel`), never at import.
+
+    ``resolve_kernel()`` returns the backend's kernel object (the emulator's ``run`` and ``simulate``
+    accept a ``LazyKernel`` through it).
+    """
+
+    def __init__(self, fn: Any, options: dict[str, Any]) -> None:
+        self.fn = fn
+        self.options = options
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self._kernels: dict[str, Any] = {}
+
+    def resolve_kernel(self) -> Any:
+        backend = backend_name()
+        kernel = self._kernels.get(backend)
+        if kernel is None:
+            kernel = self._kernels[backend] = _resolve()["nki"].jit(self.fn, **self.options)
+        return kernel
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve_kernel()(*args, **kwargs)
+
+    def __getitem__(self, lnc: Any) -> Any:
+        return self.resolve_kernel()[lnc]
+
+    def __repr__(self) -> str:
+        return f"<LazyKernel {self.__name__}>"
+
+
+def _lazy_jit(fn: Any = None, **options: Any) -> Any:
+    """``@nki.jit`` / ``@nki.jit(**options)`` through the shim (see :class:`LazyKernel`)."""
+    if fn is None:
+        return lambda f: LazyKernel(f, options)
+    return LazyKernel(fn, options)
+
+
+def launch(kernel: Any, *args: Any, lnc: int = 1, **kwargs: Any) -> tuple[Any, Any]:
+    """Run a ``@nki.jit`` kernel on the resolved backend; returns ``(outputs, trace)``.
+
+    Real NKI: ``kernel[lnc](*args)`` (the framework is chosen from the argument types: torch-xla tensors
+    on a Neuron device, numpy arrays for a standalone launch); ``trace`` is ``None``. Emulator:
+    :func:`nki_kernels.emulator.run`, which also returns the instruction trace.
+    """
+    if backend_name() == "nki":
+        k = kernel.resolve_kernel() if isinstance(kernel, LazyKernel) else kernel
+        return (k[lnc] if lnc != 1 else k)(*args, **kwargs), None
+    from nki_kernels.emulator import run
+
+    return run(kernel, *args, lnc=lnc, **kwargs)
+
+
 class _LazyModule:
     """Attribute access resolves the backend once, then caches the attribute on the proxy itself, so
     kernels pay one dict lookup per ``nisa.X`` (``reset()`` clears the caches)."""
@@ -72,7 +126,10 @@ class _LazyModule:
         _proxies.append(self)
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(_resolve()[object.__getattribute__(self, "_key")], name)
+        key = object.__getattribute__(self, "_key")
+        if key == "nki" and name == "jit":
+            return _lazy_jit  # kernels decorate at import: resolution waits for the first launch
+        value = getattr(_resolve()[key], name)
         object.__setattr__(self, name, value)
         return value
 
@@ -85,4 +142,4 @@ nki: Any = _LazyModule("nki")
 nl: Any = _LazyModule("nl")
 nisa: Any = _LazyModule("nisa")
 
-__all__ = ["backend_name", "nisa", "nki", "nl", "reset"]
+__all__ = ["LazyKernel", "backend_name", "launch", "nisa", "nki", "nl", "reset"]

@@ -504,13 +504,13 @@ def attention_emulated(
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``.
     """
-    from nki_kernels.emulator import run
+    from nki_kernels._nki import launch
 
     _validate(q, k, v, "k", "v")
     if k.shape[1] < 1:
         raise ValueError("k must hold at least one key (Lk >= 1)")
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    res, _ = run(
+    res, _ = launch(
         attention_kernel, q.contiguous(), k.contiguous(), v.contiguous(), sc, bool(return_lse), lnc=lnc
     )
     return _finish(res, q, return_lse)
@@ -530,7 +530,7 @@ def attention_segments_emulated(
     Segments with length 0 are skipped; each must satisfy ``0 <= start`` and ``start + length <= S``; at
     least one key in total. Other arguments as :func:`attention_emulated`.
     """
-    from nki_kernels.emulator import run
+    from nki_kernels._nki import launch
 
     _validate(q, kv_k, kv_v, "kv_k", "kv_v")
     s = kv_k.shape[1]
@@ -546,7 +546,7 @@ def attention_segments_emulated(
     if not segs:
         raise ValueError("segments must hold at least one key in total")
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    res, _ = run(
+    res, _ = launch(
         attention_segments_kernel,
         q.contiguous(),
         kv_k.contiguous(),

@@ -518,12 +518,12 @@ def attention_block_table_emulated(
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``; a group without keys gives zeros / -inf.
     """
+    from nki_kernels._nki import launch
     from nki_kernels.attention import _finish
-    from nki_kernels.emulator import run
 
     ks, vs, tab, groups, t = _check_args(q, k_sources, v_sources, block_table, q_groups, block_tokens)
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    res, _ = run(
+    res, _ = launch(
         attention_block_table_kernel,
         q.contiguous(),
         ks,

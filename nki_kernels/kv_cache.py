@@ -120,7 +120,7 @@ def kv_cache_write_emulated(cache_k: Any, cache_v: Any, k: Any, v: Any, slot: in
         slot: block slot, ``0 <= slot`` and ``(slot+1)*T <= S``.
         lnc: logical cores (1 or 2).
     """
-    from nki_kernels.emulator import run
+    from nki_kernels._nki import launch
 
     s, t = _check(cache_k, cache_v, k, v)
     if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
@@ -130,7 +130,7 @@ def kv_cache_write_emulated(cache_k: Any, cache_v: Any, k: Any, v: Any, slot: in
             f"slot={slot} with T={t} does not fit a cache of S={s} tokens (need (slot+1)*T <= S)"
         )
     slot_arr = np.array([[int(slot)]], dtype=np.int32)
-    run(kv_cache_write_kernel, cache_k, cache_v, k.contiguous(), v.contiguous(), slot_arr, lnc=lnc)
+    launch(kv_cache_write_kernel, cache_k, cache_v, k.contiguous(), v.contiguous(), slot_arr, lnc=lnc)
 
 
 def kv_cache_slide_emulated(
@@ -144,14 +144,14 @@ def kv_cache_slide_emulated(
         sink_tokens: pinned prefix length, ``0 <= sink_tokens`` and ``sink_tokens + T <= S``.
         lnc: logical cores (1 or 2).
     """
-    from nki_kernels.emulator import run
+    from nki_kernels._nki import launch
 
     s, t = _check(cache_k, cache_v, k, v)
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, (int, np.integer)):
         raise TypeError(f"sink_tokens must be an int, got {type(sink_tokens).__name__}")
     if sink_tokens < 0 or sink_tokens + t > s:
         raise ValueError(f"sink_tokens={sink_tokens} with T={t} does not fit a cache of S={s} tokens")
-    run(kv_cache_slide_kernel, cache_k, cache_v, k.contiguous(), v.contiguous(), int(sink_tokens), lnc=lnc)
+    launch(kv_cache_slide_kernel, cache_k, cache_v, k.contiguous(), v.contiguous(), int(sink_tokens), lnc=lnc)
 
 
 __all__ = [

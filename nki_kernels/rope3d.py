@@ -235,7 +235,7 @@ def rope3d_emulated(
     """
     import torch
 
-    from nki_kernels.emulator import run
+    from nki_kernels._nki import launch
 
     if q.shape != k.shape or q.dim() != 4:
         raise ValueError(
@@ -250,7 +250,7 @@ def rope3d_emulated(
     if f * hp * wp != q.shape[1]:
         raise ValueError(f"grid {tuple(grid)} gives {f * hp * wp} tokens but q has L={q.shape[1]}")
     cos, sin = rope_tables_np(grid, d, start_frame, frame_positions)
-    (qo, ko), _ = run(rope3d_kernel, q.contiguous(), k.contiguous(), cos, sin, lnc=lnc)
+    (qo, ko), _ = launch(rope3d_kernel, q.contiguous(), k.contiguous(), cos, sin, lnc=lnc)
     return _to_torch(qo, q.dtype), _to_torch(ko, q.dtype)
 
 

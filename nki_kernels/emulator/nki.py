@@ -249,8 +249,16 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return Kernel(fn, 1, kwargs)
 
 
+def _unwrap(kernel: Any) -> Any:
+    """Deferred-jit wrappers (objects with ``resolve_kernel()``, e.g. a kernel decorated through a lazy
+    ``nki`` shim) stand for the kernel they resolve to."""
+    resolve = getattr(kernel, "resolve_kernel", None)
+    return resolve() if callable(resolve) else kernel
+
+
 def simulate(kernel: Any) -> Callable[..., Any]:
     """``nki.simulate(kernel)(*args)``: run a jitted (or plain) kernel on the emulator."""
+    kernel = _unwrap(kernel)
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
     return k
 
@@ -280,6 +288,7 @@ def run(
         ``(outputs, trace)``: outputs as numpy arrays (torch tensors if any input was torch), the
         aggregated :class:`Trace` of all logical cores.
     """
+    kernel = _unwrap(kernel)
     if isinstance(kernel, Kernel):
         fn = kernel.fn
         n = kernel.lnc if lnc is None else lnc
