@@ -1178,7 +1178,7 @@ def write_plots(r: E2EResult, out_dir: Path, stem: str = "e2e") -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
     variants = [("merged", r.merged), ("two-pass", r.two_pass)]
     variants += [
         (f"{_WP_NAMES[wp].replace('-sharded', '')} (cons.)", cm)
@@ -1198,7 +1198,7 @@ def write_plots(r: E2EResult, out_dir: Path, stem: str = "e2e") -> list[Path]:
     )
     ax1.set_ylabel("modelled ms per chunk")
     ax1.set_title(f"{r.model.name} {r.height}x{r.width}, {r.merged.cores} cores (MODELLED)")
-    ax1.legend(fontsize=7)
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     cs = [c for c, _, f, _ in r.scaling if f == f]
     ax2.plot(cs, [f for _, _, f, _ in r.scaling if f == f], "o-", label="end to end")
     ax2.plot(cs, [d for _, _, f, d in r.scaling if f == f], "s--", label="DiT only")
