@@ -191,7 +191,8 @@ def test_one_trace_serves_every_table() -> None:
         traces.append(list(tr.entries()))
         outs.append(out)
         ref = attention_block_table(q, ks, vs, tab, groups, t, scale=0.25)
-        assert (out - ref).abs().max().item() < 1e-5
+        # kernel vs fp32 reference: the fp32 floor of tests/numerics.py (fp32 ref_err = 0); measured 6.0e-07
+        assert (out - ref).abs().max().item() <= numerics.tolerance(torch.float32, 0.0)
     assert not torch.equal(outs[0], outs[1])
     assert traces[0] == traces[1]
     specs = [TensorSpec(tuple(x.shape), "float32") for x in (q, *ks, *vs)]
@@ -218,7 +219,8 @@ def test_op_dispatch_and_errors() -> None:
     table = torch.tensor([[[1, 1], [0, 0]], [[-1, 0], [0, 1]]])
     ref = ops.attention_block_table(q, ks, vs, table, [5, 7], 8, backend="reference", return_lse=True)
     emu = ops.attention_block_table(q, ks, vs, table, [5, 7], 8, backend="emulator", return_lse=True)
-    assert (emu[0] - ref[0]).abs().max().item() < 1e-5 and (emu[1] - ref[1]).abs().max().item() < 1e-5
+    tol = numerics.tolerance(torch.float32, 0.0)  # fp32 floor (fp32 ref_err = 0); measured 2.4e-07 and 0.0
+    assert (emu[0] - ref[0]).abs().max().item() <= tol and (emu[1] - ref[1]).abs().max().item() <= tol
     assert ops.has_kernel("attention_block_table", "emulator")
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] block=2 is out of source 0"):
         attention_block_table_emulated(
@@ -275,4 +277,5 @@ def test_merged_stream_on_emulator_equals_reference() -> None:
         res[be] = torch.cat([c.latents for c in chunks], dim=1)
     err = (res["emulator"] - res["reference"]).abs().max().item()
     assert res["reference"].abs().max().item() > 0.1  # a real stream, not zeros
-    assert err <= 1e-5, f"merged stream emulator vs reference: max abs error {err:.3e} > 1e-5"
+    bound = numerics.FP32_ISSUE_BOUND  # issue 5; measured 1.4e-06
+    assert err <= bound, f"merged stream emulator vs reference: max abs error {err:.3e} > {bound:.0e}"

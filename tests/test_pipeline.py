@@ -11,6 +11,7 @@ from reference.rolling_forcing import rolling_forcing_reference
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
+from tests.numerics import FP32_ISSUE_BOUND  # issue 4: fp32 stream equivalence within 1e-5
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 from tests.pipeline_helpers import text_embeds, tiny_model
 
@@ -62,8 +63,8 @@ def test_pipeline_equals_reference_loop(
     out = torch.cat([c.latents for c in chunks], dim=1)
     assert out.shape == reference_out.shape
     # same RNG stream (initial noise up front, then one window-sized draw per re-noised block): equal
-    # up to fp32 reordering (partials merged by log-sum-exp vs one concatenated softmax)
-    assert float((out - reference_out).abs().max()) < 1e-5
+    # up to fp32 reordering (partials merged by log-sum-exp vs one concatenated softmax); measured 1.4e-06
+    assert float((out - reference_out).abs().max()) < FP32_ISSUE_BOUND
     # non-trivial: blocks differ from each other and from the noise scale
     assert float((out[:, :3] - out[:, -3:]).abs().max()) > 1e-2
 
@@ -74,7 +75,7 @@ def test_each_chunk_is_final_when_yielded(model: CausalWanModel, reference_out: 
     for c in pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)):
         # the reference's *end-of-stream* latents of this block already equal what we got now
         ref = reference_out[:, c.block * 3 : (c.block + 1) * 3]
-        assert float((c.latents - ref).abs().max()) < 1e-5
+        assert float((c.latents - ref).abs().max()) < FP32_ISSUE_BOUND  # measured 1.4e-06
         assert pipe.state is not None and pipe.state.window == c.window
         seen.append(c.block)
     assert seen == sorted(seen)
@@ -121,7 +122,7 @@ def test_prompt_switch_takes_effect_at_next_window(model: CausalWanModel) -> Non
         if c.block == 1:
             pipe.set_prompt(text_embeds(), recache=True)
     for a, b in zip(same, base):
-        assert float((a.latents - b.latents).abs().max()) < 1e-5
+        assert float((a.latents - b.latents).abs().max()) < FP32_ISSUE_BOUND  # measured 1.2e-06
 
 
 def test_bad_input_raises(model: CausalWanModel) -> None:

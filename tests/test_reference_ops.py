@@ -137,6 +137,7 @@ def test_rope_split_groups_rotate_with_their_axis() -> None:
     xr = xr.reshape(2, 3, 4, d)
     base = x[0, 0, 0]
     t_sl, h_sl, w_sl = slice(0, 44), slice(44, 86), slice(86, 128)
+    # atol 1e-6 below (~4 fp32 ulps of |x| <= ~3): an angle of 0 gives cos 1, sin 0 exactly; measured 0.0
     # token (0,0,0): all angles zero -> unchanged
     assert torch.allclose(xr[0, 0, 0], base, atol=1e-6)
     # token (1,0,0): only time dims change
@@ -184,6 +185,8 @@ def test_rope_scores_depend_only_on_relative_time() -> None:
     q1, k1 = rope3d(q, k, (2, 3, 3), start_frame=700)
     s0 = torch.einsum("bqhd,bkhd->bhqk", q0, k0)
     s1 = torch.einsum("bqhd,bkhd->bhqk", q1, k1)
+    # measured 1.5e-06 on |s| <= ~37; atol 1e-4 (+ default rtol 1e-5) allows the fp32 angle of position
+    # 700 (ulp(700) = 6.1e-05 rad) to be rounded differently from that of position 0
     assert torch.allclose(s0, s1, atol=1e-4)
 
 
@@ -204,6 +207,7 @@ def test_rope_tables_match_angles() -> None:
     xe, xo = x[..., 0::2], x[..., 1::2]
     c, s = cos[None, :, None], sin[None, :, None]
     alt = torch.stack([xe * c - xo * s, xe * s + xo * c], -1).flatten(-2)
+    # measured 2.4e-07; the same comparison as tests/numerics.py floor (b) (fp32 max 4.77e-07 over 8 seeds)
     assert torch.allclose(alt, rope3d(x, x, (2, 3, 4), 5)[0], atol=3e-6)
 
 
@@ -282,9 +286,11 @@ def test_merge_attention_of_split_equals_full(dtype: torch.dtype) -> None:
     parts.append(attention(q, k[:, :0], v[:, :0], return_lse=True))  # an empty shard weighs zero
     out, lse = merge_attention([p[0] for p in parts], [p[1] for p in parts])
     assert out.dtype == dtype and lse.dtype == torch.float32
-    atol = 1e-6 if dtype == torch.float32 else 2**-7  # partials rounded once to bf16
+    # fp32: merge reorders the softmax sum, measured 2.4e-07 (tests/numerics.py floor (a): max 7.75e-07);
+    # bf16: partials rounded once to bf16, measured 3.9e-03 = 2**-8 (half an ulp in [1, 2))
+    atol = 1e-6 if dtype == torch.float32 else 2**-7
     assert torch.allclose(out.float(), full.float(), atol=atol, rtol=0)
-    assert torch.allclose(lse, full_lse, atol=1e-5)
+    assert torch.allclose(lse, full_lse, atol=1e-5)  # fp32 lse of either dtype: measured 4.8e-07 (|lse| < 5)
     with pytest.raises(ValueError, match="outs and lses"):
         merge_attention([full], [])
 
