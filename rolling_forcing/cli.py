@@ -216,17 +216,18 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     text_embeds, text_src = _build_text(opts, model_cfg)
     decoder, dec_src = _build_decoder(opts, model_cfg, spec)
     pipe: Any
-    if opts.cores != 1 and (opts.merged or opts.compile):
+    if opts.cores != 1 and opts.compile:
         raise ValueError(
-            "--merged/--compile apply to the single-process pipeline: the sharded stream (--cores > 1) "
-            "runs two passes per window; drop them or use --cores 1"
+            "--compile applies to the single-process pipeline: the sharded stream (--cores > 1) runs "
+            "eager forwards on its ranks; drop --compile or use --cores 1"
         )
     if opts.cores != 1:  # TP x SP over spawned CPU ranks (sharding.pipeline); rank 0 streams the chunks
         from sharding.pipeline import ShardedRollingForcingPipeline
 
         pipe = ShardedRollingForcingPipeline(
-            model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend, positions=opts.positions
-        )
+            model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend, positions=opts.positions,
+            merged=opts.merged,
+        )  # fmt: skip
         echo(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
     else:
         pipe = RollingForcingPipeline(

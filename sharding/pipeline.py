@@ -61,6 +61,7 @@ from rolling_forcing import schedule
 from rolling_forcing.attend import attend_cache
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.merged import MergedIndex, MergedLayout, merged_step
 from rolling_forcing.model import (
     CausalWanModel,
     Grid,
@@ -147,6 +148,9 @@ class RankStream:
         backend: ``nki_kernels.ops`` backend of every RoPE / attention / cache call.
         positions: ``"absolute"`` or ``"relative"`` (None: ``pipe_cfg.positions``).
         gather_group: group of all ranks for the head-output all-gather (None: the default group).
+        merged: True: one merged forward per window (the update of window w-1 + the denoise of window w,
+            18 frames, static shapes; :mod:`rolling_forcing.merged`'s plan and ops on this rank's heads);
+            False: the two passes separately. Every rank must pass the same value.
 
     The KV cache holds only this rank's heads (``[B, S, H/tp, D]`` per layer and k/v); see the module
     docstring. Every rank yields the same chunks.
@@ -162,9 +166,14 @@ class RankStream:
         backend: str | None = None,
         positions: str | None = None,
         gather_group: Any = None,
+        merged: bool = False,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         _check_plan(groups.plan, model_cfg, pipe_cfg)
+        if not isinstance(merged, bool):
+            raise TypeError(f"merged must be a bool, got {type(merged).__name__}")
+        self.merged = merged
+        self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.groups, self.plan, self.rank = groups, groups.plan, groups.rank
         self.backend, self.positions, self.gather_group = backend, mode, gather_group
@@ -200,6 +209,10 @@ class RankStream:
         self.cache_shape = tuple(cache.layers[0].k.shape)
         text_kv = self.model.text_kv(text_embeds.to(dtype))  # all heads: cross-attention is token-sharded
         noisy: dict[int, torch.Tensor] = {}
+        if self.merged:
+            yield from self._merged_windows(cache, text_kv, src, noisy, num_blocks, device)
+            self.cache = None
+            return
         for w in range(schedule.num_windows(cfg, num_blocks)):
             plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
             x_in, t_in = window_input(cfg, plan, src, noisy, device)
@@ -213,6 +226,48 @@ class RankStream:
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
         self.cache = None
+
+    def _merged_windows(
+        self,
+        cache: RollingKVCache,
+        text_kv: TextKV,
+        src: NoiseSource,
+        noisy: dict[int, torch.Tensor],
+        num_blocks: int,
+        device: torch.device,
+    ) -> Iterator[Chunk]:
+        """The merged window loop (as ``RollingForcingPipeline._merged_windows``, without prompt switches).
+
+        Per window w one forward of ``layout.frames`` frames: the clean x0 of window w-1's start block
+        (masked for w = 0), then window w padded with zeros. Its index tensors are
+        :meth:`~rolling_forcing.merged.MergedIndex.from_step` of the same
+        :func:`~rolling_forcing.merged.merged_step` the unsharded merged stream uses.
+        """
+        cfg, lay = self.pipe_cfg, self._layout
+        fpb = cfg.frames_per_block
+        pending: tuple[WindowPlan, torch.Tensor] | None = None  # (plan, clean x0 of its start block)
+        for w in range(schedule.num_windows(cfg, num_blocks)):
+            plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
+            x_win, t_win = window_input(cfg, plan, src, noisy, device)
+            bsz, nf = x_win.shape[:2]
+            step = merged_step(
+                cfg, lay, num_blocks, w, self.positions, pending[0].index if pending is not None else None
+            )
+            upd = pending[1] if pending is not None else x_win.new_zeros((bsz, fpb, *x_win.shape[2:]))
+            pad = x_win.new_zeros((bsz, lay.frames - fpb - nf, *x_win.shape[2:]))
+            x = torch.cat([upd, x_win, pad], dim=1)
+            t = torch.zeros(bsz, lay.frames, dtype=torch.float32)
+            t[:, :fpb] = float(cfg.context_noise)
+            t[:, fpb : fpb + nf] = t_win
+            idx = MergedIndex.from_step(step, lay, device)
+            # the update frames only write the cache: the last layer and the head skip them
+            flow = self.forward(x, t, text_kv, self._merged_attn(cache, idx), context_frames=fpb)
+            x0 = flow_to_x0(flow[:, :nf], x_win, t_win, self._table)  # flow: the padded window only
+            renoise_window(cfg, self._table, plan, x0, src, noisy)
+            clean = x0[:, :fpb].contiguous()
+            pending = (plan, clean)  # the last window's update is never read: it is not run
+            if plan.finished_block is not None:
+                yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
 
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
@@ -231,11 +286,14 @@ class RankStream:
         grid)`` gets this rank's token shard ``[B, L_local, H, D]`` (all heads) and the *full* grid
         ``(F, Hp, Wp)``. Returns the full flow ``[B, F, C, H, W]`` (all-gathered: the same on every rank).
 
-        ``context_frames``: 0, or F for a pass whose frames only feed the KV cache (the cache-update
-        pass): then the last layer stops after ``self_attn`` (which gets q ``[B, 0, H, D]`` with the k, v
-        shards, and must still write them), the head and its all-gather are skipped, and ``[B, 0, C, H,
-        W]`` is returned. Token shards do not follow frame boundaries, so 0 < context_frames < F is not
-        supported here (``ValueError``).
+        ``context_frames`` (static int in ``[0, F]``): the leading frames that only feed the KV cache, as
+        in the unsharded ``forward_with``. In the last layer the tokens of these frames stop after their
+        k/v: on each rank the leading ``drop`` tokens of its shard that lie in them
+        (:meth:`context_tokens`) get no query, output projection, cross-attention or FFN, and
+        ``self_attn`` gets q of the other ``L_local - drop`` local tokens (the last ones) with all
+        ``L_local`` k, v (it must still write them). The head runs on the kept tokens and the all-gather
+        collects them, so ``[B, F - context_frames, C, H, W]`` is returned (``[B, 0, C, H, W]`` for
+        ``context_frames == F``: no head, no gather).
         """
         model, c = self.model, self.model_cfg
         model._check_latents(x, "x", 1)
@@ -244,14 +302,12 @@ class RankStream:
             raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
         if isinstance(context_frames, bool) or not isinstance(context_frames, int):
             raise TypeError(f"context_frames must be an int, got {type(context_frames).__name__}")
-        if context_frames not in (0, f):
-            raise ValueError(
-                f"context_frames must be 0 or F={f} in the sharded forward (token shards cut frames), "
-                f"got {context_frames}"
-            )
+        if not 0 <= context_frames <= f:
+            raise ValueError(f"context_frames must be in [0, F={f}], got {context_frames}")
         hp, wp = c.grid_hw
         grid: Grid = (f, hp, wp)
         n_tok = f * hp * wp
+        n_ctx = context_frames * hp * wp
         sl = local_tokens(n_tok, self.plan, self.rank)
         n_loc = sl.stop - sl.start
         dtype = model.patch_embedding.weight.dtype
@@ -266,33 +322,46 @@ class RankStream:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _g: Grid) -> torch.Tensor:
             return self_attn(layer, q, k, v, grid)
 
+        drop = self.context_tokens(n_tok, n_ctx, self.rank)
         last = len(model.blocks) - 1
         for i, blk in enumerate(model.blocks):
-            # context_frames == F: the last layer keeps none of this rank's tokens (one "frame" each)
-            drop = n_loc if context_frames and i == last else 0
-            tok = blk(i, tok, e0_tok, tok_grid, text_kv[i], attn, self.backend, drop)
-        if context_frames:  # every rank takes this branch: no collective is left unmatched
+            # the last layer keeps none of the local tokens in the context frames (one "frame" each)
+            tok = blk(i, tok, e0_tok, tok_grid, text_kv[i], attn, self.backend, drop if i == last else 0)
+        if context_frames == f:  # every rank takes this branch: no collective is left unmatched
             return x.new_empty((b, 0, *x.shape[2:]))
-        e_tok = e.unflatten(0, (b, f))[:, frame].unsqueeze(2)  # [B, L_local, 1, dim]
-        out = model.head(tok, e_tok, n_loc).flatten(1, 2)  # [B, L_local, patch_out]
-        out = self._gather_tokens(out, n_tok)  # [B, L, patch_out]
+        kept = n_loc - drop
+        if kept:
+            e_tok = e.unflatten(0, (b, f))[:, frame[drop:]].unsqueeze(2)  # [B, kept, 1, dim]
+            out = model.head(tok, e_tok, kept).flatten(1, 2)  # [B, kept, patch_out]
+        else:  # this rank's whole shard lies in the context frames
+            out = tok.new_empty((b, 0, c.patch_out))
+        sizes = tuple(
+            n - self.context_tokens(n_tok, n_ctx, r)
+            for r, n in enumerate(token_splits(n_tok, self.plan.world_size))
+        )
+        out = self._gather_tokens(out, sizes)  # [B, L - n_ctx, patch_out]
+        fo = f - context_frames
         _, ph, pw = c.patch_size
-        out = out.view(b, f, hp, wp, ph, pw, c.out_channels)
-        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, f, c.out_channels, hp * ph, wp * pw)
+        out = out.view(b, fo, hp, wp, ph, pw, c.out_channels)
+        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, fo, c.out_channels, hp * ph, wp * pw)
         return out.to(x.dtype)
 
-    def _gather_tokens(self, x: torch.Tensor, n_tok: int) -> torch.Tensor:
-        """All-gather token shards ``[B, L_local, ...]`` of all ranks into ``[B, L, ...]``."""
+    def context_tokens(self, n_tok: int, n_ctx: int, rank: int) -> int:
+        """Tokens of ``rank``'s shard of ``n_tok`` among the first ``n_ctx`` (the shard's leading ones)."""
+        sl = local_tokens(n_tok, self.plan, rank)
+        return max(0, min(sl.stop, n_ctx) - sl.start)
+
+    def _gather_tokens(self, x: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+        """All-gather ``[B, sizes[rank], ...]`` of every rank into ``[B, sum(sizes), ...]`` (rank order)."""
         world = self.plan.world_size
         if world == 1:
             return x
-        splits = token_splits(n_tok, world)
-        top = max(splits)
+        top = max(sizes)
         if x.shape[1] < top:
             x = torch.cat([x, x.new_zeros((x.shape[0], top - x.shape[1], *x.shape[2:]))], dim=1)
         bufs = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(bufs, x.contiguous(), group=self.gather_group)
-        return torch.cat([buf[:, :n] for buf, n in zip(bufs, splits)], dim=1)
+        return torch.cat([buf[:, :n] for buf, n in zip(bufs, sizes)], dim=1)
 
     # ---- self-attention of the two passes ------------------------------------------------------------
     def _rope(
@@ -368,6 +437,89 @@ class RankStream:
 
         return attn
 
+    def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
+        """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).
+
+        :func:`sharding.attention.sharded_attention` regroups q, k, v to (head group x query shard) and
+        gathers every new key of the local heads; the local step then does what the unsharded merged
+        forward does, on this rank's heads and query shard: rope all frames at ``idx.frame_positions``
+        (the query shard placed in a full-length zero tensor), write the update block's clean k/v into its
+        ring slot of this rank's cache (every rank of a head group writes its own copy), rope the copies
+        (sink / relative-mode keys) from the cache, then one ``ops.attention_block_table`` launch over
+        [ring in place, new keys, copies] with the block table ``idx.table``. The query shard's tokens
+        ``[a, b)`` are split at the update block's end ``T``: its local query groups are the non-empty
+        ones of ``(min(b, T) - a, b - max(a, T))`` with the matching table rows (static per rank).
+
+        Last layer (``forward(context_frames=fpb)``): q holds only the local tokens after the update
+        block; they are zero-padded back to the full shard (the update queries' outputs are not used) and
+        the local step attends the denoise group only (the table's row 1), as the unsharded last layer.
+        """
+        lay = self._layout
+        t = lay.tokens_per_block
+        nc_frames = lay.copy_blocks * lay.frames_per_block
+        last = len(self.model.blocks) - 1
+        backend = self.backend
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            _, hp, wp = grid
+            n_tok = grid[0] * hp * wp
+            ck, cv = cache.layers[layer].k, cache.layers[layer].v
+            drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
+            if drop:
+                q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
+            qsl = query_shard_tokens(n_tok, self.plan, self.rank)
+            n_upd = max(0, min(qsl.stop, t) - qsl.start)  # query-shard tokens in the update block
+            n_den = qsl.stop - qsl.start - n_upd
+            den_only = layer == last
+            rows = ([] if den_only or not n_upd else [0]) + ([1] if n_den else [])
+            sizes = ([] if den_only or not n_upd else [n_upd]) + ([n_den] if n_den else [])
+            tab = idx.table[rows]
+
+            def local(
+                q_s: torch.Tensor,
+                k_all: torch.Tensor,
+                v_all: torch.Tensor,
+                *,
+                scale: float | None,
+                return_lse: bool,
+                backend: str | None,
+            ) -> torch.Tensor:
+                q_full = q_s.new_zeros(k_all.shape)
+                q_full[:, qsl] = q_s
+                qr_full, kr = ops.rope3d_positions(q_full, k_all, grid, idx.frame_positions, backend=backend)
+                # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative)
+                k_new = torch.where(idx.store_roped, kr[:, :t], k_all[:, :t])
+                k_w = torch.where(idx.write_valid, k_new, ck.index_select(1, idx.write_tokens))
+                v_w = torch.where(idx.write_valid, v_all[:, :t], cv.index_select(1, idx.write_tokens))
+                ops.kv_cache_write_at(
+                    ck, cv, k_w.contiguous(), v_w.contiguous(), idx.write_slot, backend=backend
+                )
+                # 2. roped copies of the blocks needing a pass-specific position (read after the write)
+                gk, gv = ck.index_select(1, idx.copy_tokens), cv.index_select(1, idx.copy_tokens)
+                _, gkr = ops.rope3d_positions(
+                    gk, gk, (nc_frames, hp, wp), idx.copy_positions, backend=backend
+                )
+                out = q_s.new_zeros(q_s.shape)
+                if not sizes:  # last layer, query shard inside the update block: nothing is read
+                    return out
+                qr = qr_full[:, qsl.start + (n_upd if den_only else 0) : qsl.stop].contiguous()
+                # 3. this shard's query groups in one launch; ring blocks read in place
+                res = ops.attention_block_table(
+                    qr, [ck, kr, gkr], [cv, v_all, gv], tab, sizes, t, backend=backend
+                )
+                assert isinstance(res, torch.Tensor)
+                out[:, q_s.shape[1] - res.shape[1] :] = res
+                return out
+
+            out = sharded_attention(
+                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend,
+            )  # fmt: skip
+            assert isinstance(out, torch.Tensor)
+            return out[:, drop:]
+
+        return attn
+
 
 # ---- spawning ranks on CPU ---------------------------------------------------------------------------
 
@@ -388,6 +540,7 @@ class _Job:
     noise: torch.Tensor | None
     timeout_s: float
     return_latents: bool
+    merged: bool
 
 
 def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
@@ -398,7 +551,7 @@ def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
     gather = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=job.timeout_s))
     runner = RankStream(
         job.model, job.model_cfg, job.pipe_cfg, groups,
-        backend=job.backend, positions=job.positions, gather_group=gather,
+        backend=job.backend, positions=job.positions, gather_group=gather, merged=job.merged,
     )  # fmt: skip
     gen = torch.Generator()
     gen.set_state(job.generator_state)
@@ -429,6 +582,13 @@ class ShardedRollingForcingPipeline:
         cores: number of ranks (>= 1). ``tp`` forces the heads split (default: the planner's choice at
             this stream's window shape, :func:`pipeline_plan`).
         backend, positions: as :class:`rolling_forcing.pipeline.RollingForcingPipeline`.
+        merged: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline`: True: one merged forward
+            per window on every rank (:meth:`RankStream._merged_windows`); False: two passes; None
+            (default): merged where ``ops.attention_block_table`` runs on ``backend``
+            (``ops.has_kernel``), else two-pass. ``self.merged`` tells which. ``merged=True`` on a
+            backend without that op raises ``NotImplementedError``.
+        compile: not supported for the sharded stream (anything but None/False raises ``ValueError``:
+            the ranks run eager forwards).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
 
@@ -445,11 +605,27 @@ class ShardedRollingForcingPipeline:
         tp: int | None = None,
         backend: str | None = None,
         positions: str | None = None,
+        merged: bool | None = None,
+        compile: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if merged is not None and not isinstance(merged, bool):
+            raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
+        if compile not in (None, False):
+            raise ValueError(
+                "compile= is not supported by the sharded stream (the ranks run eager forwards; the "
+                "collectives inside attention would have to be traced too); use compile=None or cores=1"
+            )
+        supported = ops.has_kernel("attention_block_table", backend)
+        if merged and not supported:
+            raise NotImplementedError(
+                f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement; "
+                "use merged=False (two passes)"
+            )
+        self.merged: bool = supported if merged is None else merged
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend, self.positions, self.timeout_s = backend, mode, timeout_s
@@ -480,6 +656,7 @@ class ShardedRollingForcingPipeline:
             self.model, self.model_cfg, cfg, self.plan, self.backend, self.positions,
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
+            self.merged,
         )  # fmt: skip
         ctx: Any = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))

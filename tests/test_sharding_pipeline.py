@@ -1,17 +1,20 @@
 """The TP x SP sharded Rolling Forcing stream equals the unsharded pipeline; rank failures fail loudly.
 
 Reference: :class:`rolling_forcing.pipeline.RollingForcingPipeline` (itself tested against the plain
-reference loop) on the same weights, prompt and generator seed, in this process: its two-pass mode
-(``merged=False``, the order the ranks run) in one test and its default merged forward in the other.
+reference loop) on the same weights, prompt and generator seed, in this process, in the same mode as the
+sharded stream: merged (the default of both) against merged, two-pass (``merged=False``) against
+two-pass.
 
 Tolerance: 1e-5 absolute on the final latents (fp32), the issue's bound. Sharding changes no arithmetic
 except the row count of every matmul (token shards) and the head count of every attention call, which
-can change the fp32 summation order inside BLAS: a few ulps per op, compounded over 2 layers x 2 passes x
-every window of the stream. Measured: 1.4e-6 .. 1.7e-6 max abs difference on latents of magnitude <= 5.4
-(TP1xSP2, TP2xSP1, TP2xSP2, TP4xSP1, TP1xSP4; absolute and relative positions), i.e. 6x below 1e-5.
+can change the fp32 summation order inside BLAS: a few ulps per op, compounded over 2 layers x every
+forward of the stream. Measured: merged sharded vs merged unsharded 0.0 (bitwise) for TP2xSP1, TP1xSP2,
+TP2xSP2 (45-token blocks) and TP4xSP2, absolute and relative positions; two-pass sharded vs two-pass
+unsharded 0.0 (TP1xSP2, TP2xSP1) .. 1.5e-6 (TP2xSP2, TP4xSP1, TP1xSP4), latents of magnitude <= 5.4.
 
-Multi-process tests are few and small (2-core CI machine): one 2-rank stream, one 4-rank stream with
-token counts that do not divide the ranks, and one stream where a rank dies.
+Multi-process tests are few and small (2-core CI machine): one 2-rank merged stream, one 2-rank
+two-pass stream, one 4-rank merged stream with token counts that do not divide the ranks, one stream
+where a rank dies, one CLI run with ``--cores 2``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import sharding.pipeline
-from rolling_forcing.config import PipelineConfig, get_preset
+from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel, Head
 from rolling_forcing.pipeline import RollingForcingPipeline
 from sharding.launch import LaunchError
@@ -70,37 +73,51 @@ def _check_equal(sharded: ShardedRollingForcingPipeline, chunks: list, ref: list
     return err, float(want.abs().max())
 
 
+def _sharded(model: CausalWanModel, cfg: ModelConfig, nb: int, **kw: object) -> tuple:
+    sharded = ShardedRollingForcingPipeline(model, cfg, P, timeout_s=TIMEOUT_S, **kw)  # type: ignore[arg-type]
+    chunks = list(
+        sharded.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
+    )
+    return sharded, chunks
+
+
 @pytest.mark.distributed
-def test_2_ranks_stream_equals_unsharded() -> None:
-    """Default 2-core plan; 9 blocks: warm-up, steady windows, sink dropped from the update pass
-    (block >= 7), the ring wrapping (block 8 reuses slot 1), and the tail."""
+def test_2_ranks_merged_stream_equals_unsharded_merged() -> None:
+    """Default 2-core plan (TP1 x SP2: the K/V all-gather) and default forward (merged: one 18-frame
+    forward per window); 9 blocks: warm-up (padded windows, masked first update), steady windows,
+    sink dropped from the update group (block >= 7), the ring wrapping (block 8 reuses slot 1), tail."""
     nb = 9
     model = tiny_model(TINY)
-    ref = _unsharded(model, "absolute", nb, merged=False)  # the two-pass order the ranks run
-    sharded = ShardedRollingForcingPipeline(
-        model, TINY, P, cores=2, positions="absolute", timeout_s=TIMEOUT_S
-    )
-    chunks = list(
-        sharded.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
-    )
+    ref = _unsharded(model, "absolute", nb, merged=True)
+    sharded, chunks = _sharded(model, TINY, nb, cores=2, positions="absolute")
+    assert sharded.merged is True  # the reference backend has ops.attention_block_table
+    assert (sharded.plan.tp, sharded.plan.sp) == (1, 2)
     err, scale = _check_equal(sharded, chunks, ref)
-    print(f"\n{sharded.plan.name}: max |sharded - unsharded| = {err:.3g} (|latents| <= {scale:.3g})")
+    print(f"\n{sharded.plan.name} merged: max |sharded - unsharded| = {err:.3g} (|latents| <= {scale:.3g})")
 
 
 @pytest.mark.distributed
-def test_4_ranks_tp2_sp2_odd_token_counts_equals_unsharded() -> None:
-    """TP2 x SP2 (all-to-all and K/V all-gather, cache replicated within the head group), token counts
-    that do not divide the ranks, relative positions (keys re-roped from the cache every pass)."""
+def test_2_ranks_two_pass_stream_equals_unsharded_two_pass() -> None:
+    """``merged=False`` stays selectable: TP2 x SP1 (the head all-to-all), two passes per window."""
+    nb = 9
+    model = tiny_model(TINY)
+    ref = _unsharded(model, "absolute", nb, merged=False)
+    sharded, chunks = _sharded(model, TINY, nb, cores=2, tp=2, positions="absolute", merged=False)
+    assert sharded.merged is False and (sharded.plan.tp, sharded.plan.sp) == (2, 1)
+    err, scale = _check_equal(sharded, chunks, ref)
+    print(f"\n{sharded.plan.name} two-pass: max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
+
+
+@pytest.mark.distributed
+def test_4_ranks_tp2_sp2_odd_token_counts_merged_equals_unsharded() -> None:
+    """TP2 x SP2 merged (all-to-all and K/V all-gather, cache replicated within the head group, query
+    shards cutting the update block and the window), token counts that do not divide the ranks,
+    relative positions (every cached key re-roped from the cache as a copy)."""
     nb = 6
     model = tiny_model(ODD, 3)
-    ref = _unsharded(model, "relative", nb, merged=True)  # the default (merged) pipeline
-    sharded = ShardedRollingForcingPipeline(
-        model, ODD, P, cores=4, tp=2, positions="relative", timeout_s=TIMEOUT_S
-    )
-    assert (sharded.plan.tp, sharded.plan.sp) == (2, 2)
-    chunks = list(
-        sharded.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
-    )
+    ref = _unsharded(model, "relative", nb, merged=True)
+    sharded, chunks = _sharded(model, ODD, nb, cores=4, tp=2, positions="relative")
+    assert (sharded.plan.tp, sharded.plan.sp) == (2, 2) and sharded.merged is True
     assert P.tokens_per_block(ODD) % 4 != 0
     err, scale = _check_equal(sharded, chunks, ref)
     print(f"\n{sharded.plan.name} (45-token blocks): max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
@@ -133,8 +150,8 @@ def test_rank_dying_mid_stream_raises_launch_error() -> None:
         ):
             got.append(chunk.block)
     assert info.value.rank == 1
-    # the update pass skips the head (context_frames): the 3rd head call is window 2's denoise forward,
-    # and the first block is final after window 4
+    # one head call per window (merged forward; the update frames skip the head): the 3rd is window
+    # 2's, and the first block is final after window 4
     assert got == []
     assert time.monotonic() - t0 < 2 * 5.0 + 30
 
@@ -150,6 +167,15 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
     model = tiny_model(TINY)
     with pytest.raises(ValueError, match="positions"):
         ShardedRollingForcingPipeline(model, TINY, P, cores=2, positions="sideways")
+    with pytest.raises(TypeError, match="merged must be a bool"):
+        ShardedRollingForcingPipeline(model, TINY, P, cores=2, merged="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="compile= is not supported by the sharded stream"):
+        ShardedRollingForcingPipeline(model, TINY, P, cores=2, compile=True)
+    with monkeypatch.context() as m:  # a backend without the block-table attention: two-pass default
+        m.setattr(sharding.pipeline.ops, "has_kernel", lambda op, backend=None: False)
+        assert ShardedRollingForcingPipeline(model, TINY, P, cores=2).merged is False
+        with pytest.raises(NotImplementedError, match="attention_block_table"):
+            ShardedRollingForcingPipeline(model, TINY, P, cores=2, merged=True)
     sharded = ShardedRollingForcingPipeline(model, TINY, P, cores=2)
 
     def no_launch(*args: object, **kwargs: object) -> None:
@@ -165,24 +191,27 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
 @pytest.mark.distributed
 def test_cli_generate_cores_2_writes_the_same_video(tmp_path) -> None:
     """``rolling-forcing generate --cores 2``: rank 0's chunks reach the parent, which writes the video
-    and the measured report; the frames equal the unsharded run's (latents within 1.7e-6 of each other,
-    so a uint8 pixel can flip by at most 1 at a rounding boundary)."""
+    and the measured report; merged by default like ``--cores 1``, ``--two-pass`` selectable; the frames
+    equal the unsharded run's (latents within 1.5e-6 of each other, so a uint8 pixel can flip by at
+    most 1 at a rounding boundary)."""
     from typer.testing import CliRunner
 
     from rolling_forcing.cli import app
     from rolling_forcing.video import read_video
 
     videos, reports = [], []
-    for cores in (1, 2):
-        out, rep = tmp_path / f"c{cores}.mp4", tmp_path / f"c{cores}.json"
+    for cores, flags in ((1, []), (2, []), (2, ["--two-pass"])):
+        out, rep = tmp_path / f"c{cores}{len(flags)}.mp4", tmp_path / f"c{cores}{len(flags)}.json"
         args = ["generate", "--preset", "tiny", "--blocks", str(P.window_blocks), "--seed", "3"]
-        args += ["--out", str(out), "--report-json", str(rep), "--no-progress", "--no-warmup"]
+        args += ["--out", str(out), "--report-json", str(rep), "--no-progress", "--no-warmup", *flags]
         res = CliRunner().invoke(app, [*args, "--cores", str(cores)])
         assert res.exit_code == 0, res.output
         videos.append(read_video(out).astype("int16"))
         reports.append(json.loads(rep.read_text()))
-    assert videos[0].shape == videos[1].shape and videos[0].std() > 1.0
-    assert int(abs(videos[0] - videos[1]).max()) <= 1
+    assert videos[0].shape == videos[1].shape == videos[2].shape and videos[0].std() > 1.0
+    assert int(abs(videos[0] - videos[1]).max()) <= 1 and int(abs(videos[0] - videos[2]).max()) <= 1
+    assert [r["meta"]["merged"] for r in reports] == [True, True, False]
     sharded = reports[1]
     assert sharded["summary"]["kind"] == "measured" and sharded["summary"]["chunks"] == P.window_blocks
     assert sharded["meta"]["cores"] == 2 and "--cores 2" in sharded["meta"]["command"]
+    assert "--two-pass" in reports[2]["meta"]["command"]
