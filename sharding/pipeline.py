@@ -1,7 +1,10 @@
 """The Rolling Forcing stream sharded TP (heads) x SP (tokens/queries) over ``plan.world_size`` ranks.
 
-Every rank runs the same window loop as :class:`rolling_forcing.pipeline.RollingForcingPipeline` (two
-passes per window: denoise, then the cache update at t = 0) in lockstep; only the forwards are split.
+Every rank runs the same window loop as :class:`rolling_forcing.pipeline.RollingForcingPipeline` in
+lockstep; only the forwards are split. By default (``merged``) that is **one merged forward per window**
+(the cache update of window w-1's start block at t = 0 and the denoise of window w, 3 + 15 frames,
+static shapes, :mod:`rolling_forcing.merged`'s plan); ``merged=False`` runs the two passes (denoise,
+then the cache update) separately.
 
 **Per forward** (``L`` tokens of the pass, rank ``r``, plan ``tp x sp``):
 
@@ -22,10 +25,17 @@ passes per window: denoise, then the cache update at t = 0) in lockstep; only th
   full flow prediction; x0, re-noising and the noise draws are then replicated (cheap elementwise work;
   every rank draws the same noise from the same generator state). Every rank therefore yields the same
   chunks; rank 0 hands them to the caller.
-* *The cache-update pass* only needs its k/v writes (``forward(..., context_frames=F)``, as the unsharded
-  pipeline's ``forward_with(..., context_frames=F)``): its last layer stops after the k/v regroup and the
-  write (one placeholder query per rank keeps :func:`~sharding.attention.sharded_attention`'s local step
-  running), and the head and its all-gather are skipped.
+* *The merged forward* (:meth:`RankStream._merged_attn`): the same token sharding over 18 frames; the
+  local step runs the unsharded merged forward's attention on the local heads and query shard: rope at
+  ``MergedIndex.frame_positions``, ``ops.kv_cache_write_at`` of the update block into this rank's
+  cache, roped copies, one ``ops.attention_block_table`` with the rows of the query groups the shard
+  holds. In the last layer the update tokens of each shard stop after their k/v
+  (``forward(context_frames=fpb)``) and only the window's tokens reach the head and its all-gather.
+* *The cache-update pass* (two-pass mode) only needs its k/v writes (``forward(...,
+  context_frames=F)``, as the unsharded pipeline's ``forward_with(..., context_frames=F)``): its last
+  layer stops after the k/v regroup and the write (one placeholder query per rank keeps
+  :func:`~sharding.attention.sharded_attention`'s local step running), and the head and its all-gather
+  are skipped.
 
 **KV cache per head group.** Rank ``r`` keeps a :class:`~rolling_forcing.cache.RollingKVCache` of only
 its heads ``local_heads(plan, r)``: buffers ``[B, S, H/tp, D]``. Within a head group (SP > 1) every SP
