@@ -49,7 +49,16 @@ into its own copy (the update pass) or attends directly (the denoise pass).
 Use :class:`ShardedRollingForcingPipeline` to run a stream on CPU ranks spawned by
 :func:`sharding.launch.launch` (rank 0 streams each chunk back as soon as it is final); use
 :class:`RankStream` inside ranks started some other way (``torchrun``, the XLA process group on
-Trainium). Not supported here: ``set_prompt`` (prompt switching mid-stream) and batch > 1 is untested.
+Trainium).
+
+**Prompt switches** are a schedule fixed before the stream starts: ``set_prompt(embeds, recache,
+window=w)`` on :class:`ShardedRollingForcingPipeline` (or ``prompts={w: (embeds, recache)}`` to
+:meth:`RankStream.stream`) is pickled into every rank's job, so every rank applies it at the start of
+window ``w`` with no message at all: the ranks stay in lockstep by construction and the result is exactly
+the unsharded pipeline's ``set_prompt`` called after the chunk of window ``w - 1`` (the same steps:
+a pending merged update of the old prompt runs alone first, text k/v recomputed, optional re-cache of
+the clean blocks still cached). A switch *while* the ranks run is refused: they run ahead of the
+consumer, so "the next window" would depend on timing. Batch > 1 is untested.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ import io
 import multiprocessing as mp
 import queue as queue_mod
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +91,7 @@ from rolling_forcing.model import (
 )
 from rolling_forcing.pipeline import (
     Chunk,
+    ForwardStats,
     NoiseSource,
     check_stream_args,
     renoise_window,
@@ -104,6 +114,7 @@ from sharding.plan import AttentionShape, ShardingPlan
 from sharding.plan import plan as make_plan
 
 __all__ = [
+    "PromptSchedule",
     "RankStream",
     "ShardedRollingForcingPipeline",
     "attention_shape",
@@ -111,6 +122,34 @@ __all__ = [
 ]
 
 PRELOAD: tuple[str, ...] = (*DEFAULT_PRELOAD, "rolling_forcing.pipeline", "sharding.pipeline")
+
+PromptSchedule = Mapping[int, tuple[torch.Tensor, bool]]
+"""Prompt switches of a stream: window index -> (``text_embeds [B, L<=text_len, text_dim]``, recache)."""
+
+
+def check_prompts(
+    model: CausalWanModel, pipe_cfg: PipelineConfig, prompts: PromptSchedule, batch: int, num_blocks: int
+) -> None:
+    """Validate a prompt schedule for a stream of ``num_blocks`` blocks and batch ``batch``.
+
+    Raises ``ValueError`` naming the window for a window outside ``[0, num_windows)``, embeddings of the
+    wrong shape or batch, and ``TypeError`` for a window that is not an int or a recache that is not a bool.
+    """
+    nw = schedule.num_windows(pipe_cfg, num_blocks)
+    for w, (emb, recache) in prompts.items():
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise TypeError(f"prompt switch window must be an int, got {type(w).__name__}")
+        if not 0 <= w < nw:
+            raise ValueError(f"prompt switch window={w} is outside the stream's windows [0, {nw})")
+        if not isinstance(recache, bool):
+            raise TypeError(
+                f"recache of the switch at window {w} must be a bool, got {type(recache).__name__}"
+            )
+        model._check_context(emb)
+        if emb.shape[0] != batch:
+            raise ValueError(
+                f"prompt of the switch at window {w} has batch {emb.shape[0]} != stream batch {batch}"
+            )
 
 
 def attention_shape(model_cfg: ModelConfig, pipe_cfg: PipelineConfig, batch: int = 1) -> AttentionShape:
@@ -191,6 +230,9 @@ class RankStream:
         self._table = pipe_cfg.scheduler_table()
         self.cache: RollingKVCache | None = None
         self.cache_shape: tuple[int, ...] | None = None  # [B, S, H/tp, D] of the last stream's buffers
+        self.stats = (
+            ForwardStats()
+        )  # measured: forwards of the last stream by kind, distinct input signatures
 
     # ---- the stream (same loop as RollingForcingPipeline.stream) ------------------------------------
     @torch.no_grad()
@@ -201,15 +243,22 @@ class RankStream:
         *,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
+        prompts: PromptSchedule | None = None,
     ) -> Iterator[Chunk]:
         """Generate ``num_blocks`` blocks; yield each :class:`~rolling_forcing.pipeline.Chunk` when final.
 
         Arguments as :meth:`rolling_forcing.pipeline.RollingForcingPipeline.stream`; every rank must pass
-        the same text, noise and generator state (the noise is drawn replicated).
+        the same text, noise, generator state and ``prompts`` (the noise is drawn replicated).
+        ``prompts``: window -> (embeds, recache): at the start of that window the prompt switches exactly
+        as the unsharded ``set_prompt(embeds, recache)`` called after the chunk of the window before
+        (see :func:`check_prompts` for the errors). :attr:`stats` counts this stream's forwards.
         """
         cfg, mcfg = self.pipe_cfg, self.model_cfg
         check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)
         bsz, dtype, fpb = text_embeds.shape[0], cfg.torch_dtype, cfg.frames_per_block
+        sched: PromptSchedule = dict(prompts) if prompts is not None else {}
+        check_prompts(self.model, cfg, sched, bsz, num_blocks)
+        self.stats = ForwardStats()
         device = self.model.patch_embedding.weight.device
         src = NoiseSource(
             bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype, generator=generator, initial_noise=noise
@@ -219,20 +268,23 @@ class RankStream:
         self.cache_shape = tuple(cache.layers[0].k.shape)
         text_kv = self.model.text_kv(text_embeds.to(dtype))  # all heads: cross-attention is token-sharded
         noisy: dict[int, torch.Tensor] = {}
+        clean_blocks: dict[int, torch.Tensor] = {}  # block -> x0 last cached (for a re-cache)
         if self.merged:
-            yield from self._merged_windows(cache, text_kv, src, noisy, num_blocks, device)
+            yield from self._merged_windows(
+                cache, text_kv, src, noisy, num_blocks, device, sched, clean_blocks
+            )
             self.cache = None
             return
         for w in range(schedule.num_windows(cfg, num_blocks)):
+            if w in sched:
+                text_kv = self._apply_prompt(cache, sched[w], clean_blocks, num_blocks)
             plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
             x_in, t_in = window_input(cfg, plan, src, noisy, device)
-            flow = self.forward(x_in, t_in, text_kv, self._denoise_attn(cache, plan))
+            flow = self.forward(x_in, t_in, text_kv, self._denoise_attn(cache, plan), kind="denoise")
             x0 = flow_to_x0(flow, x_in, t_in, self._table)
             renoise_window(cfg, self._table, plan, x0, src, noisy)
             clean = x0[:, :fpb].contiguous()
-            t0 = torch.full((bsz, fpb), float(cfg.context_noise), dtype=torch.float32)
-            # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
-            self.forward(clean, t0, text_kv, self._update_attn(cache, plan), context_frames=fpb)
+            self._update(cache, text_kv, plan, clean, clean_blocks)
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
         self.cache = None
@@ -245,8 +297,13 @@ class RankStream:
         noisy: dict[int, torch.Tensor],
         num_blocks: int,
         device: torch.device,
+        prompts: PromptSchedule,
+        clean_blocks: dict[int, torch.Tensor],
     ) -> Iterator[Chunk]:
-        """The merged window loop (as ``RollingForcingPipeline._merged_windows``, without prompt switches).
+        """The merged window loop (as ``RollingForcingPipeline._merged_windows``).
+
+        At a prompt switch the pending update belongs to the old prompt: it runs alone first
+        (:meth:`_update`), as in the unsharded merged stream, and the next merged forward's update is masked.
 
         Per window w one forward of ``layout.frames`` frames: the clean x0 of window w-1's start block
         (masked for w = 0), then window w padded with zeros. Its index tensors are
@@ -257,6 +314,11 @@ class RankStream:
         fpb = cfg.frames_per_block
         pending: tuple[WindowPlan, torch.Tensor] | None = None  # (plan, clean x0 of its start block)
         for w in range(schedule.num_windows(cfg, num_blocks)):
+            if w in prompts:
+                if pending is not None:
+                    self._update(cache, text_kv, pending[0], pending[1], clean_blocks)
+                    pending = None
+                text_kv = self._apply_prompt(cache, prompts[w], clean_blocks, num_blocks)
             plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
             x_win, t_win = window_input(cfg, plan, src, noisy, device)
             bsz, nf = x_win.shape[:2]
@@ -271,13 +333,76 @@ class RankStream:
             t[:, fpb : fpb + nf] = t_win
             idx = MergedIndex.from_step(step, lay, device)
             # the update frames only write the cache: the last layer and the head skip them
-            flow = self.forward(x, t, text_kv, self._merged_attn(cache, idx), context_frames=fpb)
+            flow = self.forward(
+                x, t, text_kv, self._merged_attn(cache, idx), context_frames=fpb, kind="merged",
+                index=idx.tensors(),
+            )  # fmt: skip
             x0 = flow_to_x0(flow[:, :nf], x_win, t_win, self._table)  # flow: the padded window only
             renoise_window(cfg, self._table, plan, x0, src, noisy)
+            if pending is not None:
+                self._record_clean(clean_blocks, pending[0].start_block, pending[1])
             clean = x0[:, :fpb].contiguous()
             pending = (plan, clean)  # the last window's update is never read: it is not run
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
+
+    # ---- cache update alone, prompt switch (as RollingForcingPipeline._update / _apply_prompt) ---------
+    def _update(
+        self,
+        cache: RollingKVCache,
+        text_kv: TextKV,
+        plan: WindowPlan,
+        clean: torch.Tensor,
+        clean_blocks: dict[int, torch.Tensor],
+    ) -> None:
+        """The cache-update forward of ``plan``'s start block (x0 ``clean`` ``[B, fpb, C, H, W]``), t = 0."""
+        cfg = self.pipe_cfg
+        fpb = cfg.frames_per_block
+        t0 = torch.full((clean.shape[0], fpb), float(cfg.context_noise), dtype=torch.float32)
+        # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
+        self.forward(clean, t0, text_kv, self._update_attn(cache, plan), context_frames=fpb, kind="update")
+        self._record_clean(clean_blocks, plan.start_block, clean)
+
+    def _record_clean(self, clean_blocks: dict[int, torch.Tensor], s: int, clean: torch.Tensor) -> None:
+        """Remember the x0 of block ``s``, now cached; forget blocks no longer in the cache (sink kept)."""
+        cfg = self.pipe_cfg
+        clean_blocks[s] = clean
+        # the unsharded pipeline's rule, kept identical so a re-cache re-encodes the same blocks
+        keep = {0} | set(range(max(1, s - cfg.ring_slots + 1), s + 1))
+        for b in [b for b in clean_blocks if b not in keep]:
+            del clean_blocks[b]
+
+    def _apply_prompt(
+        self,
+        cache: RollingKVCache,
+        switch: tuple[torch.Tensor, bool],
+        clean_blocks: dict[int, torch.Tensor],
+        num_blocks: int,
+    ) -> TextKV:
+        """Switch to ``switch = (embeds, recache)``; return the new text k/v (all heads, every rank).
+
+        ``recache``: the clean blocks still cached are re-encoded under the new prompt, oldest first,
+        each attending to the cached blocks before it (keys of evicted blocks excluded), exactly as the
+        unsharded ``RollingForcingPipeline._apply_prompt``: one update-only forward per block.
+        """
+        cfg = self.pipe_cfg
+        emb, recache = switch
+        text_kv = self.model.text_kv(emb.to(cfg.torch_dtype))
+        if not recache:
+            return text_kv
+        present = sorted(clean_blocks)
+        oldest_ring = min((b for b in present if b >= cfg.sink_blocks), default=0)
+        for b in present:
+            plan = schedule.window_plan(cfg, num_blocks, b + cfg.window_blocks - 1, self.positions)
+            keys = tuple(
+                k for k in plan.update.cache_keys if k.block < cfg.sink_blocks or k.block >= oldest_ring
+            )
+            upd = PassPlan(plan.update.query_blocks, plan.update.query_position, keys, False)
+            x = clean_blocks[b]
+            t0 = torch.zeros(x.shape[:2], dtype=torch.float32)
+            attn = self._pass_attn(cache, upd, (plan.write_slot, plan.store_roped))
+            self.forward(x, t0, text_kv, attn, context_frames=x.shape[1], kind="update")
+        return text_kv
 
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
@@ -288,6 +413,8 @@ class RankStream:
         self_attn: SelfAttnFn,
         *,
         context_frames: int = 0,
+        kind: str = "forward",
+        index: tuple[torch.Tensor, ...] = (),
     ) -> torch.Tensor:
         """Flow prediction of ``x`` ``[B, F, C, H, W]`` at ``timesteps`` ``[B, F]``; collective.
 
@@ -304,6 +431,10 @@ class RankStream:
         ``L_local`` k, v (it must still write them). The head runs on the kept tokens and the all-gather
         collects them, so ``[B, F - context_frames, C, H, W]`` is returned (``[B, 0, C, H, W]`` for
         ``context_frames == F``: no head, no gather).
+
+        Every call is counted in :attr:`stats` under ``kind`` with the signature (shapes, dtypes) of x,
+        timesteps, this rank's token shard ``[B, L_local, dim]`` and the extra ``index`` tensors (the
+        merged forward's :class:`~rolling_forcing.merged.MergedIndex`).
         """
         model, c = self.model, self.model_cfg
         model._check_latents(x, "x", 1)
@@ -323,6 +454,7 @@ class RankStream:
         dtype = model.patch_embedding.weight.dtype
         tok = model.patch_embedding(x.permute(0, 2, 1, 3, 4).to(dtype)).flatten(2).transpose(1, 2)
         tok = tok[:, sl].contiguous()  # [B, L_local, dim]
+        self.stats.log(kind, x, timesteps, tok, *index)
         e = model.time_embedding(sinusoidal_embedding_1d(c.freq_dim, timesteps.flatten()).to(dtype))
         e0 = model.time_projection(e).unflatten(1, (6, c.dim)).unflatten(0, (b, f))  # [B, F, 6, dim]
         frame = torch.arange(sl.start, sl.stop) // (hp * wp)  # frame of each local token
@@ -551,6 +683,7 @@ class _Job:
     timeout_s: float
     return_latents: bool
     merged: bool
+    prompts: tuple[tuple[int, torch.Tensor, bool], ...] = ()
 
 
 def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
@@ -566,7 +699,10 @@ def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
     gen = torch.Generator()
     gen.set_state(job.generator_state)
     kept: list[torch.Tensor] = []
-    for chunk in runner.stream(job.text_embeds, job.num_blocks, generator=gen, noise=job.noise):
+    prompts = {w: (emb, recache) for w, emb, recache in job.prompts}
+    for chunk in runner.stream(
+        job.text_embeds, job.num_blocks, generator=gen, noise=job.noise, prompts=prompts
+    ):
         if rank == 0 and chunks is not None:
             buf = io.BytesIO()
             torch.save((chunk.block, chunk.latents, chunk.final, chunk.last, chunk.window), buf)
@@ -580,6 +716,8 @@ def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
         "heads": (heads.start, heads.stop),
         "cache_shape": runner.cache_shape,
         "latents": latents,
+        "forwards": dict(runner.stats.forwards),
+        "signatures": dict(runner.stats.signatures),
     }
 
 
@@ -640,6 +778,39 @@ class ShardedRollingForcingPipeline:
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend, self.positions, self.timeout_s = backend, mode, timeout_s
         self.last_results: list[dict[str, Any]] | None = None
+        self._prompts: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._streaming = False
+
+    def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False, *, window: int) -> None:
+        """Schedule a prompt switch at the start of ``window`` of the next :meth:`stream`.
+
+        Same semantics as :meth:`rolling_forcing.pipeline.RollingForcingPipeline.set_prompt` called after
+        the chunk of window ``window - 1`` (``chunk.window + 1`` is the window a switch made at that chunk
+        takes effect): text k/v recomputed for ``text_embeds`` ``[B, L<=text_len, text_dim]``; with
+        ``recache=True`` the clean blocks still cached are re-encoded under the new prompt; in merged mode
+        the pending update of the old prompt runs alone first. The schedule is given to every rank when
+        the stream starts, so all ranks switch at the same window with no message; it is consumed by that
+        stream. A later call for the same window replaces the earlier one.
+
+        Raises ``RuntimeError`` while a stream runs (the ranks run ahead of the consumer, so a switch
+        made then could not be placed at a window exactly), ``ValueError``/``TypeError`` for bad
+        embeddings, a negative or non-int ``window`` or a non-bool ``recache`` (the window's upper bound
+        and the batch are checked by :meth:`stream`, before spawning).
+        """
+        if self._streaming:
+            raise RuntimeError(
+                "set_prompt during a running sharded stream is not supported: the ranks run ahead of the "
+                "consumer, so the switch could not be placed at a window exactly; schedule it before "
+                "stream() with set_prompt(embeds, recache, window=w)"
+            )
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be an int, got {type(window).__name__}")
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
+        if not isinstance(recache, bool):
+            raise TypeError(f"recache must be a bool, got {type(recache).__name__}")
+        self.model._check_context(text_embeds)
+        self._prompts[window] = (text_embeds.detach().clone(), recache)
 
     def stream(
         self,
@@ -656,18 +827,33 @@ class ShardedRollingForcingPipeline:
         state is copied to every rank; it is not advanced here). ``return_latents``: every rank also
         returns its copy of all latents in :attr:`last_results` (for equivalence checks).
 
+        The prompt switches scheduled with :meth:`set_prompt` apply to this stream (and are consumed);
+        every rank's forward counts come back in :attr:`last_results` (``"forwards"``: kind -> count,
+        ``"signatures"``: (kind, input signature) -> count, see :attr:`RankStream.stats`).
+
         Raises :class:`sharding.launch.LaunchError` if a rank fails (its traceback in the message).
         Closing the generator early waits for the ranks to finish the stream.
         """
         cfg = self.pipe_cfg
         check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)  # before spawning
+        prompts, self._prompts = self._prompts, {}
+        check_prompts(self.model, cfg, prompts, text_embeds.shape[0], num_blocks)
         state = generator.get_state() if generator is not None else torch.get_rng_state()
         job = _Job(
             self.model, self.model_cfg, cfg, self.plan, self.backend, self.positions,
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
-            self.merged,
+            self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())),
         )  # fmt: skip
+        self._streaming = True
+        try:
+            yield from self._run(job, num_blocks)
+        finally:
+            self._streaming = False
+
+    def _run(self, job: _Job, num_blocks: int) -> Iterator[Chunk]:
+        """Launch the ranks of ``job`` and yield rank 0's chunks as they arrive."""
+        cfg = self.pipe_cfg
         ctx: Any = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
         chunks = ctx.Queue()

@@ -45,9 +45,28 @@ ODD = dataclasses.replace(TINY, name="tiny-odd", latent_height=6, latent_width=1
 P = PipelineConfig()
 
 
-def _unsharded(model: CausalWanModel, positions: str, num_blocks: int, merged: bool) -> list:
+def _unsharded(
+    model: CausalWanModel,
+    positions: str,
+    num_blocks: int,
+    merged: bool,
+    switches: dict[int, tuple[torch.Tensor, bool]] | None = None,
+) -> tuple[list, RollingForcingPipeline]:
+    """The unsharded stream; ``switches``: window -> (embeds, recache), each given by ``set_prompt`` right
+    after the chunk of the window before (the unsharded API: it takes effect at the next window)."""
     pipe = RollingForcingPipeline(model, model.cfg, P, positions=positions, merged=merged)
-    return list(pipe.stream(text_embeds(), num_blocks, generator=torch.Generator().manual_seed(7)))
+    out = []
+    for c in pipe.stream(text_embeds(), num_blocks, generator=torch.Generator().manual_seed(7)):
+        out.append(c)
+        if switches and c.window + 1 in switches:
+            emb, recache = switches[c.window + 1]
+            pipe.set_prompt(emb, recache=recache)
+    return out, pipe
+
+
+def _signatures(result: dict) -> int:
+    """Distinct forward input signatures of one rank's stream."""
+    return len(result["signatures"])
 
 
 def _check_equal(sharded: ShardedRollingForcingPipeline, chunks: list, ref: list) -> tuple[float, float]:
@@ -73,11 +92,24 @@ def _check_equal(sharded: ShardedRollingForcingPipeline, chunks: list, ref: list
     return err, float(want.abs().max())
 
 
-def _sharded(model: CausalWanModel, cfg: ModelConfig, nb: int, **kw: object) -> tuple:
+def _sharded(
+    model: CausalWanModel,
+    cfg: ModelConfig,
+    nb: int,
+    switches: dict[int, tuple[torch.Tensor, bool]] | None = None,
+    **kw: object,
+) -> tuple:
     sharded = ShardedRollingForcingPipeline(model, cfg, P, timeout_s=TIMEOUT_S, **kw)  # type: ignore[arg-type]
-    chunks = list(
-        sharded.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True)
-    )
+    for w, (emb, recache) in (switches or {}).items():
+        sharded.set_prompt(emb, recache, window=w)
+    chunks = []
+    for c in sharded.stream(
+        text_embeds(), nb, generator=torch.Generator().manual_seed(7), return_latents=True
+    ):
+        chunks.append(c)
+        if switches:  # the ranks run ahead of the consumer: a switch now cannot be placed exactly
+            with pytest.raises(RuntimeError, match="during a running sharded stream"):
+                sharded.set_prompt(text_embeds(5), window=c.window + 1)
     return sharded, chunks
 
 
@@ -88,12 +120,51 @@ def test_2_ranks_merged_stream_equals_unsharded_merged() -> None:
     sink dropped from the update group (block >= 7), the ring wrapping (block 8 reuses slot 1), tail."""
     nb = 9
     model = tiny_model(TINY)
-    ref = _unsharded(model, "absolute", nb, merged=True)
+    ref, pipe = _unsharded(model, "absolute", nb, merged=True)
     sharded, chunks = _sharded(model, TINY, nb, cores=2, positions="absolute")
     assert sharded.merged is True  # the reference backend has ops.attention_block_table
     assert (sharded.plan.tp, sharded.plan.sp) == (1, 2)
     err, scale = _check_equal(sharded, chunks, ref)
     print(f"\n{sharded.plan.name} merged: max |sharded - unsharded| = {err:.3g} (|latents| <= {scale:.3g})")
+    # static shapes: every forward of a rank has the same input signature (x, timesteps, the rank's
+    # token shard, the MergedIndex tensors), like the unsharded merged stream's one; same forward count
+    assert len(pipe.stats.signatures) == 1 and pipe.stats.forwards == {"merged": nb + P.window_blocks - 1}
+    assert sharded.last_results is not None
+    for r in sharded.last_results:
+        assert r["forwards"] == dict(pipe.stats.forwards), f"rank {r['rank']}"
+        assert _signatures(r) <= len(pipe.stats.signatures), f"rank {r['rank']}: {r['signatures']}"
+    # the ranks' token shards differ in size only where the tokens do not divide the ranks (not here)
+    sigs = [next(iter(r["signatures"])) for r in sharded.last_results]
+    assert sigs[0] == sigs[1]
+
+
+@pytest.mark.distributed
+def test_2_ranks_merged_stream_with_prompt_switches_equals_unsharded() -> None:
+    """``set_prompt(embeds, recache, window=w)`` before the sharded stream == the unsharded
+    ``set_prompt(embeds, recache)`` after the chunk of window w-1. One stream, two switches: recache off
+    at window 6, recache on at window 8 (4 clean blocks re-encoded under the new prompt); TP1 x SP2
+    merged, so each switch also runs the old prompt's pending update alone first."""
+    nb = 7
+    model = tiny_model(TINY)
+    switches = {6: (text_embeds(99), False), 8: (text_embeds(98), True)}
+    base, _ = _unsharded(model, "absolute", nb, merged=True)
+    ref, pipe = _unsharded(model, "absolute", nb, merged=True, switches=switches)
+    # the switches change the stream from the first chunk after them, and not before
+    first = min(i for i, c in enumerate(ref) if c.window >= 6)
+    assert all(torch.equal(a.latents, b.latents) for a, b in zip(base[:first], ref[:first]))
+    assert float((base[first].latents - ref[first].latents).abs().max()) > 1e-3
+    sharded, chunks = _sharded(model, TINY, nb, switches, cores=2, positions="absolute")
+    assert (sharded.plan.tp, sharded.plan.sp) == (1, 2) and sharded.merged is True
+    err, scale = _check_equal(sharded, chunks, ref)
+    print(f"\n{sharded.plan.name} merged, 2 switches: max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
+    assert sharded.last_results is not None
+    for r in sharded.last_results:
+        # the unsharded stream's 2 signatures (merged, and the update run alone at a switch; the
+        # re-cache forwards are update forwards of the same shapes)
+        assert _signatures(r) <= len(pipe.stats.signatures) == 2, r["signatures"]
+        assert r["forwards"]["merged"] == pipe.stats.forwards["merged"]
+    # the schedule was consumed by that stream
+    assert sharded._prompts == {}
 
 
 @pytest.mark.distributed
@@ -101,7 +172,7 @@ def test_2_ranks_two_pass_stream_equals_unsharded_two_pass() -> None:
     """``merged=False`` stays selectable: TP2 x SP1 (the head all-to-all), two passes per window."""
     nb = 9
     model = tiny_model(TINY)
-    ref = _unsharded(model, "absolute", nb, merged=False)
+    ref, _ = _unsharded(model, "absolute", nb, merged=False)
     sharded, chunks = _sharded(model, TINY, nb, cores=2, tp=2, positions="absolute", merged=False)
     assert sharded.merged is False and (sharded.plan.tp, sharded.plan.sp) == (2, 1)
     err, scale = _check_equal(sharded, chunks, ref)
@@ -115,7 +186,7 @@ def test_4_ranks_tp2_sp2_odd_token_counts_merged_equals_unsharded() -> None:
     relative positions (every cached key re-roped from the cache as a copy)."""
     nb = 6
     model = tiny_model(ODD, 3)
-    ref = _unsharded(model, "relative", nb, merged=True)
+    ref, _ = _unsharded(model, "relative", nb, merged=True)
     sharded, chunks = _sharded(model, ODD, nb, cores=4, tp=2, positions="relative")
     assert (sharded.plan.tp, sharded.plan.sp) == (2, 2) and sharded.merged is True
     assert P.tokens_per_block(ODD) % 4 != 0
@@ -186,6 +257,23 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
         next(sharded.stream(text_embeds(), P.window_blocks - 1))
     with pytest.raises(ValueError, match="text embeddings"):
         next(sharded.stream(torch.zeros(1, TINY.text_len, TINY.text_dim + 1), P.window_blocks))
+    # prompt switch schedule: bad arguments at set_prompt, a window past the stream or a batch that
+    # differs from the stream's at stream(), before any rank is spawned
+    with pytest.raises(TypeError, match="window must be an int"):
+        sharded.set_prompt(text_embeds(), window=1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        sharded.set_prompt(text_embeds(), window=-1)
+    with pytest.raises(TypeError, match="recache must be a bool"):
+        sharded.set_prompt(text_embeds(), "yes", window=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="text embeddings"):
+        sharded.set_prompt(torch.zeros(1, 3), window=1)
+    nw = P.window_blocks + P.window_blocks - 1  # windows of a window_blocks-block stream
+    sharded.set_prompt(text_embeds(), window=nw)
+    with pytest.raises(ValueError, match=f"window={nw} is outside the stream's windows"):
+        next(sharded.stream(text_embeds(), P.window_blocks))
+    sharded.set_prompt(torch.cat([text_embeds(), text_embeds()]), window=1)
+    with pytest.raises(ValueError, match="batch 2 != stream batch 1"):
+        next(sharded.stream(text_embeds(), P.window_blocks))
 
 
 @pytest.mark.distributed
