@@ -358,6 +358,49 @@ def _(q, k, grid, frame_positions, backend):
     return torch.empty_like(q), torch.empty_like(k)
 
 
+@torch.library.custom_op("nki_ardiff::rope_tables", mutates_args=())
+def _rope_tables_op(
+    frame_positions: torch.Tensor, grid: list[int], head_dim: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    fp = [int(x) for x in _int_values("frame_positions", frame_positions)]
+    for i, p in enumerate(fp):
+        if p < 0:
+            raise ValueError(f"frame_positions[{i}] must be >= 0, got {p}")
+    from reference.rope3d import rope_tables as ref_tables
+
+    cos, sin = ref_tables(tuple(grid), head_dim, 0, fp, dtype=dtype)
+    return cos.to(frame_positions.device), sin.to(frame_positions.device)
+
+
+@_rope_tables_op.register_fake
+def _(frame_positions, grid, head_dim, dtype):
+    n = grid[0] * grid[1] * grid[2]
+    shape = (n, head_dim // 2)
+    return frame_positions.new_empty(shape, dtype=dtype), frame_positions.new_empty(shape, dtype=dtype)
+
+
+@torch.library.custom_op("nki_ardiff::rope3d_tables", mutates_args=())
+def _rope3d_tables_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if _run_backend(backend) == "reference":
+        from reference.rope3d import rope3d_tables as ref_rope3d_tables
+
+        return ref_rope3d_tables(q, k, cos, sin)
+    qo, ko = _kernel("rope3d", "rope3d_tables_emulated")(q, k, cos, sin)
+    for name, t in (("q", qo), ("k", ko)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
+            raise RuntimeError(
+                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
+            )
+    return _fresh(qo, q, k), _fresh(ko, q, k)
+
+
+@_rope3d_tables_op.register_fake
+def _(q, k, cos, sin, backend):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
 @torch.library.custom_op("nki_ardiff::kv_cache_write_at", mutates_args=("cache_k", "cache_v"))
 def _kv_cache_write_at_op(
     cache_k: torch.Tensor,
@@ -819,6 +862,136 @@ def rope3d_positions(
     return _rope3d_positions_op(q, k, [f, hp, wp], frame_positions, _op_backend(backend))
 
 
+TABLE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+"""dtypes of RoPE cos/sin tables: float32 is what the kernels consume; float64 keeps the reference exact."""
+
+
+def _check_grid(grid: Any) -> tuple[int, int, int]:
+    if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) or len(grid) != 3:
+        raise ValueError(f"grid must be a sequence (F, Hp, Wp) of 3 ints, got {grid!r}")
+    for i, g in enumerate(grid):
+        _check_int(f"grid[{i}]", g)
+        if g < 1:
+            raise ValueError(f"grid[{i}] must be >= 1, got grid={tuple(grid)}")
+    f, hp, wp = (int(g) for g in grid)
+    return f, hp, wp
+
+
+def rope_tables(
+    grid: Sequence[int],
+    head_dim: int,
+    start_frame: int = 0,
+    *,
+    frame_positions: Sequence[int] | torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE ``(cos, sin)`` tables ``[L, head_dim//2]`` for :func:`rope3d_tables` (built once, shared).
+
+    Args:
+        grid: ``(F, Hp, Wp)`` Python ints >= 1; ``L = F*Hp*Wp``, rows in (f, h, w) row-major token order.
+        head_dim: D, a positive even int (columns: time pairs, then height, then width, as :func:`rope3d`).
+        start_frame: time position of frame 0 (>= 0); exclusive with a non-zero value and frame_positions.
+        frame_positions: optional length-F time positions: a Python sequence of ints, or a 1-D integer
+            tensor (values checked when the op runs: each >= 0; new values do not change a compiled graph).
+        dtype: ``torch.float32`` (the kernels' operand dtype) or ``torch.float64`` (the reference's exact
+            factors: :func:`rope3d_tables` with float64 tables is bitwise :func:`rope3d` on the reference
+            backend; kernels round them to float32 per call, as :func:`rope3d` does).
+        device: where the tables live (default: frame_positions' device if it is a tensor, else CPU).
+
+    The values are :func:`reference.rope3d.rope_tables` (angles in float64); a custom op, so under
+    ``torch.compile`` the tables are computed by that same code (not re-derived by the compiler).
+    """
+    f, hp, wp = _check_grid(grid)
+    _check_int("head_dim", head_dim)
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int (interleaved complex pairs), got {head_dim}")
+    if not isinstance(dtype, torch.dtype) or dtype not in TABLE_DTYPES:
+        raise TypeError(f"dtype must be one of {TABLE_DTYPES}, got {dtype!r}")
+    _check_int("start_frame", start_frame)
+    if start_frame < 0:
+        raise ValueError(f"start_frame must be >= 0, got {start_frame}")
+    if frame_positions is None:
+        pos = torch.arange(f, dtype=torch.int64, device=device) + int(start_frame)
+    else:
+        if start_frame != 0:
+            raise ValueError(
+                f"pass either start_frame ({start_frame}) or frame_positions, not both: "
+                "frame_positions already gives every frame's time position"
+            )
+        if isinstance(frame_positions, torch.Tensor):
+            _check_index_tensor("frame_positions", frame_positions, shape=(f,))
+            pos = frame_positions if device is None else frame_positions.to(device)
+        else:
+            if isinstance(frame_positions, (str, bytes)) or not isinstance(frame_positions, Sequence):
+                raise TypeError(
+                    f"frame_positions must be a sequence of ints or a tensor, got "
+                    f"{type(frame_positions).__name__}"
+                )
+            if len(frame_positions) != f:
+                raise ValueError(
+                    f"frame_positions must have length F={f} (grid[0]), got {len(frame_positions)}"
+                )
+            for i, p in enumerate(frame_positions):
+                _check_int(f"frame_positions[{i}]", p)
+                if p < 0:
+                    raise ValueError(f"frame_positions[{i}] must be >= 0, got {p}")
+            pos = torch.tensor([int(p) for p in frame_positions], dtype=torch.int64, device=device)
+    return _rope_tables_op(pos, [f, hp, wp], int(head_dim), dtype)
+
+
+def rope3d_tables(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope3d` of q and k with caller-built ``cos``/``sin`` tables (one launch; new tensors).
+
+    Build the tables once (:func:`rope_tables`) and reuse them for every layer of a forward: the angles
+    depend only on the token positions, never on the layer.
+
+    Args:
+        q, k: ``[B, L, H, D]`` contiguous, bf16 or fp32, identical shapes and dtypes; D even.
+        cos, sin: ``[L, D//2]`` contiguous, float32 or float64 (both the same), on q's device; row l is
+            token l of q/k (any positions: slicing rows of a larger table selects those tokens).
+        backend: see module docstring. Reference: :func:`reference.rope3d.rope3d_tables`; kernels:
+            :func:`nki_kernels.rope3d.rope3d_tables_emulated` (the ``rope3d_kernel`` with these tables).
+
+    Returns ``(q_rot, k_rot)`` with q's shape and dtype.
+    """
+    _check_tensor("q", q)
+    _check_tensor("k", k)
+    _check_same(("q", "k"), (q, k))
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)} ([B, L, H, D])")
+    if q.shape[3] % 2:
+        raise ValueError(f"q/k head_dim D={q.shape[3]} must be even (interleaved complex pairs)")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in TABLE_DTYPES:
+            raise TypeError(f"{name} must be torch.float32 or torch.float64, got {t.dtype}")
+        if t.dim() != 2 or t.shape[1] != q.shape[3] // 2:
+            raise ValueError(
+                f"{name} must be [L, D//2] = [L, {q.shape[3] // 2}] for q/k D={q.shape[3]}, "
+                f"got shape {tuple(t.shape)}"
+            )
+        if t.shape[0] != q.shape[1]:
+            raise ValueError(
+                f"{name} has {t.shape[0]} rows (L, {name}.shape[0]) but q/k have L={q.shape[1]} tokens (dim 1)"
+            )
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [L, D//2]; call .contiguous()")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if sin.dtype != cos.dtype:
+        raise TypeError(f"sin dtype {sin.dtype} must match cos dtype {cos.dtype}")
+    return _rope3d_tables_op(q, k, cos, sin, _op_backend(backend))
+
+
 def kv_cache_write_at(
     cache_k: torch.Tensor,
     cache_v: torch.Tensor,
@@ -925,6 +1098,7 @@ def attention_block_table(
 _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "rope3d": ("rope3d", "rope3d_emulated"),
     "rope3d_positions": ("rope3d", "rope3d_emulated"),
+    "rope3d_tables": ("rope3d", "rope3d_tables_emulated"),
     "attention": ("attention", "attention_emulated"),
     "attention_segments": ("attention", "attention_segments_emulated"),
     "attention_block_table": BLOCK_TABLE_KERNEL,
@@ -975,4 +1149,6 @@ __all__ = [
     "resolve_backend",
     "rope3d",
     "rope3d_positions",
+    "rope3d_tables",
+    "rope_tables",
 ]

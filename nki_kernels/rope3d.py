@@ -30,7 +30,9 @@ Layouts and design (:func:`rope3d_kernel`):
 :func:`rope3d_naive_kernel` is the deliberately bad variant (benchmark only): it de-interleaves in the
 DMA (stride-2 element gathers straight from HBM: one descriptor per element) and stores the same way.
 
-:func:`rope3d_emulated` is the torch-facing entry that :mod:`nki_kernels.ops` calls.
+:func:`rope3d_emulated` (builds the tables per call from the grid and positions) and
+:func:`rope3d_tables_emulated` (takes caller-built tables, e.g. once per forward for all layers) are the
+torch-facing entries that :mod:`nki_kernels.ops` calls.
 """
 
 from __future__ import annotations
@@ -254,6 +256,44 @@ def rope3d_emulated(
     return _to_torch(qo, q.dtype), _to_torch(ko, q.dtype)
 
 
+def rope3d_tables_emulated(q: Any, k: Any, cos: Any, sin: Any, lnc: int = 1) -> tuple[Any, Any]:
+    """RoPE of ``q`` and ``k`` through :func:`rope3d_kernel` with caller-built tables (no per-call angles).
+
+    Args:
+        q, k: torch ``[B, L, H, D]`` bf16 or fp32, same shape and dtype, D even.
+        cos, sin: torch ``[L, D//2]`` float32 (the kernel's operand dtype) or float64 (rounded to float32
+            here, the rounding :func:`rope_tables_np` applies), e.g. from :func:`reference.rope3d.rope_tables`
+            built once per forward and shared by every layer.
+        lnc: logical cores of the launch (1 or 2).
+
+    Returns:
+        ``(q_rot, k_rot)`` new torch tensors with q's shape and dtype. For tables of the same positions the
+        result equals :func:`rope3d_emulated`'s bit for bit (same kernel, same fp32 tables).
+    """
+    import torch
+
+    from nki_kernels._nki import launch
+
+    if q.shape != k.shape or q.dim() != 4:
+        raise ValueError(
+            f"q and k must both be [B, L, H, D] of equal shape, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if q.dtype != k.dtype or q.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"q and k must share dtype bfloat16 or float32, got {q.dtype} and {k.dtype}")
+    if q.shape[3] % 2:
+        raise ValueError(f"q/k head_dim D={q.shape[3]} must be even")
+    want = (q.shape[1], q.shape[3] // 2)
+    tabs = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must be [L, D//2] = {want}, got {tuple(t.shape)}")
+        if t.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+        tabs.append(t.detach().to("cpu", torch.float32).contiguous().numpy())
+    (qo, ko), _ = launch(rope3d_kernel, q.contiguous(), k.contiguous(), tabs[0], tabs[1], lnc=lnc)
+    return _to_torch(qo, q.dtype), _to_torch(ko, q.dtype)
+
+
 def _to_torch(x: Any, dtype: Any) -> Any:
     import torch
 
@@ -265,4 +305,10 @@ def _to_torch(x: Any, dtype: Any) -> Any:
     return torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)
 
 
-__all__ = ["rope3d_emulated", "rope3d_kernel", "rope3d_naive_kernel", "rope_tables_np"]
+__all__ = [
+    "rope3d_emulated",
+    "rope3d_kernel",
+    "rope3d_tables_emulated",
+    "rope3d_naive_kernel",
+    "rope_tables_np",
+]

@@ -102,9 +102,15 @@ def rope_tables(
     only the cos/sin values are rounded to ``dtype``. Kernels take these tables as inputs, as production
     RoPE kernels do (the table is shared by all heads and by q and k), so the device never evaluates
     transcendental functions of positions.
+
+    The values are the real and imaginary parts of ``torch.polar(1, angle)``, the very factors
+    :func:`rope3d` multiplies by, so ``rope3d_tables(q, k, *rope_tables(..., dtype=torch.float64))`` is
+    bitwise equal to ``rope3d(q, k, ...)`` (``torch.sin`` alone can differ from polar's imaginary part by
+    one float64 ulp).
     """
     ang = rope_angles(grid, head_dim, start_frame, frame_positions)
-    return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
+    freqs = torch.polar(torch.ones_like(ang), ang)
+    return freqs.real.to(dtype).contiguous(), freqs.imag.to(dtype).contiguous()
 
 
 def _apply(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -141,4 +147,41 @@ def rope3d(
     return _apply(q, freqs), _apply(k, freqs)
 
 
-__all__ = ["ROPE_BASE", "rope3d", "rope_angles", "rope_split", "rope_tables", "time_positions"]
+def rope3d_tables(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply RoPE to q and k with precomputed tables (reference; returns new tensors).
+
+    Args:
+        q, k: ``[B, L, H, D]`` (bf16 or fp32), D even.
+        cos, sin: ``[L, D//2]`` float32 or float64, as :func:`rope_tables` builds them (row l = token l).
+
+    Returns:
+        ``(q_rot, k_rot)`` with the input shapes and dtypes: the complex128 product ``x * (cos + i sin)``
+        rounded to float32 and then to the input dtype, exactly as :func:`rope3d`. With float64 tables
+        from :func:`rope_tables` the result is bitwise that of :func:`rope3d` for the same positions; with
+        float32 tables (what the kernels consume) the factors carry the tables' fp32 rounding.
+    """
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"q and k must be [B, L, H, D], got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    want = (q.shape[1], q.shape[3] // 2)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"{name} must be [L, D//2] = {want} for q {tuple(q.shape)}, got {tuple(t.shape)}"
+            )
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"k has L={k.shape[1]} but q and the tables have L={q.shape[1]}")
+    freqs = torch.complex(cos.to(torch.float64), sin.to(torch.float64)).to(q.device)
+    return _apply(q, freqs), _apply(k, freqs)
+
+
+__all__ = [
+    "ROPE_BASE",
+    "rope3d",
+    "rope3d_tables",
+    "rope_angles",
+    "rope_split",
+    "rope_tables",
+    "time_positions",
+]

@@ -13,6 +13,8 @@ their log-sum-exp.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from nki_kernels import ops
@@ -21,7 +23,7 @@ from rolling_forcing.cache import LayerKVCache
 from rolling_forcing.model import Grid
 from rolling_forcing.schedule import KeyBlock
 
-__all__ = ["attend_cache", "merge_partials", "rope_cache_copies"]
+__all__ = ["attend_cache", "copy_positions", "copy_tables", "merge_partials", "rope_cache_copies"]
 
 
 def merge_partials(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -46,8 +48,48 @@ def merge_partials(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tens
     return out.to(parts[0][0].dtype)
 
 
+def copy_positions(tokens_per_block: int, keys: Sequence[KeyBlock], grid: Grid) -> list[int]:
+    """Time position of every frame of the roped copies of ``keys`` (block ``kb``: ``kb.position + i``)."""
+    hw = grid[1] * grid[2]
+    if tokens_per_block % hw:
+        raise ValueError(
+            f"grid {tuple(grid)}: Hp*Wp = {hw} does not divide the cache's tokens_per_block "
+            f"{tokens_per_block}"
+        )
+    fpb = tokens_per_block // hw
+    return [kb.position + i for kb in keys for i in range(fpb)]
+
+
+def copy_tables(
+    tokens_per_block: int,
+    keys: Sequence[KeyBlock],
+    grid: Grid,
+    head_dim: int,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """RoPE ``(cos, sin)`` ``[copies * T, head_dim//2]`` of the roped copies among ``keys`` (None if none).
+
+    ``keys`` are filtered to those not ``roped_in_cache`` (as :func:`attend_cache` does); the tables depend
+    on the pass only, so a pass builds them once for all layers and passes them to :func:`attend_cache`.
+    """
+    copies = [kb for kb in keys if not kb.roped_in_cache]
+    if not copies:
+        return None
+    pos = copy_positions(tokens_per_block, copies, grid)
+    return ops.rope_tables(
+        (len(pos), grid[1], grid[2]), head_dim, frame_positions=pos, dtype=dtype, device=device
+    )
+
+
 def rope_cache_copies(
-    layer: LayerKVCache, keys: list[KeyBlock], grid: Grid, *, backend: str | None = None
+    layer: LayerKVCache,
+    keys: list[KeyBlock],
+    grid: Grid,
+    *,
+    backend: str | None = None,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather blocks ``keys`` from ``layer``'s buffers, the keys roped at each block's position.
 
@@ -57,6 +99,8 @@ def rope_cache_copies(
             ``kb.position .. kb.position + fpb - 1``, ``fpb = layer.tokens_per_block / (Hp * Wp)``.
         grid: ``(F, Hp, Wp)`` of the pass (only ``Hp, Wp`` are used).
         backend: ``nki_kernels.ops`` backend of the RoPE.
+        tables: optional ``(cos, sin)`` of exactly these blocks (:func:`copy_tables`, built once per pass);
+            None builds them here.
 
     Returns:
         ``(k, v)`` ``[B, len(keys) * T, H, D]``: roped copies of the keys, and the values (copied).
@@ -73,8 +117,16 @@ def rope_cache_copies(
     ks, vs = zip(*(layer.block(kb.slot) for kb in keys))
     k = torch.cat(ks, dim=1).contiguous()
     v = torch.cat(vs, dim=1).contiguous()
-    pos = [kb.position + i for kb in keys for i in range(fpb)]
-    _, kr = ops.rope3d(k, k, (len(pos), grid[1], grid[2]), frame_positions=pos, backend=backend)
+    if tables is None:
+        pos = [kb.position + i for kb in keys for i in range(fpb)]
+        tables = ops.rope_tables(
+            (len(pos), grid[1], grid[2]),
+            k.shape[3],
+            frame_positions=pos,
+            dtype=torch.float64,
+            device=k.device,
+        )
+    _, kr = ops.rope3d_tables(k, k, tables[0], tables[1], backend=backend)
     return kr, v
 
 
@@ -86,6 +138,7 @@ def attend_cache(
     grid: Grid,
     *,
     backend: str | None = None,
+    copy_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of roped queries over [roped copies] + [own keys] and [blocks read in place].
 
@@ -97,6 +150,8 @@ def attend_cache(
         own: the pass's own roped keys and values ``[B, Lk, H, D]`` (denoise pass), or None.
         grid: ``(F, Hp, Wp)`` of the pass.
         backend: ``nki_kernels.ops`` backend of every call.
+        copy_tables: the RoPE tables of the roped copies (:func:`copy_tables` of the same keys and grid),
+            built once per pass; None builds them per call.
 
     Returns:
         ``[B, Lq, H, D]`` in ``qr``'s dtype: softmax attention over the union of the key sets.
@@ -108,7 +163,7 @@ def attend_cache(
     ks: list[torch.Tensor] = []
     vs: list[torch.Tensor] = []
     if copies:
-        ck, cv = rope_cache_copies(layer, copies, grid, backend=backend)
+        ck, cv = rope_cache_copies(layer, copies, grid, backend=backend, tables=copy_tables)
         ks.append(ck)
         vs.append(cv)
     if own is not None:

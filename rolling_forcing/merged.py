@@ -297,19 +297,26 @@ def merged_forward(
     # last layer: only the window queries remain (the update queries' outputs are never read); the
     # denoise group's entries are kept as they are (it never reads fresh block 0, the update block)
     den_table = table[1:]
+    # RoPE tables once per forward, shared by every layer: all frames, and the roped-copy blocks. float64
+    # keeps the reference backend bitwise equal to per-layer rope3d; kernels round them to fp32 per call.
+    hp, wp = model.cfg.grid_hw
+    hd, tdev = model.cfg.head_dim, frame_positions.device
+    cos, sin = ops.rope_tables(
+        (layout.frames, hp, wp), hd, frame_positions=frame_positions, dtype=torch.float64, device=tdev
+    )
+    ccos, csin = ops.rope_tables(
+        (nc_frames, hp, wp), hd, frame_positions=copy_positions, dtype=torch.float64, device=tdev
+    )
 
     def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-        nf, hp, wp = grid
         ck, cv = cache_k[layer], cache_v[layer]
         if q.shape[1] == k.shape[1]:
-            qr, kr = ops.rope3d_positions(q, k, grid, frame_positions, backend=backend)
+            qr, kr = ops.rope3d_tables(q, k, cos, sin, backend=backend)
             k_upd = kr[:, :t]
         else:  # last layer: q holds the window tokens only; rope the update keys on their own
             ku = k[:, :t].contiguous()
-            _, k_upd = ops.rope3d_positions(ku, ku, (fpb, hp, wp), frame_positions[:fpb], backend=backend)
-            qr, kw = ops.rope3d_positions(
-                q, k[:, t:].contiguous(), (nf - fpb, hp, wp), frame_positions[fpb:], backend=backend
-            )
+            _, k_upd = ops.rope3d_tables(ku, ku, cos[:t], sin[:t], backend=backend)
+            qr, kw = ops.rope3d_tables(q, k[:, t:].contiguous(), cos[t:], sin[t:], backend=backend)
             kr = torch.cat([k_upd, kw], dim=1)
         # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative mode)
         k_new = torch.where(store_roped, k_upd, k[:, :t])
@@ -318,7 +325,7 @@ def merged_forward(
         ops.kv_cache_write_at(ck, cv, k_w.contiguous(), v_w.contiguous(), write_slot, backend=backend)
         # 2. blocks needing a pass-specific position: roped copies (read after the write)
         gk, gv = ck.index_select(1, copy_tokens), cv.index_select(1, copy_tokens)
-        _, gkr = ops.rope3d_positions(gk, gk, (nc_frames, hp, wp), copy_positions, backend=backend)
+        _, gkr = ops.rope3d_tables(gk, gk, ccos, csin, backend=backend)
         # 3. both query groups in one launch (last layer: the denoise group only); ring read in place
         if q.shape[1] == k.shape[1]:
             tab, groups = table, q_groups

@@ -337,10 +337,16 @@ class CausalWanModel(nn.Module):
         if timestep.dim() != 1 or timestep.shape[0] != b:
             raise ValueError(f"timestep must be [B] = [{b}], got {tuple(timestep.shape)}")
 
+        # RoPE tables once per forward (every layer shares them); float64: the reference stays exact
+        hp, wp = self.cfg.grid_hw
+        cos, sin = ops.rope_tables(
+            (f, hp, wp), self.cfg.head_dim, 0, dtype=torch.float64, device=latents.device
+        )
+
         def full_attn(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid
         ) -> torch.Tensor:
-            qr, kr = ops.rope3d(q, k, grid, 0, backend=backend)
+            qr, kr = ops.rope3d_tables(q, k, cos, sin, backend=backend)
             out = ops.attention(qr, kr, v, backend=backend)
             assert isinstance(out, torch.Tensor)
             return out

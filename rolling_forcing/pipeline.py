@@ -31,7 +31,7 @@ import torch
 
 from nki_kernels import ops
 from rolling_forcing import schedule
-from rolling_forcing.attend import attend_cache
+from rolling_forcing.attend import attend_cache, copy_tables
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
 from rolling_forcing.merged import (
@@ -447,29 +447,59 @@ class RollingForcingPipeline:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
         p = plan.denoise
+        tables = _PassTables(p, cache.layers[0].tokens_per_block)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
-            return attend_cache(cache.layers[layer], qr, p.cache_keys, (kr, v), grid, backend=self.backend)
+            cos, sin, ctab = tables.get(grid, q.shape[3], q.device)
+            qr, kr = ops.rope3d_tables(q, k, cos, sin, backend=self.backend)
+            return attend_cache(
+                cache.layers[layer], qr, p.cache_keys, (kr, v), grid, backend=self.backend, copy_tables=ctab
+            )
 
         return attn
 
     def _update_attn(self, p: PassPlan, slot: int, store_roped: bool) -> SelfAttnFn:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
+        tables = _PassTables(p, cache.layers[0].tokens_per_block)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             lc = cache.layers[layer]
+            cos, sin, ctab = tables.get(grid, k.shape[3], k.device)
             if q.shape[1] == 0:  # last layer (forward_with context_frames): only the write is needed
                 if store_roped:
-                    _, k = ops.rope3d(k, k, grid, p.query_position, backend=self.backend)
+                    _, k = ops.rope3d_tables(k, k, cos, sin, backend=self.backend)
                 lc.write(slot, k, v, backend=self.backend)
                 return q
-            qr, kr = ops.rope3d(q, k, grid, p.query_position, backend=self.backend)
+            qr, kr = ops.rope3d_tables(q, k, cos, sin, backend=self.backend)
             lc.write(slot, kr if store_roped else k, v, backend=self.backend)
-            return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
+            return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend, copy_tables=ctab)
 
         return attn
+
+
+class _PassTables:
+    """RoPE tables of one pass, built on first use and shared by every layer (the angles depend on the
+    pass's positions and grid, never on the layer): the pass's own tokens from ``query_position`` and the
+    roped copies of its cache keys. float64, so the reference backend is bitwise per-layer ``rope3d``."""
+
+    def __init__(self, p: PassPlan, tokens_per_block: int) -> None:
+        self.p, self.tokens_per_block = p, tokens_per_block
+        self._built: dict[
+            Grid, tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]
+        ] = {}
+
+    def get(
+        self, grid: Grid, head_dim: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        if grid not in self._built:
+            f64 = torch.float64
+            cos, sin = ops.rope_tables(grid, head_dim, self.p.query_position, dtype=f64, device=device)
+            ctab = copy_tables(
+                self.tokens_per_block, self.p.cache_keys, grid, head_dim, dtype=f64, device=device
+            )
+            self._built[grid] = (cos, sin, ctab)
+        return self._built[grid]
 
 
 __all__ = [
