@@ -12,9 +12,16 @@ forward of the stream. Measured: merged sharded vs merged unsharded 0.0 (bitwise
 TP2xSP2 (45-token blocks) and TP4xSP2, absolute and relative positions; two-pass sharded vs two-pass
 unsharded 0.0 (TP1xSP2, TP2xSP1) .. 1.5e-6 (TP2xSP2, TP4xSP1, TP1xSP4), latents of magnitude <= 5.4.
 
-Multi-process tests are few and small (2-core CI machine): one 2-rank merged stream, one 2-rank
-two-pass stream, one 4-rank merged stream with token counts that do not divide the ranks, one stream
-where a rank dies, one CLI run with ``--cores 2``.
+Prompt switches (``set_prompt(embeds, recache, window=w)``, a schedule fixed before the stream) are
+compared with the unsharded ``set_prompt(embeds, recache)`` called after the chunk of window w-1: measured
+0.0 (bitwise) for merged TP1xSP2 with two switches (recache off, then on) and two-pass TP2xSP1 (recache on).
+Static shapes: every rank counts the input signatures of its forwards (x, timesteps, its token shard,
+the MergedIndex tensors); a merged stream without a switch has one per rank, as the unsharded one.
+
+Multi-process tests are few and small (2-core CI machine): one 2-rank merged stream, one 2-rank merged
+stream with two prompt switches, one 2-rank two-pass stream (with a switch), one 4-rank merged stream
+with token counts that do not divide the ranks, one stream where a rank dies, one CLI run with
+``--cores 2``.
 """
 
 from __future__ import annotations
@@ -169,11 +176,13 @@ def test_2_ranks_merged_stream_with_prompt_switches_equals_unsharded() -> None:
 
 @pytest.mark.distributed
 def test_2_ranks_two_pass_stream_equals_unsharded_two_pass() -> None:
-    """``merged=False`` stays selectable: TP2 x SP1 (the head all-to-all), two passes per window."""
+    """``merged=False`` stays selectable: TP2 x SP1 (the head all-to-all), two passes per window; with
+    a re-caching prompt switch at window 10 (the two-pass switch path: no pending update)."""
     nb = 9
     model = tiny_model(TINY)
-    ref, _ = _unsharded(model, "absolute", nb, merged=False)
-    sharded, chunks = _sharded(model, TINY, nb, cores=2, tp=2, positions="absolute", merged=False)
+    switches = {10: (text_embeds(99), True)}
+    ref, _ = _unsharded(model, "absolute", nb, merged=False, switches=switches)
+    sharded, chunks = _sharded(model, TINY, nb, switches, cores=2, tp=2, positions="absolute", merged=False)
     assert sharded.merged is False and (sharded.plan.tp, sharded.plan.sp) == (2, 1)
     err, scale = _check_equal(sharded, chunks, ref)
     print(f"\n{sharded.plan.name} two-pass: max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
@@ -191,6 +200,9 @@ def test_4_ranks_tp2_sp2_odd_token_counts_merged_equals_unsharded() -> None:
     assert (sharded.plan.tp, sharded.plan.sp) == (2, 2) and sharded.merged is True
     assert P.tokens_per_block(ODD) % 4 != 0
     err, scale = _check_equal(sharded, chunks, ref)
+    assert sharded.last_results is not None
+    for r in sharded.last_results:  # shard sizes differ between ranks, each rank's stay fixed
+        assert _signatures(r) == 1 and r["forwards"] == {"merged": nb + P.window_blocks - 1}, r["signatures"]
     print(f"\n{sharded.plan.name} (45-token blocks): max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
 
 
