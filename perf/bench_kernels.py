@@ -9,6 +9,10 @@ Run: ``python -m perf.bench_kernels`` (Wan shapes, ~1 min) or ``python -m perf.b
 Attention is traced with ``traced_heads`` heads (one per logical core) at the full Lq, Lk and D; heads are
 independent and identical, and H only changes the HBM row stride (not any descriptor size), so the
 per-layer figure is ``per_head_latency * H / lnc`` (stated in the row).
+
+``ops.rope3d_tables`` (caller-built cos/sin tables, built once per forward) runs the very same
+``rope3d_kernel`` on the same table layout as ``ops.rope3d``, so the ``rope3d`` rows are its modelled figures
+too (no separate row); what it saves is the host-side per-layer table build and upload, outside the kernel.
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
         _spec(lq, d // 2, dtype="float32"),
     )
     rope_min = 4 * lq * row * BF16
+    # these rows also model ops.rope3d_tables: same rope3d_kernel and table operands (see module docstring)
     cfg = {"B": 1, "L": lq, "H": h, "D": d, "dtype": "bf16"}
     target = {"target": "latency <= 1.25 x dma_bound, q/k descriptors >= 2 KiB"}
     for lnc in (1, 2):

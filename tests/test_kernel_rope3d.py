@@ -97,3 +97,22 @@ def test_rope3d_kernel_trace_one_pass_large_descriptors() -> None:
 def test_rope_tables_shape() -> None:
     cos, sin = rope_tables_np((2, 3, 4), 16, 0)
     assert cos.shape == (24, 8) and sin.dtype.name == "float32"
+
+
+def test_rope3d_tables_entry_equals_per_call_tables_on_every_tiling_path() -> None:
+    # L = 1300: m=8, m=2 and tail super-tiles; float64 tables are rounded to fp32 as rope_tables_np does
+    from nki_kernels.rope3d import rope3d_tables_emulated
+    from reference.rope3d import rope_tables
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1300, 2, 64, generator=g).bfloat16()
+    k = torch.randn(2, 1300, 2, 64, generator=g).bfloat16()
+    want = rope3d_emulated(q, k, (2, 13, 50), frame_positions=[3, 9])
+    for dt in (torch.float32, torch.float64):
+        cos, sin = rope_tables((2, 13, 50), 64, frame_positions=[3, 9], dtype=dt)
+        got = rope3d_tables_emulated(q, k, cos, sin)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="cos must be"):
+        rope3d_tables_emulated(q, k, cos[1:], sin)
+    with pytest.raises(TypeError, match="sin must be"):
+        rope3d_tables_emulated(q, k, cos, sin.bfloat16())

@@ -294,3 +294,32 @@ def test_kv_cache_write_at_equals_kv_cache_write() -> None:
         ops.kv_cache_write_at(ck, cv, k, v, torch.tensor(4))
     with pytest.raises(ValueError, match=r"slot must have shape \(\)"):
         ops.kv_cache_write_at(ck, cv, k, v, torch.tensor([2]))
+
+
+def test_rope_tables_built_once_per_forward_not_per_layer(
+    model: CausalWanModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eager merged stream: 2 table builds per forward (all frames + roped copies), whatever the depth."""
+    counts = {"tables": 0, "rope": 0, "forwards": 0}
+    real_tables, real_rope, real_fwd = ops.rope_tables, ops.rope3d_tables, model.forward_with
+
+    def tables(*a, **kw):
+        counts["tables"] += 1
+        return real_tables(*a, **kw)
+
+    def rope(*a, **kw):
+        counts["rope"] += 1
+        return real_rope(*a, **kw)
+
+    def fwd(*a, **kw):
+        counts["forwards"] += 1
+        return real_fwd(*a, **kw)
+
+    monkeypatch.setattr(ops, "rope_tables", tables)
+    monkeypatch.setattr(ops, "rope3d_tables", rope)
+    monkeypatch.setattr(model, "forward_with", fwd)
+    _run(RollingForcingPipeline(model, M, P, merged=True), P.window_blocks)
+    n, layers = counts["forwards"], M.num_layers
+    assert n > 0 and counts["tables"] == 2 * n
+    # per layer: q/k and the roped copies; the last layer ropes update keys and window separately
+    assert counts["rope"] == n * (2 * layers + 1)

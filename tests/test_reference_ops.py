@@ -118,6 +118,28 @@ def test_rope_against_numpy_real_formula(dtype: torch.dtype, d: int) -> None:
             assert (xr.float() == exp_bf16).float().mean() > 0.999
 
 
+@pytest.mark.parametrize("table_dtype", [torch.float64, torch.float32])
+def test_rope3d_tables_against_numpy_real_formula(table_dtype: torch.dtype) -> None:
+    from reference.rope3d import rope3d_tables
+
+    g = torch.Generator().manual_seed(11)
+    grid, tp = (3, 2, 5), [0, 9, 10]
+    q = torch.randn(2, 30, 2, 64, generator=g)
+    k = torch.randn(2, 30, 2, 64, generator=g)
+    cos, sin = rope_tables(grid, 64, frame_positions=tp, dtype=table_dtype)
+    qr, kr = rope3d_tables(q, k, cos, sin)
+    for x, xr in ((q, qr), (k, kr)):
+        expect = numpy_rope(x.numpy(), grid, tp)
+        # float64 tables: one fp32 rounding of the float64 result (<= 1 ulp of |x| <= ~6, as above);
+        # float32 tables add each factor's fp32 rounding: |x| * 2 * 2^-24 <= ~1e-6 more
+        atol = 2e-6 if table_dtype == torch.float64 else 3e-6
+        np.testing.assert_allclose(xr.numpy(), expect, rtol=0, atol=atol)
+    if table_dtype == torch.float64:  # the exact factors: bitwise the per-call reference
+        assert torch.equal(qr, rope3d(q, k, grid, frame_positions=tp)[0])
+    with pytest.raises(ValueError, match="cos must be"):
+        rope3d_tables(q, k, cos[1:], sin)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_bitwise_equals_wan_table_lookup(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(1)
