@@ -272,7 +272,10 @@ class RollingForcingPipeline:
 
     # ---- public API ----------------------------------------------------------------------------
     def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
-        """Switch the prompt; takes effect at the next window of the running (or next) stream.
+        """Switch the prompt of the running stream; takes effect at its next window.
+
+        A new :meth:`stream` call starts from the ``text_embeds`` given to it and drops a switch that is
+        still pending (the stream it was meant for has no next window).
 
         The text k/v cache is recomputed for ``text_embeds`` ``[B, L<=text_len, text_dim]``. With
         ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt
@@ -412,7 +415,8 @@ class RollingForcingPipeline:
         """Remember the x0 of block s, now cached (for re-caching at a prompt switch)."""
         cfg = self.pipe_cfg
         st.clean[s] = clean
-        keep = {0} | set(range(max(1, s - cfg.ring_slots + 1), s + 1))
+        sink = set(range(cfg.sink_blocks))
+        keep = sink | set(range(max(cfg.sink_blocks, s - cfg.ring_slots + 1), s + 1))
         for b in [b for b in st.clean if b not in keep]:
             del st.clean[b]
 
