@@ -281,6 +281,144 @@ def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
         off += length
 
 
+L_FLOOR = 1e-30
+"""Lower clamp of the softmax denominator before the reciprocal when l comes from V's valid column
+(:func:`_flash_rows` with ``l_in_v``): only a query tile without any valid key (l = 0 exactly) reaches it (any
+valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
+
+
+def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
+    """SBUF/PSUM tiles of :func:`_flash_rows` (a dict with string keys): q^T, scores, P and P^T (``gmax`` chunks
+    of ``KC`` keys), the fp32 accumulator ``o_acc`` ``[128, dv]`` and statistics. ``rs`` / ``l_sum`` (the exp
+    row sums) only without ``l_in_v``."""
+    f32 = nl.float32
+    w = {
+        "qT": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
+        "s_ps": nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum),
+        "pT_ps": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum),
+        "pv_ps": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum),
+        "p_sb": nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf),
+        "pT_sb": nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
+        "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
+        "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
+        "bmax": nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf),
+        "s_bf": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
+        "mx_a": nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf),
+        "mx_b": nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf),
+    }
+    if not l_in_v:
+        w["rs"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+        w["l_sum"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    w["alpha"] = nl.ndarray(
+        (PMAX, gmax), dtype=f32, buffer=nl.sbuf
+    )  # one column per chunk of a pending group
+    for name in ("nm_a", "nm_b", "rl", "lse_t"):
+        w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    return w
+
+
+def _flash_rows(
+    w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse, l_in_v
+):
+    """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` / ``v_sb``
+    ``[128, Lk/128, dv]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the module
+    docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
+    :func:`_flash_buffers` (KC = its ``s_bf`` width, the group size its ``alpha`` width).
+
+    The denominator l is the exp's fp32 row sum, or with ``l_in_v`` the PV matmul's last column (V carries
+    ``dv = D + 1`` columns, the last one 1 for keys that count, 0 for keys that must not), clamped at
+    :data:`L_FLOOR` before the reciprocal. ``n_grp`` (P^T groups seen, dealt to the DMA by
+    ``dma_chunks``) is returned advanced.
+    """
+    D = q.shape[3]
+    dv = v_sb.shape[2]
+    two_byte = q.dtype != nl.float32
+    KC = w["s_bf"].shape[1]
+    gmax = w["alpha"].shape[1]
+    nbc = KC // PMAX
+    qT, s_ps, p_sb, pT_sb, pT_ps = w["qT"], w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"]
+    pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
+    rl, lse_t = w["rl"], w["lse_t"]
+    for q0 in range(q_lo, q_hi, PMAX):
+        qr = min(PMAX, q_hi - q0)
+        _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
+        nm_old, nm_new = w["nm_a"], w["nm_b"]
+        plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
+        pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
+        for ci, (c0, kc) in enumerate(chunks):
+            dma, slot, flush = plan[ci]
+            nsub = (kc + BANK - 1) // BANK
+            wd = min(kc, BANK)
+            for j in range(nsub):
+                nisa.nc_matmul(
+                    s_ps[:qr, j, :wd],
+                    stationary=qT[:D, :qr],
+                    moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
+                    accumulate=False,
+                )
+            s_view = s_ps[:qr, :nsub, :wd]
+            _row_max(bmax, s_view, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc, nsub, wd)
+            p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, wd))
+            a_col = alpha[:qr, slot : slot + 1]
+            if ci == 0:
+                nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
+            else:
+                nisa.tensor_scalar(
+                    nm_new[:qr],
+                    bmax[:qr],
+                    nl.multiply,
+                    -scale,
+                    op1=nl.minimum,
+                    operand1=nm_old[:qr],
+                    engine=nisa.vector_engine,
+                )
+                # alpha = exp(nm_new - nm_old) = exp(scale*(m_old - m_new))
+                nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
+            if l_in_v:
+                nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
+            else:
+                rsum = w["l_sum"][:qr] if ci == 0 else w["rs"][:qr]
+                nisa.activation_reduce(
+                    p_view, nl.exp, s_view, reduce_op=nl.add, reduce_res=rsum, bias=nm_new[:qr], scale=scale
+                )
+                if ci > 0:
+                    nisa.scalar_tensor_tensor(
+                        w["l_sum"][:qr], w["l_sum"][:qr], nl.multiply, a_col, nl.add, w["rs"][:qr]
+                    )
+            # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
+            # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
+            # chunk order; any other chunk is transposed per 128-key block on TensorE right away
+            if dma:
+                pending.append((ci, c0, kc, slot))
+                if flush:
+                    _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * nbc)
+                    for pci, pc0, pkc, ps in pending:
+                        _pv_update(
+                            pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1], ps * nbc, pc0, pkc, qr, dv,
+                            pci == 0,
+                        )  # fmt: skip
+                    pending = []
+            else:
+                _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
+                _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, dv, ci == 0)
+            nm_old, nm_new = nm_new, nm_old
+        # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
+        if l_in_v:
+            l_col = o_acc[:qr, D : D + 1]
+            nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
+            nisa.reciprocal(rl[:qr], rl[:qr])
+        else:
+            l_col = w["l_sum"][:qr]
+            nisa.reciprocal(rl[:qr], l_col)
+        nisa.tensor_scalar(o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
+        nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
+        if return_lse:
+            nisa.activation(lse_t[:qr], nl.log, l_col)
+            nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
+            nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+    return n_grp
+
+
 def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_group):
     B, Lq, H, D = q.shape
     Lk = sum(n for _, n in segments)
@@ -296,33 +434,15 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
 
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
     v_sb = nl.ndarray((PMAX, nkt, D), dtype=dt, buffer=nl.sbuf)
-    qT = nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf)
-    s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
-    pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
-    pv_ps = nl.ndarray((PMAX, D), dtype=f32, buffer=nl.psum)
     chunks = _chunks(Lk, KC)
     # P / P^T hold a whole DMA group (dma_group chunks) when any full chunk can be dealt to the DMA
     gmax = 1
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
-        # per-partition bytes of every other SBUF tile below, plus a 1 KiB margin
+        # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
         fixed = isz * (nkt * PMAX + nkt * D + PMAX + KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + dma_group)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
-    p_sb = nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf)
-    pT_sb = nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
-    o_acc = nl.ndarray((PMAX, D), dtype=f32, buffer=nl.sbuf)
-    o_out = nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf)
-    bmax = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
-    s_bf = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
-    mx_a = nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf)
-    mx_b = nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf)
-    rs = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    l_sum = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    alpha = nl.ndarray((PMAX, gmax), dtype=f32, buffer=nl.sbuf)  # one column per chunk of a pending group
-    nm_a = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    nm_b = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    lse_t = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    w = _flash_buffers(D, D, KC, gmax, dt, False)
 
     pair = 0
     n_grp = 0  # P^T groups seen by this program: the DMA-transposed ones are dealt by this counter
@@ -333,87 +453,9 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
             if not mine:
                 continue
             _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
-            for q0 in range(0, Lq, PMAX):
-                qr = min(PMAX, Lq - q0)
-                _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
-                nm_old, nm_new = nm_a, nm_b
-                plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
-                pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
-                for ci, (c0, kc) in enumerate(chunks):
-                    dma, slot, flush = plan[ci]
-                    nsub = (kc + BANK - 1) // BANK
-                    w = min(kc, BANK)
-                    for j in range(nsub):
-                        nisa.nc_matmul(
-                            s_ps[:qr, j, :w],
-                            stationary=qT[:D, :qr],
-                            moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + w],
-                            accumulate=False,
-                        )
-                    s_view = s_ps[:qr, :nsub, :w]
-                    _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w)
-                    p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, w))
-                    a_col = alpha[:qr, slot : slot + 1]
-                    if ci == 0:
-                        nisa.tensor_scalar(
-                            nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine
-                        )
-                        nisa.activation_reduce(
-                            p_view,
-                            nl.exp,
-                            s_view,
-                            reduce_op=nl.add,
-                            reduce_res=l_sum[:qr],
-                            bias=nm_new[:qr],
-                            scale=scale,
-                        )
-                    else:
-                        nisa.tensor_scalar(
-                            nm_new[:qr],
-                            bmax[:qr],
-                            nl.multiply,
-                            -scale,
-                            op1=nl.minimum,
-                            operand1=nm_old[:qr],
-                            engine=nisa.vector_engine,
-                        )
-                        # alpha = exp(nm_new - nm_old) = exp(scale*(m_old - m_new))
-                        nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
-                        nisa.activation_reduce(
-                            p_view,
-                            nl.exp,
-                            s_view,
-                            reduce_op=nl.add,
-                            reduce_res=rs[:qr],
-                            bias=nm_new[:qr],
-                            scale=scale,
-                        )
-                        nisa.scalar_tensor_tensor(l_sum[:qr], l_sum[:qr], nl.multiply, a_col, nl.add, rs[:qr])
-                    # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
-                    # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
-                    # chunk order; any other chunk is transposed per 128-key block on TensorE right away
-                    if dma:
-                        pending.append((ci, c0, kc, slot))
-                        if flush:
-                            _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * (KC // PMAX))
-                            for pci, pc0, pkc, ps in pending:
-                                _pv_update(
-                                    pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1],
-                                    ps * (KC // PMAX), pc0, pkc, qr, D, pci == 0,
-                                )  # fmt: skip
-                            pending = []
-                    else:
-                        _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
-                        _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, D, ci == 0)
-                    nm_old, nm_new = nm_new, nm_old
-                # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
-                nisa.reciprocal(rl[:qr], l_sum[:qr])
-                nisa.tensor_scalar(o_out[:qr], o_acc[:qr], nl.multiply, rl[:qr], engine=nisa.vector_engine)
-                nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
-                if return_lse:
-                    nisa.activation(lse_t[:qr], nl.log, l_sum[:qr])
-                    nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
-                    nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+            n_grp = _flash_rows(
+                w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse, False
+            )
     if return_lse:
         return out, lse
     return out

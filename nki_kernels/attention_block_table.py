@@ -39,10 +39,13 @@ the last one overlapping; a tail under 16 rows on TensorE) into ``K^T`` (fp32: T
 ``nc_transpose`` per 128 rows; a correctness path). ``dma_transpose`` from an HBM view has no out-of-bounds
 skip in the emulator (the skip must be exact), hence the staging.
 
-The flash inner loop is that of :mod:`nki_kernels.attention` (same chunking, row max helper, exp with the
-negated running max as bias, P^T by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS` of
-groups of :data:`DMA_GROUP_CHUNKS` full chunks (1/3 of groups of 7 here), else TensorE) except that l comes
-from the PV matmul's column D instead of the exp's row sum (which would count the duplicates). Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
+The flash inner loop is the one of :mod:`nki_kernels.attention` (the same code,
+:func:`nki_kernels.attention._flash_rows`: chunking, row max, exp with the negated running max as bias, P^T by
+SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS` of groups of :data:`DMA_GROUP_CHUNKS` full
+chunks (1/3 of groups of 7 here), else TensorE), run with ``l_in_v``: l comes from the PV matmul's column D
+instead of the exp's row sum (which would count the duplicates) and is clamped at
+:data:`nki_kernels.attention.L_FLOOR` before the reciprocal.
+Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
 sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
 LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
 """
@@ -57,25 +60,16 @@ import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import (
-    BANK,
     HWDGE_ROWS,
     PMAX,
     _chunks,
     _dma_chunks,
     _dma_group,
-    _load_transposed,
-    _pe_transpose_p,
-    _pv_update,
-    _row_max,
-    _transpose_p_dma,
+    _flash_buffers,
+    _flash_rows,
     _validate,
     fit_group,
-    p_transpose_plan,
 )
-
-L_FLOOR = 1e-30
-"""Lower clamp of the softmax denominator before the reciprocal: only an all-empty group (l = 0 exactly)
-reaches it (any valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
 DMA_TRANSPOSE_CHUNKS = (1, 3)
 """Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks of a query tile)
@@ -277,10 +271,6 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         if not two_byte or 0 < T % PMAX < HWDGE_ROWS
         else None
     )
-    qT = nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf)
-    s_ps = nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum)
-    pT_ps = nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum)
-    pv_ps = nl.ndarray((PMAX, Dv), dtype=f32, buffer=nl.psum)
     chunks = _chunks(Lk, KC)
     # P / P^T hold a whole DMA group (see nki_kernels.attention.DMA_GROUP_CHUNKS), lowered to what fits
     gmax = 1
@@ -289,21 +279,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + PMAX + KC + KC // 2 + KC // 4 + D + 1)
         fixed += 4 * (Dv + 6 + dma_group) + 4 * 16 * NB * (G + 1)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, KC * 2)
-    p_sb = nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf)
-    pT_sb = nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
-    o_acc = nl.ndarray((PMAX, Dv), dtype=f32, buffer=nl.sbuf)
-    o_out = nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf)
-    bmax = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
-    s_bf = nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf)
-    mx_a = nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf)
-    mx_b = nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf)
-    alpha = nl.ndarray((PMAX, gmax), dtype=f32, buffer=nl.sbuf)  # one column per chunk of a pending group
-    nm_a = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    nm_b = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    lse_t = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    share = dma_chunks if two_byte else (0, 1)
-    nbc = KC // PMAX
+    w = _flash_buffers(D, Dv, KC, gmax, dt, True)
 
     pair = 0
     n_grp = 0
@@ -317,71 +293,10 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
             for g in range(G):
                 nq = q_groups[g]
                 _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
-                for q0 in range(lo, lo + nq, PMAX):
-                    qr = min(PMAX, lo + nq - q0)
-                    _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
-                    nm_old, nm_new = nm_a, nm_b
-                    plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, share)
-                    pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
-                    for ci, (c0, kc) in enumerate(chunks):
-                        dma, slot, flush = plan[ci]
-                        nsub = (kc + BANK - 1) // BANK
-                        w = min(kc, BANK)
-                        for j in range(nsub):
-                            nisa.nc_matmul(
-                                s_ps[:qr, j, :w],
-                                stationary=qT[:D, :qr],
-                                moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + w],
-                                accumulate=False,
-                            )
-                        s_view = s_ps[:qr, :nsub, :w]
-                        _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w)
-                        p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, w))
-                        a_col = alpha[:qr, slot : slot + 1]
-                        if ci == 0:
-                            nisa.tensor_scalar(
-                                nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine
-                            )
-                        else:
-                            nisa.tensor_scalar(
-                                nm_new[:qr],
-                                bmax[:qr],
-                                nl.multiply,
-                                -scale,
-                                op1=nl.minimum,
-                                operand1=nm_old[:qr],
-                                engine=nisa.vector_engine,
-                            )
-                            nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
-                        nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
-                        # P^T: DMA groups wait for their last chunk (one transpose per 16 queries for the
-                        # group, then PV / o updates in chunk order); other chunks on TensorE right away
-                        if dma:
-                            pending.append((ci, c0, kc, slot))
-                            if flush:
-                                _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * nbc)
-                                for pci, pc0, pkc, ps in pending:
-                                    _pv_update(
-                                        pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1],
-                                        ps * nbc, pc0, pkc, qr, Dv, pci == 0,
-                                    )  # fmt: skip
-                                pending = []
-                        else:
-                            _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
-                            _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, Dv, ci == 0)
-                        nm_old, nm_new = nm_new, nm_old
-                    # out = o / max(l, floor) ; lse = log(l) - nm  (l = column D; 0 only for an empty group)
-                    l_col = o_acc[:qr, D : D + 1]
-                    nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
-                    nisa.reciprocal(rl[:qr], rl[:qr])
-                    nisa.tensor_scalar(
-                        o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine
-                    )
-                    nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
-                    if return_lse:
-                        nisa.activation(lse_t[:qr], nl.log, l_col)
-                        nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
-                        nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+                n_grp = _flash_rows(
+                    w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale,
+                    return_lse, True,
+                )  # fmt: skip
                 lo += nq
     if return_lse:
         return out, lse
