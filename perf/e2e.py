@@ -39,7 +39,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -221,69 +221,71 @@ class TracedKernels:
         prof = self._trace(attention_kernel, q, kv, kv, 1.0 / math.sqrt(d), False)
         return float(prof.latency_ns) * 1e-9
 
-    def attention(self, lq: int, lk: int, heads: int, head_dim: int) -> KernelCost:
-        key = ("attn", lq, lk, heads, head_dim)
+    def _cached(
+        self, key: tuple[Any, ...], compute: Callable[[], KernelCost], fallback: Callable[[], KernelCost]
+    ) -> KernelCost:
+        """``compute()`` once per ``key``; any emulator failure gives the labelled analytic ``fallback()``."""
         if key not in self._cache:
-            flops = 4 * lq * lk * heads * head_dim
             try:
-                if heads <= self.max_heads:
-                    t, src = self._attn_exact(lq, lk, heads, head_dim), "traced"
-                else:
-                    h = max(x for x in range(1, self.max_heads + 1) if heads % x == 0)
-                    t = self._attn_exact(lq, lk, h, head_dim) * (heads // h)
-                    src = f"traced at {h} heads x {heads // h}"
-                self._cache[key] = KernelCost(t + self.params.kernel_call_s, flops, 0, {}, src)
+                self._cache[key] = compute()
             except Exception as e:  # noqa: BLE001 - any emulator failure -> labelled fallback
-                c = self._fallback.attention(lq, lk, heads, head_dim)
-                self._cache[key] = replace(c, source=f"analytic (trace failed: {type(e).__name__})")
+                self._cache[key] = replace(fallback(), source=f"analytic (trace failed: {type(e).__name__})")
         return self._cache[key]
+
+    def _traced_cost(self, kernel: Any, *args: Any) -> KernelCost:
+        prof = self._trace(kernel, *args)
+        return KernelCost(
+            float(prof.latency_ns) * 1e-9 + self.params.kernel_call_s, 0, int(prof.hbm_bytes), {}, "traced"
+        )
+
+    def attention(self, lq: int, lk: int, heads: int, head_dim: int) -> KernelCost:
+        def compute() -> KernelCost:
+            flops = 4 * lq * lk * heads * head_dim
+            if heads <= self.max_heads:
+                t, src = self._attn_exact(lq, lk, heads, head_dim), "traced"
+            else:
+                h = max(x for x in range(1, self.max_heads + 1) if heads % x == 0)
+                t = self._attn_exact(lq, lk, h, head_dim) * (heads // h)
+                src = f"traced at {h} heads x {heads // h}"
+            return KernelCost(t + self.params.kernel_call_s, flops, 0, {}, src)
+
+        return self._cached(
+            ("attn", lq, lk, heads, head_dim),
+            compute,
+            lambda: self._fallback.attention(lq, lk, heads, head_dim),
+        )
 
     def rope(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
-        key = ("rope", tokens, heads, head_dim)
-        if key not in self._cache:
-            try:
-                import ml_dtypes
+        def compute() -> KernelCost:
+            import ml_dtypes
 
-                from nki_kernels.rope3d import rope3d_kernel
+            from nki_kernels.rope3d import rope3d_kernel
 
-                x = self._spec((1, tokens, heads, head_dim), ml_dtypes.bfloat16)
-                tab = self._spec((tokens, head_dim // 2), "float32")
-                prof = self._trace(rope3d_kernel, x, x, tab, tab)
-                self._cache[key] = KernelCost(
-                    float(prof.latency_ns) * 1e-9 + self.params.kernel_call_s,
-                    0,
-                    int(prof.hbm_bytes),
-                    {},
-                    "traced",
-                )
-            except Exception as e:  # noqa: BLE001
-                c = self._fallback.rope(tokens, heads, head_dim)
-                self._cache[key] = replace(c, source=f"analytic (trace failed: {type(e).__name__})")
-        return self._cache[key]
+            x = self._spec((1, tokens, heads, head_dim), ml_dtypes.bfloat16)
+            tab = self._spec((tokens, head_dim // 2), "float32")
+            return self._traced_cost(rope3d_kernel, x, x, tab, tab)
+
+        return self._cached(
+            ("rope", tokens, heads, head_dim), compute, lambda: self._fallback.rope(tokens, heads, head_dim)
+        )
 
     def kv_write(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
-        key = ("kvw", tokens, heads, head_dim)
-        if key not in self._cache:
-            try:
-                import ml_dtypes
+        def compute() -> KernelCost:
+            import ml_dtypes
 
-                from nki_kernels.kv_cache import kv_cache_write_kernel
+            from nki_kernels.kv_cache import kv_cache_write_kernel
 
-                bf = ml_dtypes.bfloat16
-                cache = self._spec((1, 8 * tokens, heads, head_dim), bf)
-                new = self._spec((1, tokens, heads, head_dim), bf)
-                prof = self._trace(kv_cache_write_kernel, cache, cache, new, new, self._spec((1, 1), "int32"))
-                self._cache[key] = KernelCost(
-                    float(prof.latency_ns) * 1e-9 + self.params.kernel_call_s,
-                    0,
-                    int(prof.hbm_bytes),
-                    {},
-                    "traced",
-                )
-            except Exception as e:  # noqa: BLE001
-                c = self._fallback.kv_write(tokens, heads, head_dim)
-                self._cache[key] = replace(c, source=f"analytic (trace failed: {type(e).__name__})")
-        return self._cache[key]
+            bf = ml_dtypes.bfloat16
+            cache = self._spec((1, 8 * tokens, heads, head_dim), bf)
+            new = self._spec((1, tokens, heads, head_dim), bf)
+            slot = self._spec((1, 1), "int32")
+            return self._traced_cost(kv_cache_write_kernel, cache, cache, new, new, slot)
+
+        return self._cached(
+            ("kvw", tokens, heads, head_dim),
+            compute,
+            lambda: self._fallback.kv_write(tokens, heads, head_dim),
+        )
 
 
 def default_kernel_provider(params: E2EParams) -> KernelProvider:
