@@ -191,6 +191,18 @@ def _empty_lse(q: torch.Tensor, return_lse: bool) -> torch.Tensor:
     return q.new_empty((0,), dtype=torch.float32)
 
 
+def _rope_outputs(
+    qo: torch.Tensor, ko: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check a rope kernel's outputs against the op's contract (q's shape and dtype); return fresh tensors."""
+    for name, t in (("q", qo), ("k", ko)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
+            raise RuntimeError(
+                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
+            )
+    return _fresh(qo, q, k), _fresh(ko, q, k)
+
+
 def _copy_back(res: Any, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
     """Kernels may mutate the caches in place (return None) or return new ``(cache_k, cache_v)``."""
     if res is None:
@@ -222,12 +234,7 @@ def _rope3d_op(
         return ref_rope3d(q, k, tuple(grid), start_frame, fp)
     fn = _kernel("rope3d", "rope3d_emulated")
     qo, ko = fn(q, k, tuple(grid), start_frame=start_frame, frame_positions=fp)
-    for name, t in (("q", qo), ("k", ko)):
-        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
-            raise RuntimeError(
-                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
-            )
-    return _fresh(qo, q, k), _fresh(ko, q, k)
+    return _rope_outputs(qo, ko, q, k)
 
 
 @_rope3d_op.register_fake
@@ -345,12 +352,7 @@ def _rope3d_positions_op(
     # the rope kernel already takes per-frame positions as runtime values (host-built cos/sin tables)
     fn = _kernel("rope3d", "rope3d_emulated")
     qo, ko = fn(q, k, tuple(grid), start_frame=0, frame_positions=fp)
-    for name, t in (("q", qo), ("k", ko)):
-        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
-            raise RuntimeError(
-                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
-            )
-    return _fresh(qo, q, k), _fresh(ko, q, k)
+    return _rope_outputs(qo, ko, q, k)
 
 
 @_rope3d_positions_op.register_fake
@@ -388,12 +390,7 @@ def _rope3d_tables_op(
 
         return ref_rope3d_tables(q, k, cos, sin)
     qo, ko = _kernel("rope3d", "rope3d_tables_emulated")(q, k, cos, sin)
-    for name, t in (("q", qo), ("k", ko)):
-        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype:
-            raise RuntimeError(
-                f"kernel returned {name} {tuple(t.shape)} {t.dtype}; expected {tuple(q.shape)} {q.dtype}"
-            )
-    return _fresh(qo, q, k), _fresh(ko, q, k)
+    return _rope_outputs(qo, ko, q, k)
 
 
 @_rope3d_tables_op.register_fake
