@@ -222,7 +222,9 @@ def geo_stats(ratios: Sequence[float]) -> tuple[float, float]:
     """``(geometric mean, geometric SD)`` of positive ratios; the SD is ``exp`` of the population standard
     deviation of ``log(ratio)`` (1.0 when all ratios are equal)."""
     if not ratios or any(not (r > 0 and math.isfinite(r)) for r in ratios):
-        raise ValueError(f"geo_stats: ratios must be a non-empty sequence of finite positive numbers, got {ratios!r}")
+        raise ValueError(
+            f"geo_stats: ratios must be a non-empty sequence of finite positive numbers, got {ratios!r}"
+        )
     logs = [math.log(r) for r in ratios]
     mu = sum(logs) / len(logs)
     var = sum((x - mu) ** 2 for x in logs) / len(logs)
