@@ -253,3 +253,14 @@ def test_point_validation() -> None:
         Point("x", "k", src, "s", (1.0, 1.0), "p", "q", "slope", (run,))
     with pytest.raises(ValueError, match="different counts"):
         Point("x", "k", src, "s", (1.0, 1.0), "p", "q", "intercept", (run, run))
+
+
+def test_cli_prints_table_without_writing(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    from perf.calibration.__main__ import main
+
+    assert main(["--no-write", "--results-dir", str(tmp_path), "--only", "cs149_stream_fd200"]) == 0
+    out = capsys.readouterr().out
+    assert "PUBLISHED trn2 measurement" in out and "cs149_stream_fd200" in out and "geometric SD" in out
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit):
+        main(["--no-write", "--only", "no_such_point"])
