@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--width", type=int, default=832)
     ap.add_argument("--cores", type=int, default=8)
-    ap.add_argument("--quick", action="store_true", help="tiny preset at 64x64 (smoke test; no peer rows)")
+    ap.add_argument("--quick", action="store_true", help="tiny preset at 64x64 (smoke test; the peer rows stay Wan2.1-1.3B)")
     ap.add_argument("--analytic", action="store_true", help="force the analytic kernel/matmul providers")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer's configurations")
     ap.add_argument("--out-dir", default=None, help="where REPORT.md, results/ and PNGs go (default perf/)")

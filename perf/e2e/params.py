@@ -51,7 +51,7 @@ class E2EParams:
     * ``hbm_Bps_per_core`` 2.9 TB/s / 8 (``trainium2.rst``: 2.9 TB/s per chip, 8 cores streaming).
     * ``vector_hz`` 0.96 GHz, ``scalar_hz`` 1.2 GHz, ``gpsimd_hz`` 1.2 GHz, 128 ``lanes``, one element per
       lane per cycle (trn2 architecture guide; no performance mode: the safe default).
-    * ``neff_launch_s`` 150 us per NEFF launch, *measured* on trn2 by the open Rolling Forcing port
+    * ``neff_launch_s`` 145 us (the "~150 us") per NEFF launch, *measured* on trn2 by the open Rolling Forcing port
       (github.com/yahavb/rolling_forcing ``.claude/skills/rolling-forcing-trn2-benchmark/SKILL.md`` and
       ``docs/PAPER_parallelism_neuron.md`` @ 264f5a8: submit 71 + host barrier 43 + hardware barrier
       31 us); a number, not a range.
@@ -84,7 +84,7 @@ class E2EParams:
     scalar_hz: float = 1.2e9
     gpsimd_hz: float = 1.2e9
     lanes: int = 128
-    neff_launch_s: float = 150e-6
+    neff_launch_s: float = (71 + 43 + 31) * 1e-6
     kernel_fixed_s: Range = Range(
         2e-6, 13.3e-6, "low: DMA fixed latency + hwdge issue (Neuron docs); high: trn2 profiles (CS149)"
     )

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PeerMeasured", "PeerConfig", "PEER_MEASURED", "PEER_CONFIGS", "PUBLISHED", "CALIBRATION_BAND"]
+__all__ = ["PEER_PRESET", "PeerMeasured", "PeerConfig", "PEER_MEASURED", "PEER_CONFIGS", "PUBLISHED", "CALIBRATION_BAND"]
+
+PEER_PRESET = "wan2.1-1.3b"
+"""The peer runs Wan2.1-T2V-1.3B."""
 
 CALIBRATION_BAND = 1.3
 """The end-to-end calibration target: predicted / measured peer fps within x1.3 (issue 10, item 5)."""

@@ -11,7 +11,7 @@ from perf.e2e.chunk import ChunkModel, chunk_model, warmup_forwards
 from perf.e2e.components import vae_components
 from perf.e2e.kernels import KernelProvider, default_kernel_provider
 from perf.e2e.params import ENDS, E2EParams
-from perf.e2e.peer import PEER_CONFIGS, PeerConfig, PeerMeasured, measured_for
+from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
 from perf.e2e.weights import WEIGHT_VARIANTS
 from perf.footprint import (
     Footprint,
@@ -98,8 +98,8 @@ def run_model(
     scaling_cores: Sequence[int] = (1, 2, 4, 8, 16),
     peer: bool = True,
 ) -> E2EResult:
-    """Every modelled figure of the report at both ends (``peer``: also the peer's configurations,
-    Wan2.1-1.3B only)."""
+    """Every modelled figure of the report at both ends (``peer``: also the peer's configurations, which
+    are Wan2.1-1.3B whatever ``preset`` is)."""
     t0 = time.perf_counter()
     params = params or E2EParams()
     kernels = kernels or default_kernel_provider(params)
@@ -177,7 +177,7 @@ def run_model(
                 else chunk_model(m, pipe, cores=cores, variant="merged", weights=wp, end=end, **kw)
             )
             wv.append((wp, end, cm))
-    peers = _peer_rows(preset, pipe, kernels, matmul, params) if peer and preset == "wan2.1-1.3b" else []
+    peers = _peer_rows(pipe, kernels, matmul, params) if peer else []
     return E2EResult(
         m,
         pipe,
@@ -199,14 +199,14 @@ def run_model(
 
 
 def _peer_rows(
-    preset: str, pipe: PipelineConfig, kernels: KernelProvider, matmul: MatmulProvider, params: E2EParams
+    pipe: PipelineConfig, kernels: KernelProvider, matmul: MatmulProvider, params: E2EParams
 ) -> list[PeerRow]:
     """The peer's configurations (:data:`PEER_CONFIGS`) at both ends: Megatron TP linears, ~370 NEFFs
     per rank per forward, our kernels' modelled costs."""
     rows: list[PeerRow] = []
     probes: dict[tuple[int, int], Any] = {}
     for cfg in PEER_CONFIGS:
-        m = _model(preset, cfg.height, cfg.width)
+        m = _model(PEER_PRESET, cfg.height, cfg.width)
         if (cfg.height, cfg.width) not in probes:
             probes[(cfg.height, cfg.width)] = vae_probe(
                 m.latent_height, m.latent_width, pipe.frames_per_block
