@@ -133,13 +133,13 @@ def result_rows(r: E2EResult) -> list[Any]:
                 extra=_chunk_extra(cm),
             )
         )
-    for c, name, by_end in r.scaling:
+    for ncores, name, by_end in r.scaling:
         if not by_end:
             rows.append(
                 BenchRow(
                     op="e2e_scaling",
                     variant=name,
-                    config={**cfg, "cores": c},
+                    config={**cfg, "cores": ncores},
                     kind="modelled",
                     status="error",
                     message=name,
@@ -151,7 +151,7 @@ def result_rows(r: E2EResult) -> list[Any]:
                 BenchRow(
                     op="e2e_scaling",
                     variant=f"{name}/{end}",
-                    config={**cfg, "cores": c},
+                    config={**cfg, "cores": ncores},
                     kind="modelled",
                     fps=f,
                     extra={"dit_fps": df, "end": end},
@@ -170,7 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--width", type=int, default=832)
     ap.add_argument("--cores", type=int, default=8)
-    ap.add_argument("--quick", action="store_true", help="tiny preset at 64x64 (smoke test; the peer rows stay Wan2.1-1.3B)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny preset at 64x64 (smoke test; the peer rows stay Wan2.1-1.3B)",
+    )
     ap.add_argument("--analytic", action="store_true", help="force the analytic kernel/matmul providers")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer's configurations")
     ap.add_argument("--out-dir", default=None, help="where REPORT.md, results/ and PNGs go (default perf/)")

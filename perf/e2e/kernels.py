@@ -119,7 +119,7 @@ def _profile_cost(prof: Any, flops: int, source: str, scale: float = 1.0) -> Ker
     """
     fixed_ns = getattr(prof, "fixed_ns", None)
     if fixed_ns is None:
-        fixed_ns = getattr(prof, "non_overlap_ns", 0.0)
+        fixed_ns = getattr(prof, "non_overlap_ns", 0.0) or 0.0
     high = getattr(prof, "latency_high_ns", None)
     busy = {k: float(v) * 1e-9 * scale for k, v in getattr(prof, "engine_busy_ns", {}).items()}
     return KernelCost(

@@ -51,10 +51,10 @@ class E2EParams:
     * ``hbm_Bps_per_core`` 2.9 TB/s / 8 (``trainium2.rst``: 2.9 TB/s per chip, 8 cores streaming).
     * ``vector_hz`` 0.96 GHz, ``scalar_hz`` 1.2 GHz, ``gpsimd_hz`` 1.2 GHz, 128 ``lanes``, one element per
       lane per cycle (trn2 architecture guide; no performance mode: the safe default).
-    * ``neff_launch_s`` 145 us (the "~150 us") per NEFF launch, *measured* on trn2 by the open Rolling Forcing port
-      (github.com/yahavb/rolling_forcing ``.claude/skills/rolling-forcing-trn2-benchmark/SKILL.md`` and
-      ``docs/PAPER_parallelism_neuron.md`` @ 264f5a8: submit 71 + host barrier 43 + hardware barrier
-      31 us); a number, not a range.
+    * ``neff_launch_s`` 145 us (the "~150 us") per NEFF launch, *measured* on trn2 by the open Rolling
+      Forcing port (github.com/yahavb/rolling_forcing
+      ``.claude/skills/rolling-forcing-trn2-benchmark/SKILL.md`` and ``docs/PAPER_parallelism_neuron.md``
+      @ 264f5a8: submit 71 + host barrier 43 + hardware barrier 31 us); a number, not a range.
     * ``kernel_fixed_s``: fixed time of one kernel call inside a NEFF in which no engine computes.
       RANGE: low 2 us = the documented DMA fixed latency (~1.3 us cross-engine, Neuron docs
       ``nki/deep-dives/nki-dma-bandwidth-guide.rst``) + one hwdge DMA issue (~0.6 us, ``nki-dge.rst``),

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PEER_PRESET", "PeerMeasured", "PeerConfig", "PEER_MEASURED", "PEER_CONFIGS", "PUBLISHED", "CALIBRATION_BAND"]
+__all__ = [
+    "PEER_PRESET",
+    "PeerMeasured",
+    "PeerConfig",
+    "PEER_MEASURED",
+    "PEER_CONFIGS",
+    "PUBLISHED",
+    "CALIBRATION_BAND",
+]
 
 PEER_PRESET = "wan2.1-1.3b"
 """The peer runs Wan2.1-T2V-1.3B."""
@@ -106,7 +114,8 @@ PUBLISHED: tuple[dict[str, str], ...] = (
         "system": "yahavb/rolling_forcing, TP4xSP2 on 8 cores (one chip), merged forward, 480x832",
         "figure": "~8.1 fps (7.8-8.6); ~24-28 % dense-FLOP MFU of one chip (242 TFLOP per 12-frame chunk)",
         "kind": "published (measured by them)",
-        "source": f"{_RF} .claude/skills/rolling-forcing-trn2-benchmark/SKILL.md, docs/compilation_pattern.md",
+        "source": f"{_RF} .claude/skills/rolling-forcing-trn2-benchmark/SKILL.md, "
+        "docs/compilation_pattern.md",
     },
     {
         "system": "yahavb/rolling_forcing, TP4xSP2 on 8 cores, 480x640 / 480x512",
