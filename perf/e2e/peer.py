@@ -44,6 +44,7 @@ class PeerMeasured:
     fps_low: float
     fps_high: float
     source: str
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ PEER_MEASURED: tuple[PeerMeasured, ...] = (
         13.95,
         13.95,
         f"{_RF} docs/ROOFLINE_RF_1_3B.md (16 physical cores, LNC1)",
+        "DiT ~700 ms + VAE ~135 ms per chunk",
     ),
 )
 

@@ -83,38 +83,33 @@ def calibration_verdict(peer: Sequence[PeerRow]) -> str:
 def peer_table(peer: Sequence[PeerRow]) -> list[str]:
     """Markdown rows: every peer configuration, modelled (both ends) beside the measured figure."""
     out = [
-        "| resolution | cores | plan | variant | modelled fps (pess.-opt.) | modelled ms per chunk | NEFFs "
-        "per chunk "
-        "| measured fps (peer) | predicted / measured (pess., opt.) |",
+        "| resolution | cores | plan | variant | modelled fps (pess.-opt.) | modelled ms per chunk (DiT + "
+        "VAE, "
+        "pess.) | NEFFs per chunk | measured fps (peer) | predicted / measured (pess., opt.) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in peer:
         c = row.config
         if not row.chunks:
             out.append(
-                f"| {c.height}x{c.width} | {c.cores} | {c.plan} | {c.variant} | not modelled: {row.error} | "
-                "| | | |"
+                f"| {c.height}x{c.width} | {c.cores} | {c.plan} | {c.variant} | not modelled: {row.error} "
+                "|||||"
             )
             continue
         lo, hi = row.chunks["pessimistic"], row.chunks["optimistic"]
-        meas = (
-            "not published"
-            if row.measured is None
-            else (
-                f"{row.measured.fps:g}"
-                + (
-                    f" ({row.measured.fps_low:g}-{row.measured.fps_high:g})"
-                    if row.measured.fps_low != row.measured.fps_high
-                    else ""
-                )
-            )
-        )
+        meas = "not published"
+        if row.measured is not None:
+            pm = row.measured
+            spread = f" ({pm.fps_low:g}-{pm.fps_high:g})" if pm.fps_low != pm.fps_high else ""
+            meas = f"{pm.fps:g}{spread}"
+            meas += f"; {pm.note}" if pm.note else ""
         rl, rh = row.ratio("pessimistic"), row.ratio("optimistic")
         ratio = "-" if rl is None or rh is None else f"x{rl:.2f}, x{rh:.2f}"
         note = f" ({row.error})" if row.error else ""
+        split = f"{_ms(lo.chunk_s)} ({_ms(lo.dit_s)} + {_ms(lo.chunk_s - lo.dit_s)})"
         out.append(
             f"| {c.height}x{c.width} | {c.cores} | {lo.plan_name}{note} | {c.variant} | {_fps(lo, hi)} | "
-            f"{_chunk_ms(lo, hi)} "
+            f"{split} "
             f"| {lo.neffs} | {meas} | {ratio} |"
         )
     return out
