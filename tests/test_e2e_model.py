@@ -1,4 +1,4 @@
-"""Tests of the end-to-end performance model (perf/e2e.py, perf/footprint.py, perf/matmul_model.py).
+"""Tests of the end-to-end performance model (perf/e2e/, perf/footprint.py, perf/matmul_model.py).
 
 All figures under test are *modelled* (arithmetic), so the references are hand calculations.
 """

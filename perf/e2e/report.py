@@ -353,6 +353,15 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         L.append(f"| {g} | {_ms(t)} | {t / mg_lo.chunk_s:.1%} | {_ms(th)} | {th / mg_hi.chunk_s:.1%} |")
     L.append(f"| **total** | **{_ms(mg_lo.chunk_s)}** | | **{_ms(mg_hi.chunk_s)}** | |")
     L.append("")
+    kgroups = ["attention", "cross_attention", "rope", "kv_write"]
+    kdiff = mg_lo.time(kgroups) - mg_hi.time(kgroups)
+    L.append(
+        f"The NKI kernels' time differs by {_ms(kdiff)} ms between the ends: VectorE/GpSimd port contention "
+        "(and any range the cost model itself prices). It falls on the attention kernel, whose row max "
+        "offloads halving passes from VectorE to GpSimd (`nki_kernels/attention.py` `_row_max`): with the "
+        "shared SBUF bus fully serialised that offload buys nothing and costs the GpSimd time. No public "
+        "timing pins it; the range is the design risk.\n"
+    )
     L.append(
         f"## Per-layer breakdown (modelled, pessimistic end, one of {r.model.num_layers} layers, critical "
         "core)\n"
