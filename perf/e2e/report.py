@@ -151,6 +151,16 @@ def headline_lines(r: E2EResult) -> list[str]:
                 f"fps{meas}"
             )
         out.append(calibration_verdict(r.peer))
+    out.append("Unmeasured parameters (optimistic end - pessimistic end):")
+    for pname, rng in r.params.ranges().items():
+        scale, unit = (1e6, " us") if pname.endswith("_s") else (1.0, "")
+        out.append(f"  {pname}: {rng.low * scale:g}-{rng.high * scale:g}{unit} ({rng.source})")
+    out.append(
+        f"  comm_models: {r.params.comm_models[0]} - {r.params.comm_models[1]} (sharding.plan.CommModel)"
+    )
+    out.append(
+        f"Measured parameter: neff_launch_s {r.params.neff_launch_s * 1e6:g} us (Rolling Forcing port profiles)"
+    )
     return out
 
 
