@@ -158,9 +158,8 @@ def headline_lines(r: E2EResult) -> list[str]:
     out.append(
         f"  comm_models: {r.params.comm_models[0]} - {r.params.comm_models[1]} (sharding.plan.CommModel)"
     )
-    out.append(
-        f"Measured parameter: neff_launch_s {r.params.neff_launch_s * 1e6:g} us (Rolling Forcing port profiles)"
-    )
+    launch_us = r.params.neff_launch_s * 1e6
+    out.append(f"Measured parameter: neff_launch_s {launch_us:g} us (Rolling Forcing port profiles)")
     return out
 
 
