@@ -65,7 +65,7 @@ def test_dit_params_hand_calculation():
     per_block = 8 * d * d + 2 * d * f  # dominant weights only (no biases/norms)
     n = dit_param_count(WAN)
     assert per_block * layers < n < per_block * layers * 1.03  # biases, norms, embeddings are < 3 %
-    assert 1.3e9 < n < 1.5e9  # "1.3B" model, ~2.6-2.8 GB in bf16 (shared/docs/trn2_cost_model.md §5.3)
+    assert 1.3e9 < n < 1.5e9  # "1.3B" model, ~2.6-2.8 GB in bf16
 
 
 def test_footprint_items_sum_and_sharding():
@@ -126,7 +126,7 @@ def test_merged_vs_two_pass_flops_match_doc():
     kw = dict(vae=None, kernels=AnalyticKernels(params), matmul=_FixedBlocks(), params=params)
     mg = chunk_model(WAN, PIPE, cores=8, variant="merged", **kw)
     tw = chunk_model(WAN, PIPE, cores=8, variant="two_pass", **kw)
-    # shared/docs/trn2_cost_model.md §6: ~242 TFLOP per chunk for the two forwards
+    # dense-FLOP count (docs/e2e_model.md): ~242 TFLOP per chunk for the two forwards at 480x832
     assert tw.dit_flops / 1e12 == pytest.approx(242.4, rel=0.02)
     assert mg.dit_flops == pytest.approx(tw.dit_flops, rel=1e-3)
     assert tw.launches > mg.launches

@@ -19,7 +19,7 @@ def write_plots(r: E2EResult, out_dir: Path, stem: str = "e2e") -> list[Path]:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.5))
     variants = []
-    for v, lab in (("merged", "merged"), ("two_pass", "two-pass"), ("merged_eager", "eager sharded")):
+    for v, lab in (("merged", "merged"), ("two_pass", "two-pass"), ("merged_eager", "eager")):
         for end, e in (("pessimistic", "pess."), ("optimistic", "opt.")):
             variants.append((f"{lab}\n{e}", r.chunk(v, end)))
     for row in r.peer[:1]:
@@ -27,10 +27,17 @@ def write_plots(r: E2EResult, out_dir: Path, stem: str = "e2e") -> list[Path]:
             if end in row.chunks:
                 variants.append((f"peer model\n{e}", row.chunks[end]))
     bottoms = [0.0] * len(variants)
-    for g in GROUPS:
+    colors = plt.get_cmap("tab20").colors
+    for gi, g in enumerate(GROUPS):
         vals = [cm.by_group().get(g, 0.0) * 1e3 for _, cm in variants]
         if any(vals):
-            ax1.bar([v for v, _ in variants], vals, bottom=bottoms, label=g)
+            ax1.bar(
+                [v for v, _ in variants],
+                vals,
+                bottom=bottoms,
+                label=g,
+                color=colors[(2 * gi) % 20 + (2 * gi) // 20],
+            )
             bottoms = [b + v for b, v in zip(bottoms, vals)]
     prm = r.params
     deadline = r.chunk("merged", "optimistic").video_frames / prm.target_fps * 1e3
