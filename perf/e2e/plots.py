@@ -27,7 +27,8 @@ def write_plots(r: E2EResult, out_dir: Path, stem: str = "e2e") -> list[Path]:
             if end in row.chunks:
                 variants.append((f"peer model\n{e}", row.chunks[end]))
     bottoms = [0.0] * len(variants)
-    colors = plt.get_cmap("tab20").colors
+    cmap = plt.get_cmap("tab20")
+    colors = [cmap(i) for i in range(20)]
     for gi, g in enumerate(GROUPS):
         vals = [cm.by_group().get(g, 0.0) * 1e3 for _, cm in variants]
         if any(vals):
