@@ -45,9 +45,14 @@ def check_buffer(buffer: Any, arg: str = "buffer") -> MemoryRegion:
 
 
 class Storage:
-    """Backing memory of one allocation.  Frees its on-chip accounting when garbage-collected."""
+    """Backing memory of one allocation.  Frees its on-chip accounting when garbage-collected.
 
-    __slots__ = ("data", "buffer", "dtype", "shape", "size", "pbytes", "name", "written", "launch", "epoch")
+    Event-log slots: ``base`` is the allocation a dtype-reinterpreting view shares its bytes with (None
+    for an allocation), ``evlog``/``evbuf`` the event log that numbered this allocation and its number.
+    """
+
+    __slots__ = ("data", "buffer", "dtype", "shape", "size", "pbytes", "name", "written", "launch", "epoch",
+                 "base", "evlog", "evbuf")  # fmt: skip
 
     def __init__(
         self, shape: tuple[int, ...], dtype: str, buffer: MemoryRegion, name: str, data: np.ndarray | None
@@ -62,6 +67,9 @@ class Storage:
         self.launch: _state.Launch | None = None
         self.epoch = 0
         self.pbytes = 0
+        self.base: Storage | None = None
+        self.evlog: Any = None
+        self.evbuf = 0
 
     def __del__(self) -> None:
         launch = self.launch

@@ -11,6 +11,7 @@ In trace-only mode ``storage.data`` is ``None``: views, bounds and rules work, v
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -401,6 +402,18 @@ class NkiTensor(TensorViews):
         isz = _dt.itemsize(self.dtype)
         return lo * isz, (hi + 1) * isz - 1
 
+    def access_box(self) -> tuple[int, int, int, int]:
+        """Bounding box ``(p0, p1, b0, b1)`` of this view's elements: on-chip, partitions ``[p0, p1)`` and the
+        byte range ``[b0, b1)`` inside each; HBM, ``p0 = p1 = 0`` and the byte range in the flat storage.
+        A runtime-indexed (indirect) view covers the whole storage."""
+        st = self._st
+        isz = _dt.itemsize(st.dtype)
+        on_chip = st.buffer.on_chip
+        per_part = st.size // st.shape[0] if on_chip else st.size
+        if self._dyn is not None:
+            return (0, st.shape[0], 0, per_part * isz) if on_chip else (0, 0, 0, st.size * isz)
+        return access_box(on_chip, per_part, isz, self.offset, self.shape, self.strides)
+
     def start_partition(self) -> int:
         st = self._st
         return self.offset // (st.size // st.shape[0])
@@ -503,6 +516,50 @@ class NkiTensor(TensorViews):
         return as_strided(
             w[self.offset :], shape=self.shape, strides=tuple(s * w.itemsize for s in self.strides)
         )
+
+
+@lru_cache(maxsize=65536)
+def access_box(
+    on_chip: bool, per_part: int, isz: int, offset: int, shape: tuple, strides: tuple
+) -> tuple[int, int, int, int]:
+    """Bounding box ``(p0, p1, b0, b1)`` of the strided view ``offset + sum(strides[k] * i_k)``, ``i_k <
+    shape[k]``, over a storage of ``per_part`` elements per partition (on-chip) of ``isz`` bytes each:
+    on-chip, partitions ``[p0, p1)`` and the bytes ``[b0, b1)`` inside each (free dims that step across
+    partitions cover whole partitions); HBM, ``(0, 0, b0, b1)`` in the flat storage."""
+    if not on_chip:
+        lo = hi = offset
+        for n, s in zip(shape, strides):
+            if s > 0:
+                hi += s * (n - 1)
+            else:
+                lo += s * (n - 1)
+        return 0, 0, lo * isz, (hi + 1) * isz
+    ps = per_part
+    p0, lo = divmod(offset, ps)
+    hi = lo
+    for k in range(1, len(shape)):
+        s = strides[k]
+        if s > 0:
+            hi += s * (shape[k] - 1)
+        else:
+            lo += s * (shape[k] - 1)
+    n0 = shape[0]
+    s0 = strides[0]
+    if lo >= 0 and hi < ps and (n0 == 1 or s0 % ps == 0):
+        p1 = p0 + (s0 // ps) * (n0 - 1)
+        if p1 < p0:
+            p0, p1 = p1, p0
+        return p0, p1 + 1, lo * isz, (hi + 1) * isz
+    alo = ahi = offset
+    for n, s in zip(shape, strides):
+        if s > 0:
+            ahi += s * (n - 1)
+        else:
+            alo += s * (n - 1)
+    pa, pb = alo // ps, ahi // ps
+    if pa == pb:
+        return pa, pa + 1, (alo - pa * ps) * isz, (ahi - pa * ps + 1) * isz
+    return pa, pb + 1, 0, ps * isz
 
 
 def _read_index_scalar(idx: Any) -> int:

@@ -229,6 +229,7 @@ class TensorViews:
         nshape = st.shape[:-1] + (st.shape[-1] * old // new,)
         nst = Storage(nshape, dtype, st.buffer, st.name, data)
         nst.written = None
+        nst.base = st.base or st  # the same allocation (bytes) for the event log
         t = self._make(
             nst,
             self.offset * old // new,

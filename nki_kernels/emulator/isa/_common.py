@@ -27,7 +27,7 @@ def _emit(launch: _state.Launch, key: tuple, make: Any) -> None:
         launch.records[key] = ent
     ent[1] += 1
     if launch.keep_order:
-        launch.trace.order.append(ent[0])
+        launch.note(ent[0])
 
 
 def _count(launch: _state.Launch, key: tuple) -> bool:
@@ -37,7 +37,7 @@ def _count(launch: _state.Launch, key: tuple) -> bool:
         return False
     ent[1] += 1
     if launch.keep_order:
-        launch.trace.order.append(ent[0])
+        launch.note(ent[0])
     return True
 
 
@@ -49,7 +49,7 @@ def _count_checked(launch: _state.Launch, fkey: tuple) -> bool:
         return False
     ent[1] += 1
     if launch.keep_order:
-        launch.trace.order.append(ent[0])
+        launch.note(ent[0])
     return True
 
 

@@ -21,6 +21,7 @@ from ..tensor import NkiTensor, psum, sbuf
 from ..trace import TraceRecord
 from ._common import _count, _emit
 from ._enums import _DGE, _OOB, NkiInstruction, dge_mode, engine, oob_mode
+from ._events import _log
 
 _DMA_TRANSPOSE_AXES = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
 # --------------------------------------------------------------------------------------------- DMA
@@ -81,6 +82,8 @@ def _dma_record(op: str, dst: NkiTensor, src: NkiTensor, launch: _state.Launch, 
     key = (op, dst.shape, dst.strides, dst.dtype, dst._st.buffer, src.shape, src.strides, src.dtype,
            src._st.buffer, dst._dyn is None, src._dyn is None, launch.program_id, meta)  # fmt: skip
     if _count(launch, key):
+        if launch.keep_events:
+            _log(launch, (src,), (dst,))
         return
 
     def make() -> TraceRecord:
@@ -116,6 +119,8 @@ def _dma_record(op: str, dst: NkiTensor, src: NkiTensor, launch: _state.Launch, 
         )
 
     _emit(launch, key, make)
+    if launch.keep_events:
+        _log(launch, (src,), (dst,))
 
 
 def dma_copy(

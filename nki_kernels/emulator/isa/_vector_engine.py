@@ -19,6 +19,7 @@ from ..errors import (
 from ..tensor import NkiTensor, psum
 from ._common import _apply_binary, _bcast, _binary_name, _count, _emit, _operand, _rec, _sig, _store, _vals
 from ._enums import _E, _ENGINE_TRACE_ID, _TC_ENGINES, _TT_ENGINES, NkiInstruction, engine, reduce_cmd
+from ._events import _log
 from ._rules import _axes, _free, _no_gpsimd_psum, _onchip, _pick_engine, _same_pf
 
 # --------------------------------------------------------------------------------------------- VectorE
@@ -63,6 +64,8 @@ def tensor_tensor(
     key = (opn, en, name_, _sig(dst), _sig(data1), _sig(data2), launch.program_id)
     if not _count(launch, key):
         _emit(launch, key, lambda: _rec(opn, en, (dst, data1, data2), launch, meta=(("alu", name_),)))
+    if launch.keep_events:
+        _log(launch, (data1, data2), (dst,))
     if launch.trace_only:
         return NkiInstruction(opn)
     if bitvec:
@@ -128,6 +131,8 @@ def tensor_scalar(
                 opn, en, (dst, data) + extra, launch, flops=nops * dst.size, meta=(("alu", (n0, n1)),)
             ),
         )
+    if launch.keep_events:
+        _log(launch, (data, operand0, operand1), (dst,))
     if launch.trace_only:
         return NkiInstruction(opn)
     if bitvec:
@@ -197,6 +202,8 @@ def scalar_tensor_tensor(
                 opn, "vector", (dst, data, operand1), launch, flops=2 * dst.size, meta=(("alu", (n0, n1)),)
             ),
         )
+    if launch.keep_events:
+        _log(launch, (data, operand0, operand1), (dst,))
     if launch.trace_only:
         return NkiInstruction(opn)
     x = _vals(data).reshape(dst.shape)
@@ -240,6 +247,8 @@ def tensor_reduce(
             key,
             lambda: _rec(opn, "vector", (dst, data), launch, flops=data.size, meta=(("alu", rn),)),
         )
+    if launch.keep_events:
+        _log(launch, (data,), (dst,))
     if launch.trace_only:
         return NkiInstruction(opn)
     if rn in opdefs.BITVEC:
@@ -269,6 +278,8 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
         )
     key = (opn, rn, _sig(dst), _sig(data), launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "gpsimd", (dst, data), launch, flops=data.size))
+    if launch.keep_events:
+        _log(launch, (data,), (dst,))
     if not launch.trace_only:
         x = _vals(data).reshape(data.shape[0], -1)
         _store(dst, red(x, axis=(0,)).reshape(dst.shape))
@@ -289,6 +300,8 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> NkiInstruct
     key = (opn, _sig(dst), _sig(data), launch.program_id)
     if not _count(launch, key):
         _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch))
+    if launch.keep_events:
+        _log(launch, (data,), (dst,))
     if not launch.trace_only:
         with np.errstate(all="ignore"):
             _store(dst, (np.float32(1) / _vals(data)).reshape(dst.shape))
@@ -307,6 +320,8 @@ def tensor_copy_predicated(
     _same_pf(opn, dst, "dst", predicate, "predicate")
     key = (opn, _sig(dst), _sig(src), _sig(predicate), launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "vector", (dst, src, predicate), launch))
+    if launch.keep_events:  # a merge: dst keeps its old values where the predicate is off
+        _log(launch, (src, predicate, dst), (dst,))
     if not launch.trace_only:
         m = np.asarray(predicate.read()).reshape(dst.shape).astype(np.float32) != 0
         if reverse_pred:
@@ -350,6 +365,8 @@ def tensor_scalar_reduce(
             )
     key = (opn, n0, rn, _sig(dst), _sig(data), reduce_res is None, launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch, flops=2 * dst.size))
+    if launch.keep_events:
+        _log(launch, (data, operand0), (dst, reduce_res))
     if launch.trace_only:
         return NkiInstruction(opn)
     x = _vals(data).reshape(dst.shape)
