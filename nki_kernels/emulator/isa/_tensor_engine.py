@@ -19,7 +19,7 @@ from ..errors import (
 from ..tensor import NkiTensor, psum, sbuf
 from ._common import _count, _count_checked, _emit, _rec, _vals
 from ._enums import _E, _ENGINE_TRACE_ID, NkiInstruction, engine, matmul_perf_mode
-from ._events import _use, _use_rrw, _use_rw
+from ._events import _log, _use_rw
 from ._rules import _free, _onchip, _pick_engine
 
 _FP8_E4M3_PAIR = ("float8_e4m3", "float8_e4m3fn")
@@ -194,14 +194,26 @@ def nc_matmul(
 
 
 def _use_matmul(
-    launch: Any, dst: Any, stationary: Any, moving: Any, is_transpose: Any, accumulate: Any
+    launch: Any, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_transpose: Any, accumulate: Any
 ) -> None:
-    """Event of one matmul: it reads dst too where it may add onto it (accumulate True or None, not in
-    transpose mode)."""
-    if accumulate is False or is_transpose:
-        _use_rrw(launch, stationary, moving, dst)
-    else:
-        _use(launch, (stationary, moving, dst), (dst,))
+    """Access of one matmul (hot path, inlined): liveness stamps of its three operands; its event reads dst
+    too where it may add onto it (accumulate True or None, not in transpose mode)."""
+    n = launch.seq = launch.seq + 1
+    live = stationary._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = moving._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = dst._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    if launch.keep_events:
+        acc = accumulate is not False and not is_transpose
+        _log(launch, (stationary, moving, dst) if acc else (stationary, moving), (dst,))
 
 
 def _transpose_mode_rules(
