@@ -58,10 +58,11 @@ def nc_matmul(
         and (accumulate is None or accumulate is False or accumulate is True)
     ):
         dst_st = dst._st
-        # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype
+        # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype; the
+        # transpose-mode check reads accumulate
         fkey = ("nc_matmul", dst.shape, dst.strides, dst.offset % (dst_st.size // dst_st.shape[0]), dst.dtype,
                 dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
-                moving.dtype, moving._st.buffer, is_transpose)  # fmt: skip
+                moving.dtype, moving._st.buffer, is_transpose, accumulate)  # fmt: skip
         if _count_checked(launch, fkey):
             _use_matmul(launch, dst, stationary, moving, is_transpose, accumulate)
             return NkiInstruction("nc_matmul")
