@@ -89,6 +89,8 @@ def check(op: str, arg: str, t: Any, pmax: int = 128, num_partitions: int | None
     active partitions).  The message names the instruction, the operand, its start partition, its
     partition count and the rule."""
     n = t.shape[0] if num_partitions is None else num_partitions
+    if not 1 <= n <= pmax:  # the partition-limit / operand-size rules report this
+        return
     start = tensor_start(t)
     if start_ok(start, n, pmax):
         return

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import start_partition as _sp
 from .. import state as _state
 from ..errors import (
     DtypeError,
@@ -57,10 +58,13 @@ def nc_matmul(
         and (accumulate is None or accumulate is False or accumulate is True)
     ):
         dst_st = dst._st
-        # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype
-        fkey = ("nc_matmul", dst.shape, dst.strides, dst.offset % (dst_st.size // dst_st.shape[0]), dst.dtype,
-                dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
-                moving.dtype, moving._st.buffer, is_transpose)  # fmt: skip
+        # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype; the
+        # start-partition rule reads every operand's start partition (divmod: partition, offset inside it)
+        fkey = ("nc_matmul", dst.shape, dst.strides, divmod(dst.offset, dst_st.size // dst_st.shape[0]),
+                dst.dtype, dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
+                moving.dtype, moving._st.buffer, is_transpose,
+                stationary.offset // (stationary._st.size // stationary._st.shape[0]),
+                moving.offset // (moving._st.size // moving._st.shape[0]))  # fmt: skip
         if _count_checked(launch, fkey):
             return NkiInstruction("nc_matmul")
     hw = launch.hw
@@ -78,6 +82,7 @@ def nc_matmul(
         raise MemorySpaceError(
             f"[memory-space] nc_matmul: dst={dst._desc()} must be in PSUM, is in {dst._st.buffer.name}"
         )
+    _sp.check_all(op, hw.pmax, ("dst", dst), ("stationary", stationary), ("moving", moving))
     ss = stationary.shape
     ms = moving.shape
     ds = dst.shape
@@ -222,16 +227,28 @@ def nc_transpose(
     launch = _state.current()
     fkey = None
     if launch.trace_only and type(dst) is NkiTensor and type(data) is NkiTensor:
+        # start partitions are part of the key: the start-partition rule reads them
         fkey = ("nc_transpose", id(engine), dst.shape, dst.dtype, dst._st.buffer, data.shape, data.dtype,
-                data._st.buffer)  # fmt: skip
+                data._st.buffer, dst.offset // (dst._st.size // dst._st.shape[0]),
+                data.offset // (data._st.size // data._st.shape[0]))  # fmt: skip
         if _count_checked(launch, fkey):
             return NkiInstruction("nc_transpose")
     hw = launch.hw
     op = "nc_transpose"
     pmax = hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, op, "dst", launch)
-    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+    if not (
+        type(data) is NkiTensor
+        and data._st.buffer.on_chip
+        and data.shape[0] <= pmax
+        and data.offset < data._st.size // data._st.shape[0]  # start partition 0
+    ):
         _onchip(data, op, "data", launch)
     P = data.shape[0]
     F = _free(data)

@@ -1,5 +1,5 @@
 """Cross-core instructions of NKI 0.6: ``nisa.sendrecv`` and ``nisa.core_barrier`` (NeuronCore-v3+, LNC2),
-re-exported by :mod:`nki_kernels.emulator.isa`.
+exported by :mod:`nki_kernels.emulator.isa`.
 
 The emulator runs the two logical cores of an LNC2 launch one after the other (program 0, then program 1;
 ``docs/emulator.md``), so data that crosses cores mid-kernel does not exist yet when program 0 needs it.
@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import dtypes as _dt
-from . import state as _state
-from .errors import DtypeError, LaunchError, MemorySpaceError, ShapeMismatchError
-from .isa import NkiInstruction, _dma_record, _emit, _free, _rec
-from .isa import dma_engine as _DmaEngine
-from .isa import engine as _Engine
-from .tensor import NkiTensor, sbuf, shared_hbm
-from .trace import TraceRecord
+from .. import dtypes as _dt
+from .. import state as _state
+from ..errors import DtypeError, LaunchError, MemorySpaceError, ShapeMismatchError
+from ..tensor import NkiTensor, sbuf, shared_hbm
+from ..trace import TraceRecord
+from ._common import _emit, _rec
+from ._dma import _dma_record
+from ._enums import NkiInstruction
+from ._enums import dma_engine as _DmaEngine
+from ._enums import engine as _Engine
+from ._rules import _free
 
 _GPSIMD_DMA_BYTES = {4: 1024, 2: 512, 1: 256}  # per-partition limit of dma_engine.gpsimd_dma by dtype size
 
@@ -69,7 +72,9 @@ def sendrecv(
     if src.dtype != dst.dtype:
         raise DtypeError(f"[sendrecv-dtype] {op}: src dtype {src.dtype} must equal dst dtype {dst.dtype}")
     if src.shape != dst.shape:
-        raise ShapeMismatchError(f"[sendrecv-shape] {op}: src{list(src.shape)} and dst{list(dst.shape)} differ")
+        raise ShapeMismatchError(
+            f"[sendrecv-shape] {op}: src{list(src.shape)} and dst{list(dst.shape)} differ"
+        )
     for r, a in ((send_to_rank, "send_to_rank"), (recv_from_rank, "recv_from_rank")):
         if int(r) not in (0, 1):
             raise ValueError(f"{op}: {a} must be 0 or 1 (the two cores of an LNC2 pair), got {r!r}")

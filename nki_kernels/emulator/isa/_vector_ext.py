@@ -1,5 +1,5 @@
 """VectorE instructions of NKI 0.6 beyond the core set: statistics, scans, selects, top-8 search,
-cross-partition shuffle (re-exported by :mod:`nki_kernels.emulator.isa` as ``nisa.<name>``).
+cross-partition shuffle (exported by :mod:`nki_kernels.emulator.isa` as ``nisa.<name>``).
 
 Semantics follow the NKI 0.6 docstrings (aws-neuron/aws-neuron-sdk ``nki/api/nki/isa/__init__.py``,
 https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/nki.isa.html): inputs up-cast to fp32, math
@@ -16,14 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes as _dt
-from . import opdefs
-from . import start_partition as _sp
-from . import state as _state
-from .errors import DtypeError, MemorySpaceError, ShapeMismatchError
-from .isa import NkiInstruction, _apply_binary, _binary_name, _emit, _free, _onchip, _rec, _same_pf, _store, _vals
-from .isa import reduce_cmd as _RC
-from .tensor import NkiTensor, psum
+from .. import dtypes as _dt
+from .. import opdefs
+from .. import start_partition as _sp
+from .. import state as _state
+from ..errors import DtypeError, MemorySpaceError, ShapeMismatchError
+from ..tensor import NkiTensor, psum
+from ._common import _apply_binary, _binary_name, _emit, _rec, _store, _vals
+from ._enums import NkiInstruction
+from ._enums import reduce_cmd as _RC
+from ._rules import _free, _onchip, _same_pf
 
 FP32_MIN = float(np.finfo(np.float32).min)
 BN_STATS_FMAX = 512
@@ -40,7 +42,14 @@ def _checked(op: str, launch: _state.Launch, *named: tuple[str, Any]) -> None:
 
 
 def _record(op: str, en: str, ts: tuple, launch: _state.Launch, flops: int, meta: tuple = ()) -> None:
-    key = (op, en, tuple((t.shape, t.dtype, t._st.buffer.trace_name) for t in ts), flops, meta, launch.program_id)
+    key = (
+        op,
+        en,
+        tuple((t.shape, t.dtype, t._st.buffer.trace_name) for t in ts),
+        flops,
+        meta,
+        launch.program_id,
+    )
     _emit(launch, key, lambda: _rec(op, en, ts, launch, flops=flops, meta=meta))
 
 
@@ -225,7 +234,9 @@ def range_select(
     if not isinstance(range_start, (int, np.integer)) or isinstance(range_start, bool):
         raise TypeError(f"{op}: range_start must be a compile-time int, got {range_start!r}")
     if _dt.is_int(on_true_tile.dtype):
-        raise DtypeError(f"[range-select-dtype] {op}: on_true_tile must be a float dtype, got {on_true_tile.dtype}")
+        raise DtypeError(
+            f"[range-select-dtype] {op}: on_true_tile must be a float dtype, got {on_true_tile.dtype}"
+        )
     P, F = on_true_tile.shape[0], _free(on_true_tile)
     for b, a in ((bound0, "bound0"), (bound1, "bound1")):
         if not isinstance(b, NkiTensor) or b.dtype != "float32":
@@ -265,7 +276,9 @@ def select_reduce(
     predicate in PSUM; ``reduce_op`` ``nl.maximum`` only."""
     launch = _state.current()
     op = "select_reduce"
-    _checked(op, launch, ("dst", dst), ("predicate", predicate), ("on_true", on_true), ("reduce_res", reduce_res))
+    _checked(
+        op, launch, ("dst", dst), ("predicate", predicate), ("on_true", on_true), ("reduce_res", reduce_res)
+    )
     _same_pf(op, dst, "dst", on_true, "on_true")
     _same_pf(op, predicate, "predicate", on_true, "on_true")
     if on_true._st.buffer is psum and predicate._st.buffer is psum:
@@ -358,7 +371,9 @@ def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: Any =
     P = data.shape[0]
     _eight(op, dst, P, "dst")
     if vals.shape[0] != P or _free(vals) != 8:
-        raise ShapeMismatchError(f"[search-shape] {op}: vals{list(vals.shape)} must hold 8 values per partition")
+        raise ShapeMismatchError(
+            f"[search-shape] {op}: vals{list(vals.shape)} must hold 8 values per partition"
+        )
     if dst.dtype not in ("uint32", "uint16"):
         raise DtypeError(f"[search-dtype] {op}: dst must be uint32 or uint16, got {dst.dtype}")
     _record(op, "vector", (dst, data, vals), launch, flops=8 * data.size)
@@ -370,7 +385,12 @@ def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: Any =
 
 
 def nc_match_replace8(
-    dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx: NkiTensor | None = None, name: Any = None
+    dst: NkiTensor,
+    data: NkiTensor,
+    vals: NkiTensor,
+    imm: float,
+    dst_idx: NkiTensor | None = None,
+    name: Any = None,
 ) -> NkiInstruction:
     """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals`` replaced by ``imm`` (vals taken
     in reverse order i = 7..0, so duplicates fill ``dst_idx`` columns in descending position order); the
@@ -382,7 +402,9 @@ def nc_match_replace8(
     P = data.shape[0]
     _same_pf(op, dst, "dst", data, "data")
     if vals.shape[0] != P or _free(vals) != 8:
-        raise ShapeMismatchError(f"[search-shape] {op}: vals{list(vals.shape)} must hold 8 values per partition")
+        raise ShapeMismatchError(
+            f"[search-shape] {op}: vals{list(vals.shape)} must hold 8 values per partition"
+        )
     if dst_idx is not None:
         _eight(op, dst_idx, P, "dst_idx")
     ts = (dst, data, vals) + ((dst_idx,) if dst_idx is not None else ())
