@@ -456,10 +456,10 @@ def _tmode(k_, m, n, *, dst_dtype="bfloat16", moving=None, accumulate=None):
         a = nl.ndarray((k_, m), "bfloat16", buffer=nl.sbuf)
         nisa.memset(a, 1.0)
         b = nl.ndarray((k_, n), "bfloat16", buffer=nl.sbuf)
-        if moving is None:
-            nisa.memset(b, 0.0)
-            for i in range(min(k_, n)):
-                nisa.memset(b[i : i + 1, i : i + 1], 1.0)
+        if moving is None:  # identity: keep the ones where partition p == column i (all-partition writes)
+            ones = nl.ndarray((k_, n), "bfloat16", buffer=nl.sbuf)
+            nisa.memset(ones, 1.0)
+            nisa.affine_select(b, [[-1, n]], 1, ones, 0.0)
         else:
             nisa.memset(b, moving)
         ps = nl.ndarray((m, n), dst_dtype, buffer=nl.psum)
