@@ -1,0 +1,242 @@
+"""NKI 0.6 ISA names added to the emulator, each against the numpy formula of its docstring
+(aws-neuron/aws-neuron-sdk ``nki/api/nki/isa/__init__.py``), with the engine its trace record carries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nki_kernels import emulator as emu
+from nki_kernels.emulator import TensorSpec, run
+from nki_kernels.emulator import isa as nisa
+from nki_kernels.emulator import language as nl
+
+pytestmark = pytest.mark.emulator
+FP32_TOL = 2.0**-20  # fp32 math vs a float64 reference over short (<= 512-term) sums: a few ulps of fp32
+
+
+def _sb(x):
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    return t
+
+
+def _out(t):
+    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=o, src=t)
+    return o
+
+
+def _engine(tr, op):
+    (eng,) = {r.engine for r, _ in tr.entries() if r.op == op}
+    return eng
+
+
+def test_bn_stats_and_bn_aggr_give_mean_and_population_variance() -> None:
+    rng = np.random.default_rng(0)
+    x = (3.0 + 2.0 * rng.standard_normal((64, 1000))).astype(np.float32)
+
+    def k(x):
+        xs = _sb(x)
+        stats = nl.ndarray(
+            (64, 2, 6), nl.float32, buffer=nl.sbuf
+        )  # two bn_stats tiles of <= 512 side by side
+        nisa.bn_stats(stats[:, 0, :], xs[:, 0:500])
+        nisa.bn_stats(stats[:, 1, :], xs[:, 500:1000])
+        mv = nl.ndarray((64, 2), nl.float32, buffer=nl.sbuf)
+        nisa.bn_aggr(mv, stats)
+        return _out(stats), _out(mv)
+
+    (stats, mv), tr = run(k, x)
+    x64 = x.astype(np.float64)
+    for t, lo in ((0, 0), (1, 500)):
+        for half, col in ((x64[:, lo : lo + 500 : 2], 0), (x64[:, lo + 1 : lo + 500 : 2], 3)):
+            assert (stats[:, t, col] == half.shape[1]).all()
+            np.testing.assert_allclose(stats[:, t, col + 1], half.mean(1), rtol=FP32_TOL * 100, atol=1e-6)
+            m2 = ((half - half.mean(1, keepdims=True)) ** 2).sum(1)
+            np.testing.assert_allclose(stats[:, t, col + 2], m2, rtol=1e-5)
+    np.testing.assert_allclose(mv[:, 0], x64.mean(1), rtol=1e-5)
+    np.testing.assert_allclose(mv[:, 1], x64.var(1), rtol=1e-5)
+    assert _engine(tr, "bn_stats") == _engine(tr, "bn_aggr") == "vector"
+
+
+def test_bn_stats_odd_size_and_limits() -> None:
+    x = np.arange(7, dtype=np.float32).reshape(1, 7) * np.ones((4, 1), np.float32)
+
+    def k(x):
+        st = nl.ndarray((4, 6), nl.float32, buffer=nl.sbuf)
+        nisa.bn_stats(st, _sb(x))
+        return _out(st)
+
+    st, _ = run(k, x)
+    # even elements 0, 2, 4, 6: count 4, mean 3, M2 = 9+1+1+9 = 20; odd 1, 3, 5: count 3, mean 3, M2 = 8
+    np.testing.assert_array_equal(st[0], [4, 3, 20, 3, 3, 8])
+
+    def too_big():
+        nisa.bn_stats(nl.ndarray((4, 6), nl.float32), nl.ndarray((4, 513), nl.float32))
+
+    with pytest.raises(emu.ShapeMismatchError, match=r"\[bn-stats-fmax\].*513.*512"):
+        run(too_big, trace_only=True)
+
+
+@pytest.mark.parametrize(
+    ("reverse0", "reverse1"), [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_tensor_tensor_scan_matches_the_docstring_loop(reverse0: bool, reverse1: bool) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0.5, 1.0, (8, 40)).astype(np.float32)
+    b = rng.standard_normal((8, 40)).astype(np.float32)
+    init = rng.standard_normal((8, 1)).astype(np.float32)
+
+    def k(a, b, init):
+        dst = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor_scan(dst, _sb(a), _sb(b), _sb(init), nl.multiply, nl.subtract, reverse0, reverse1)
+        return _out(dst)
+
+    out, tr = run(k, a, b, init)
+
+    def op0(x, y):  # data0 is the lhs of op0 unless reverse0 (multiply is commutative: order of args only)
+        return y * x if reverse0 else x * y
+
+    def op1(x, d1):  # data1 is the rhs of op1 unless reverse1
+        return d1 - x if reverse1 else x - d1
+
+    ref = np.empty((8, 40))
+    prev = init[:, 0].astype(np.float64)
+    for i in range(40):
+        prev = op1(op0(a[:, i].astype(np.float64), prev), b[:, i])
+        ref[:, i] = prev
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert _engine(tr, "tensor_tensor_scan") == "vector"
+
+
+def test_range_select_and_select_reduce_formulas() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    lo = rng.integers(0, 30, (16, 1)).astype(np.float32)
+    hi = lo + rng.integers(1, 30, (16, 1)).astype(np.float32)
+    pred = (rng.random((16, 64)) < 0.3).astype(np.uint8)
+
+    def k(x, lo, hi, pred):
+        xs = _sb(x)
+        sel = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        red = nl.ndarray((16, 1), nl.float32, buffer=nl.sbuf)
+        nisa.range_select(sel, xs, nl.greater_equal, nl.less, _sb(lo), _sb(hi), reduce_res=red, range_start=5)
+        sel2 = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        red2 = nl.ndarray((16, 1), nl.float32, buffer=nl.sbuf)
+        nisa.select_reduce(
+            sel2, _sb(pred), xs, -7.0, reduce_res=red2, reduce_cmd=nisa.reduce_cmd.reset_reduce
+        )
+        return _out(sel), _out(red), _out(sel2), _out(red2)
+
+    (sel, red, sel2, red2), tr = run(k, x, lo, hi, pred)
+    idx = 5 + np.arange(64, dtype=np.float32)[None, :]
+    ref = np.where((idx >= lo) & (idx < hi), x, np.finfo(np.float32).min)
+    np.testing.assert_array_equal(sel, ref)
+    np.testing.assert_array_equal(red[:, 0], ref.max(1))
+    ref2 = np.where(pred != 0, x, np.float32(-7.0))
+    np.testing.assert_array_equal(sel2, ref2)
+    np.testing.assert_array_equal(red2[:, 0], ref2.max(1))
+    assert _engine(tr, "range_select") == _engine(tr, "select_reduce") == "vector"
+
+    def bad_fill():
+        t = nl.ndarray((16, 64), nl.float32)
+        b = nl.ndarray((16, 1), nl.float32)
+        nisa.range_select(t, t, nl.less, nl.less, b, b, on_false_value=0.0)
+
+    with pytest.raises(ValueError, match="on_false_value must be FP32_MIN"):
+        run(bad_fill, trace_only=True)
+
+
+def test_max8_find_index8_and_match_replace8() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.permutation(np.arange(128 * 50, dtype=np.float32)).reshape(128, 50)
+
+    def k(x):
+        xs = _sb(x)
+        top = nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf)
+        nisa.max8(top, xs)
+        idx = nl.ndarray((128, 8), nl.uint32, buffer=nl.sbuf)
+        nisa.nc_find_index8(idx, xs, top)
+        return _out(top), _out(idx)
+
+    (top, idx), tr = run(k, x)
+    ref = -np.sort(-x, axis=1)[:, :8]
+    np.testing.assert_array_equal(top, ref)
+    np.testing.assert_array_equal(np.take_along_axis(x, idx.astype(np.int64), axis=1), ref)
+    assert _engine(tr, "max8") == _engine(tr, "nc_find_index8") == "vector"
+
+    # the docstring's duplicate example: find_index8 pairs duplicates in ascending order, match_replace8
+    # in descending order; a missing val gives all ones
+    data = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    vals = np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    vals_missing = np.array([[3, 9, 8, 1, 2, 4, 8, 8]], np.float32)
+
+    def k2(data, vals, vals_missing):
+        ds = _sb(data)
+        i1 = nl.ndarray((1, 8), nl.uint32, buffer=nl.sbuf)
+        nisa.nc_find_index8(i1, ds, _sb(vals))
+        i2 = nl.ndarray((1, 8), nl.uint32, buffer=nl.sbuf)
+        rep = nl.ndarray((1, 11), nl.float32, buffer=nl.sbuf)
+        nisa.nc_match_replace8(rep, ds, _sb(vals), -1.0, dst_idx=i2)
+        i3 = nl.ndarray((1, 8), nl.uint16, buffer=nl.sbuf)
+        nisa.nc_find_index8(i3, ds, _sb(vals_missing))
+        return _out(i1), _out(i2), _out(rep), _out(i3)
+
+    (i1, i2, rep, i3), _ = run(k2, data, vals, vals_missing)
+    np.testing.assert_array_equal(i1[0], [2, 4, 5, 6, 7, 8, 9, 10])
+    np.testing.assert_array_equal(i2[0], [2, 10, 9, 8, 7, 6, 5, 4])
+    np.testing.assert_array_equal(rep[0], [1, 2, -1, 4, -1, -1, -1, -1, -1, -1, -1])
+    np.testing.assert_array_equal(i3[0], [2, 0xFFFF, 4, 0, 1, 3, 5, 6])
+
+
+def test_nc_stream_shuffle_within_quadrants_and_broadcast() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    mask = list(rng.permutation(32))
+    mask[5] = 255  # partition 5 of each quadrant keeps dst's old value
+
+    def k(x):
+        xs = _sb(x)
+        dst = nl.ndarray((64, 8), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst, 9.0)
+        nisa.nc_stream_shuffle(dst, xs, mask)
+        row = nl.ndarray((32, 8), nl.float32, buffer=nl.sbuf)
+        nisa.nc_stream_shuffle(row, xs[0:1, :], [0] * 32)  # broadcast partition 0 to 32 partitions
+        return _out(dst), _out(row)
+
+    (dst, row), tr = run(k, x)
+    ref = np.empty_like(x)
+    for j in range(64):
+        q, i = divmod(j, 32)
+        ref[j] = 9.0 if mask[i] == 255 else x[32 * q + mask[i]]
+    np.testing.assert_array_equal(dst, ref)
+    np.testing.assert_array_equal(row, np.broadcast_to(x[0], (32, 8)))
+    assert _engine(tr, "nc_stream_shuffle") == "vector"
+
+
+def test_sendrecv_and_core_barrier_trace_on_lnc2_and_refuse_values() -> None:
+    def k(h):
+        src = nl.ndarray((128, 64), nl.bfloat16, buffer=nl.sbuf)
+        dst = nl.ndarray((128, 64), nl.bfloat16, buffer=nl.sbuf)
+        me = nl.program_id(0)
+        nisa.sendrecv(src, dst, send_to_rank=1 - me, recv_from_rank=1 - me, pipe_id=0)
+        shared = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
+        nisa.core_barrier(shared, (0, 1))
+
+    _, tr = run(k, TensorSpec((1,), "float32"), lnc=2, trace_only=True)
+    recs = {r.op: r for r, _ in tr.entries()}
+    assert recs["sendrecv"].engine == "dma" and recs["sendrecv"].direction == "sbuf->sbuf"
+    assert recs["sendrecv"].bytes_read == 128 * 64 * 2
+    assert recs["core_barrier"].engine == "gpsimd" and recs["core_barrier"].free_elems == 0
+    assert tr.count(op="sendrecv") == 2 and tr.count(op="core_barrier") == 2  # one per core
+    with pytest.raises(emu.LaunchError, match=r"\[lnc-sequential\] sendrecv"):
+        run(k, np.zeros(1, np.float32), lnc=2)
+    with pytest.raises(emu.LaunchError, match=r"\[lnc\] sendrecv is only allowed with LNC enabled"):
+        run(k, TensorSpec((1,), "float32"), trace_only=True)
+
+
+def test_isa_constants_module_path() -> None:
+    from nki_kernels.emulator.isa.constants import dge_mode, oob_mode
+
+    assert oob_mode is nisa.oob_mode and dge_mode is nisa.dge_mode
