@@ -90,13 +90,13 @@ def test_tensor_tensor_scan_matches_the_docstring_loop(reverse0: bool, reverse1:
 
     def k(a, b, init):
         dst = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor_scan(dst, _sb(a), _sb(b), _sb(init), nl.multiply, nl.subtract, reverse0, reverse1)
+        nisa.tensor_tensor_scan(dst, _sb(a), _sb(b), _sb(init), nl.subtract, nl.subtract, reverse0, reverse1)
         return _out(dst)
 
     out, tr = run(k, a, b, init)
 
-    def op0(x, y):  # data0 is the lhs of op0 unless reverse0 (multiply is commutative: order of args only)
-        return y * x if reverse0 else x * y
+    def op0(d0, r):  # data0 is the lhs of op0 unless reverse0
+        return r - d0 if reverse0 else d0 - r
 
     def op1(x, d1):  # data1 is the rhs of op1 unless reverse1
         return d1 - x if reverse1 else x - d1
