@@ -240,3 +240,34 @@ def test_isa_constants_module_path() -> None:
     from nki_kernels.emulator.isa.constants import dge_mode, oob_mode
 
     assert oob_mode is nisa.oob_mode and dge_mode is nisa.dge_mode
+
+
+def test_collectives_one_rank_values_and_multi_rank_traces() -> None:
+    from nki_kernels.emulator import nki
+
+    ncc = nki.collectives
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+    def k(x, groups, gather_rows):
+        g = ncc.ReplicaGroup(groups)
+        red = nl.ndarray((4, 6), nl.float32, buffer=nl.shared_hbm)
+        ncc.all_reduce([x], [red], g, nl.add)
+        gat = nl.ndarray((gather_rows, 6), nl.float32, buffer=nl.shared_hbm)
+        ncc.all_gather([x], [gat], g, 0)
+        return red, gat
+
+    (red, gat), tr = run(k, x, [[0], [1]], 4)  # rank 0 alone in its list: the collective is a copy
+    np.testing.assert_array_equal(red, x)
+    np.testing.assert_array_equal(gat, x)
+    assert _engine(tr, "all_reduce") == "dma"
+    _, tr2 = run(k, TensorSpec((4, 6), "float32"), [[0, 1, 2, 3]], 16, trace_only=True)
+    meta = {r.op: r.meta_dict() for r, _ in tr2.entries() if r.op in ("all_reduce", "all_gather")}
+    assert meta["all_reduce"]["ranks"] == 4 and meta["all_reduce"]["alu"] == "add"
+    assert meta["all_gather"]["ranks"] == 4 and meta["all_gather"]["dim"] == 0
+    with pytest.raises(emu.LaunchError, match=r"\[collective-ranks\] all_reduce: a 4-rank collective"):
+        run(k, x, [[0, 1, 2, 3]], 16)
+    with pytest.raises(emu.ShapeMismatchError, match=r"\[collective-shape\] all_gather: dst\[8, 6\]"):
+        run(k, TensorSpec((4, 6), "float32"), [[0, 1, 2, 3]], 8, trace_only=True)
+    with pytest.raises(ValueError, match="disjoint"):
+        ncc.ReplicaGroup([[0, 1], [1, 2]])
+    assert int(ncc.rank_id()) == 0 and nki.dtype is str
