@@ -271,3 +271,61 @@ def test_collectives_one_rank_values_and_multi_rank_traces() -> None:
     with pytest.raises(ValueError, match="disjoint"):
         ncc.ReplicaGroup([[0, 1], [1, 2]])
     assert int(ncc.rank_id()) == 0 and nki.dtype is str
+
+
+def test_tensor_scalar_cumulative_follows_the_pseudocode() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (8, 30)).astype(np.float32)
+    start = rng.uniform(-1, 1, (8, 1)).astype(np.float32)
+
+    def k(x, start):
+        xs = _sb(x)
+        a = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_cumulative(a, xs, nl.multiply, nl.add, 2.0)  # reset_reduce: running sum of 2x
+        b = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_cumulative(b, xs, nl.add, nl.maximum, 0.5, reduce_cmd=nisa.reduce_cmd.reduce)
+        c = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_cumulative(c, xs, nl.subtract, nl.subtract, 0.25, imm1=_sb(start),
+                                      reduce_cmd=nisa.reduce_cmd.load_reduce)  # fmt: skip
+        return _out(a), _out(b), _out(c)
+
+    (a, b, c), tr = run(k, x, start)
+    x64 = x.astype(np.float64)
+    ref_a = np.cumsum(2 * x64, axis=1)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-5, atol=1e-5)
+    # reduce: carries the register left by the previous instruction (the last running sum)
+    ref_b = np.maximum.accumulate(np.concatenate([ref_a[:, -1:], x64 + 0.5], axis=1), axis=1)[:, 1:]
+    np.testing.assert_allclose(b, ref_b, rtol=1e-6)
+    reg = start[:, 0].astype(np.float64)  # load_reduce: starts from imm1; reg = (x - 0.25) - reg
+    ref_c = np.empty_like(x64)
+    for i in range(30):
+        reg = (x64[:, i] - 0.25) - reg
+        ref_c[:, i] = reg
+    np.testing.assert_allclose(c, ref_c, rtol=1e-5, atol=1e-5)
+    assert _engine(tr, "tensor_scalar_cumulative") == "vector"
+
+
+def test_nc_n_gather_and_nonzero_with_count() -> None:
+    rng = np.random.default_rng(6)
+    data = rng.standard_normal((32, 4, 10)).astype(np.float32)
+    idx = rng.integers(0, 40, (32, 7)).astype(np.uint32)
+    src = (rng.random((32, 12)) < 0.3).astype(np.float32)
+
+    def k(data, idx, src):
+        g = nl.ndarray((32, 7), nl.float32, buffer=nl.sbuf)
+        nisa.nc_n_gather(g, _sb(data), _sb(idx))
+        nz = nl.ndarray((32, 13), nl.int32, buffer=nl.sbuf)
+        nisa.memset(nz, 7)
+        nisa.nonzero_with_count(nz, _sb(src), index_offset=16, padding_val=-1)
+        return _out(g), _out(nz)
+
+    (g, nz), tr = run(k, data, idx, src)
+    np.testing.assert_array_equal(g, np.take_along_axis(data.reshape(32, 40), idx.astype(np.int64), axis=1))
+    for p in range(32):
+        if p % 16:
+            assert (nz[p] == 7).all()  # only the first partition of each GpSimd core is written
+            continue
+        hits = np.flatnonzero(src[p]) + 16
+        want = np.concatenate([hits, np.full(12 - hits.size, -1), [hits.size]])
+        np.testing.assert_array_equal(nz[p], want)
+    assert _engine(tr, "nc_n_gather") == _engine(tr, "nonzero_with_count") == "gpsimd"

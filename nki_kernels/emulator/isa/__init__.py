@@ -95,6 +95,7 @@ from ._gpsimd import (  # noqa: F401 (private helpers re-exported for nki.langua
     affine_select,
     iota,
 )
+from ._gpsimd_ext import nc_n_gather, nonzero_with_count  # noqa: F401 (GpSimd gather, nonzero indices)
 from ._registers import (  # noqa: F401 (private helpers re-exported for nki.language)
     VirtualRegister,
     register_alloc,
@@ -142,6 +143,7 @@ from ._vector_ext import (  # noqa: F401 (VectorE statistics, scans, selects, to
     nc_stream_shuffle,
     range_select,
     select_reduce,
+    tensor_scalar_cumulative,
     tensor_tensor_scan,
 )
 

@@ -177,6 +177,65 @@ def tensor_tensor_scan(
     return NkiInstruction(op)
 
 
+_CUMULATIVE_INIT = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
+
+
+def tensor_scalar_cumulative(
+    dst: NkiTensor,
+    src: NkiTensor,
+    op0: Any,
+    op1: Any,
+    imm0: Any,
+    imm1: Any = None,
+    reduce_cmd: Any = _RC.reset_reduce,
+    name: Any = None,
+) -> NkiInstruction:
+    """Per partition, along the (flattened) free elements: ``reg = op1(op0(src[i], imm0), reg)``,
+    ``dst[i] = reg``.  ``reg`` starts from VectorE's accumulator register: ``reset_reduce`` = the identity of
+    op1 (add/subtract 0, multiply 1, maximum -inf, minimum +inf), ``load_reduce`` = ``imm1``, ``reduce`` =
+    the value left by the previous accumulating instruction; it is left there afterwards.  op1 in add,
+    subtract, multiply, maximum, minimum; imm0/imm1 fp32 scalars or (P, 1) tiles; no int32/uint32 data."""
+    launch = _state.current()
+    op = "tensor_scalar_cumulative"
+    _checked(op, launch, ("dst", dst), ("src", src))
+    _same_pf(op, dst, "dst", src, "src")
+    n0 = _binary_name(op0, op, "op0")
+    n1 = _binary_name(op1, op, "op1")
+    if n1 not in _CUMULATIVE_INIT:
+        raise ValueError(f"{op}: op1 must be one of {sorted(_CUMULATIVE_INIT)}, got {n1}")
+    if not isinstance(reduce_cmd, _RC) or reduce_cmd not in (_RC.reset_reduce, _RC.reduce, _RC.load_reduce):
+        raise ValueError(f"{op}: reduce_cmd must be reset_reduce, reduce or load_reduce, got {reduce_cmd!r}")
+    for t in (dst, src):
+        if t.dtype in ("int32", "uint32"):
+            raise DtypeError(
+                f"[cumulative-dtype] {op}: int32/uint32 are not supported, got {t._desc()} {t.dtype}"
+            )
+    P, F = src.shape[0], _free(src)
+    i0 = _col(imm0, P, op, "imm0", launch)
+    if reduce_cmd is _RC.load_reduce and imm1 is None:
+        raise ValueError(f"{op}: reduce_cmd=load_reduce needs imm1")
+    i1 = None if imm1 is None else _col(imm1, P, op, "imm1", launch)
+    _record(op, "vector", (dst, src), launch, flops=2 * dst.size, meta=(("alu", (n0, n1)),))
+    if launch.trace_only:
+        return NkiInstruction(op)
+    acc = _vector_acc(launch)
+    if reduce_cmd is _RC.reset_reduce:
+        reg = np.full(P, _CUMULATIVE_INIT[n1], dtype=np.float32)
+    elif reduce_cmd is _RC.load_reduce:
+        reg = np.broadcast_to(np.asarray(i1, np.float32).reshape(-1), (P,)).astype(np.float32)
+    else:
+        reg = acc[:P].copy()
+    x = _vals(src).reshape(P, F)
+    c0 = np.broadcast_to(np.asarray(i0, np.float32).reshape(-1), (P,))
+    out = np.empty((P, F), dtype=np.float32)
+    for i in range(F):
+        reg = _apply_binary(n1, _apply_binary(n0, x[:, i], c0), reg).astype(np.float32)
+        out[:, i] = reg
+    acc[:P] = reg
+    _store(dst, out)
+    return NkiInstruction(op)
+
+
 # ------------------------------------------------------------------------------------------ selects
 
 
@@ -478,5 +537,6 @@ __all__ = [
     "nc_stream_shuffle",
     "range_select",
     "select_reduce",
+    "tensor_scalar_cumulative",
     "tensor_tensor_scan",
 ]
