@@ -329,3 +329,41 @@ def test_nc_n_gather_and_nonzero_with_count() -> None:
         want = np.concatenate([hits, np.full(12 - hits.size, -1), [hits.size]])
         np.testing.assert_array_equal(nz[p], want)
     assert _engine(tr, "nc_n_gather") == _engine(tr, "nonzero_with_count") == "gpsimd"
+
+
+def test_the_cost_model_prices_every_added_instruction() -> None:
+    from nki_kernels.emulator import nki
+    from nki_kernels.emulator.cost import instruction_ns, profile
+
+    def k(h):
+        x = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        y = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        c = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        e8 = nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf)
+        nisa.bn_stats(nl.ndarray((128, 6), nl.float32, buffer=nl.sbuf), x)
+        nisa.bn_aggr(nl.ndarray((128, 2), nl.float32, buffer=nl.sbuf), nl.ndarray((128, 6), nl.float32))
+        nisa.tensor_tensor_scan(y, x, x, 0.0, nl.multiply, nl.add)
+        nisa.tensor_scalar_cumulative(y, x, nl.add, nl.add, 1.0)
+        nisa.range_select(y, x, nl.less, nl.less, c, c)
+        nisa.select_reduce(y, nl.ndarray((128, 64), nl.uint8), x, 0.0)
+        nisa.max8(e8, x)
+        nisa.nc_find_index8(nl.ndarray((128, 8), nl.uint32, buffer=nl.sbuf), x, e8)
+        nisa.nc_match_replace8(y, x, e8, 0.0)
+        nisa.nc_stream_shuffle(y, x, list(range(32)))
+        nisa.nc_n_gather(y, x, nl.ndarray((128, 64), nl.uint32, buffer=nl.sbuf))
+        nisa.nonzero_with_count(nl.ndarray((128, 65), nl.int32, buffer=nl.sbuf), x)
+        nisa.sendrecv(x, y, 1 - nl.program_id(0), 1 - nl.program_id(0), 0)
+        nisa.core_barrier(h, (0, 1))
+        g = nki.collectives.ReplicaGroup([[0, 1]])
+        nki.collectives.all_reduce([h], [nl.ndarray(h.shape, h.dtype, buffer=nl.shared_hbm)], g, nl.add)
+
+    _, tr = run(k, TensorSpec((128, 64), "float32"), lnc=2, trace_only=True)
+    ops = {r.op for r, _ in tr.entries()}
+    assert ops == {"bn_stats", "bn_aggr", "tensor_tensor_scan", "tensor_scalar_cumulative", "range_select",
+                   "select_reduce", "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle",
+                   "nc_n_gather", "nonzero_with_count", "sendrecv", "core_barrier", "all_reduce"}  # fmt: skip
+    for r, _ in tr.entries():
+        if r.engine != "dma":
+            assert instruction_ns(r) > 0, r.op
+    prof = profile(tr, cores=2)
+    assert prof.latency_ns > 0 and prof.dma_bytes >= 2 * 128 * 64 * 4  # sendrecv moves the tile on each core
