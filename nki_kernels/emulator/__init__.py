@@ -20,6 +20,7 @@ from .errors import (
     PsumLimitError,
     SbufCapacityError,
     ShapeMismatchError,
+    StartPartitionError,
     ViewError,
 )
 from .hw import TRN2, HwConfig
@@ -50,6 +51,7 @@ __all__ = [
     "PsumLimitError",
     "SbufCapacityError",
     "ShapeMismatchError",
+    "StartPartitionError",
     "TensorSpec",
     "Trace",
     "TraceRecord",
