@@ -270,3 +270,22 @@ def test_trace_only_fast_path_keys_on_start_partition() -> None:
     ):
         run(kernel(32), trace_only=True)
     _ = TensorSpec
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128])
+def test_emulator_accepts_exactly_the_guide_starts_at_the_boundaries(n: int) -> None:
+    """Through the emulator (a VectorE copy whose dst is the view): every start the guide allows passes,
+    every other start raises."""
+    for start in range(0, 129 - n):
+
+        def k(start: int = start) -> None:
+            t = nl.ndarray((128, 4), "float32", buffer=nl.sbuf)
+            nisa.memset(t[start : start + n], 0.0)
+
+        if start in _guide(n):
+            run(k, trace_only=True)
+        else:
+            with pytest.raises(
+                StartPartitionError, match=rf"starts at partition {start} with {n} partitions"
+            ):
+                run(k, trace_only=True)
