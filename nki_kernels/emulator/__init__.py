@@ -21,6 +21,7 @@ from .errors import (
     PsumLimitError,
     SbufCapacityError,
     ShapeMismatchError,
+    StartPartitionError,
     ViewError,
 )
 from .hw import TRN2, HwConfig
@@ -52,6 +53,7 @@ __all__ = [
     "PsumLimitError",
     "SbufCapacityError",
     "ShapeMismatchError",
+    "StartPartitionError",
     "TensorSpec",
     "Trace",
     "TraceRecord",

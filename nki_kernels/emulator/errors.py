@@ -62,3 +62,8 @@ class LaunchError(NkiEmulatorError, ValueError):
 
 class EmulatorWarning(UserWarning):
     """Behaviour that is undefined on hardware (e.g. accumulate=True onto never-written PSUM)."""
+
+
+class StartPartitionError(PartitionLimitError):
+    """A compute-engine SBUF/PSUM access starts at a partition its partition count does not allow
+    (>64 partitions: 0; 33-64: 0 or 64; <=32: 0/32/64/96)."""

@@ -21,6 +21,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import isa as _isa
 from . import opdefs
+from . import start_partition as _sp
 from . import state as _state
 from .creation import (  # noqa: F401 (nl creation ops, tile_size, buffer predicates)
     _filled,
@@ -231,6 +232,7 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
     from .trace import TraceRecord
 
     launch = _state.current()
+    _sp.check_all("tensor_scalar", launch.hw.pmax, ("dst", out), ("data", x))
     key = ("nl_unary", name, x.shape, x.dtype, out.dtype, launch.program_id)
     _isa._emit(
         launch,

@@ -310,6 +310,10 @@ def run(
 
 _ = math
 
-from . import isa, language  # noqa: E402  (nki.language / nki.isa, as in the real package)
+from . import collectives, isa, language  # noqa: E402  (nki.language / nki.isa / nki.collectives)
 
-__all__ = ["Kernel", "TensorSpec", "isa", "jit", "language", "run", "simulate"]
+dtype = language.DType
+"""``nki.dtype``: the type of dtype values (NKI dtypes are strings such as ``"bfloat16"``), used in
+annotations (``def f(dt: nki.dtype)``)."""
+
+__all__ = ["Kernel", "TensorSpec", "collectives", "dtype", "isa", "jit", "language", "run", "simulate"]

@@ -482,12 +482,7 @@ class NkiTensor(TensorViews):
             return None
         if self._dyn is None:
             isz = data.itemsize
-            return as_strided(
-                data[self.offset :],
-                shape=self.shape,
-                strides=tuple(s * isz for s in self.strides),
-                writeable=False,
-            )
+            return _as_strided(data[self.offset :], self.shape, tuple(s * isz for s in self.strides), False)
         idx = self.flat_indices(oob_skip)
         if idx is None:
             return None
@@ -502,9 +497,7 @@ class NkiTensor(TensorViews):
             return None
         if self._dyn is None:
             isz = data.itemsize
-            view = as_strided(
-                data[self.offset :], shape=self.shape, strides=tuple(s * isz for s in self.strides)
-            )
+            view = _as_strided(data[self.offset :], self.shape, tuple(s * isz for s in self.strides), True)
             view[...] = values
             return None
         idx = self.flat_indices(oob_skip)
@@ -581,3 +574,11 @@ def _read_index_scalar(idx: Any) -> int:
     if isinstance(idx, (int, np.integer)):
         return int(idx)
     raise TypeError(f"runtime index must be a (1,1) SBUF int tensor or VirtualRegister, got {idx!r}")
+
+
+def _as_strided(a: np.ndarray, shape: tuple, strides: tuple, writeable: bool) -> np.ndarray:
+    """``as_strided`` that also works for ml_dtypes' float8_e5m2, whose array-interface type string ('<f1')
+    numpy cannot parse back: stride the raw bytes, then view them as the dtype."""
+    if a.dtype.str == "<f1":
+        return as_strided(a.view(np.uint8), shape=shape, strides=strides, writeable=writeable).view(a.dtype)
+    return as_strided(a, shape=shape, strides=strides, writeable=writeable)

@@ -9,7 +9,9 @@ One module per engine family, so an instruction's semantics, its rule checks and
 together: ``_dma`` (``dma_copy``, ``dma_transpose``, descriptors), ``_tensor_engine`` (``nc_matmul``,
 ``nc_transpose``), ``_scalar_engine`` (``activation*``), ``_vector_engine`` (``tensor_tensor``,
 ``tensor_scalar``, reductions, ...), ``_gpsimd`` (``iota``, ``affine_select``), ``_copy`` (``tensor_copy``,
-``memset``), ``_registers``; shared operand checks live in ``_rules``, trace bookkeeping and value helpers
+``memset``), ``_registers``, ``_vector_ext`` (``bn_stats``/``bn_aggr``, ``tensor_tensor_scan``,
+``range_select``, ``select_reduce``, ``max8``, ``nc_find_index8``, ``nc_match_replace8``,
+``nc_stream_shuffle``), ``_sync`` (``sendrecv``, ``core_barrier``), ``constants``; shared operand checks live in ``_rules``, trace bookkeeping and value helpers
 in ``_common``, the enums in ``_enums``.  Import instructions from this package (``nki.isa``), not from
 the submodules.
 """
@@ -30,6 +32,7 @@ from ..errors import (  # noqa: F401 (re-exported)
 )
 from ..tensor import NkiTensor, psum, sbuf  # noqa: F401 (re-exported)
 from ..trace import TraceRecord  # noqa: F401 (re-exported)
+from . import constants  # noqa: F401 (nki.isa.constants: the enums under their module path)
 from ._common import (  # noqa: F401 (private helpers re-exported for nki.language)
     _apply_binary,
     _bcast,
@@ -93,6 +96,7 @@ from ._gpsimd import (  # noqa: F401 (private helpers re-exported for nki.langua
     affine_select,
     iota,
 )
+from ._gpsimd_ext import nc_n_gather, nonzero_with_count  # noqa: F401 (GpSimd gather, nonzero indices)
 from ._registers import (  # noqa: F401 (private helpers re-exported for nki.language)
     VirtualRegister,
     register_alloc,
@@ -114,6 +118,7 @@ from ._scalar_engine import (  # noqa: F401 (private helpers re-exported for nki
     activation,
     activation_reduce,
 )
+from ._sync import core_barrier, sendrecv  # noqa: F401 (cross-core, LNC2)
 from ._tensor_engine import (  # noqa: F401 (private helpers re-exported for nki.language)
     _FP8_E4M3_PAIR,
     _transpose_mode_rules,
@@ -129,6 +134,18 @@ from ._vector_engine import (  # noqa: F401 (private helpers re-exported for nki
     tensor_scalar,
     tensor_scalar_reduce,
     tensor_tensor,
+)
+from ._vector_ext import (  # noqa: F401 (VectorE statistics, scans, selects, top-8 search, shuffle)
+    bn_aggr,
+    bn_stats,
+    max8,
+    nc_find_index8,
+    nc_match_replace8,
+    nc_stream_shuffle,
+    range_select,
+    select_reduce,
+    tensor_scalar_cumulative,
+    tensor_tensor_scan,
 )
 
 # The names ``from nki.isa import *`` gives, as before the split: the NKI ISA plus the re-exported

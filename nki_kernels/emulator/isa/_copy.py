@@ -27,16 +27,28 @@ def tensor_copy(
     launch = _state.current()
     fkey = None
     if launch.trace_only and type(dst) is NkiTensor and type(src) is NkiTensor:
+        # start partitions are part of the key: the start-partition rule reads them
         fkey = ("tensor_copy", id(engine), dst.shape, dst.dtype, dst._st.buffer, src.shape, src.dtype,
-                src._st.buffer)  # fmt: skip
+                src._st.buffer, dst.offset // (dst._st.size // dst._st.shape[0]),
+                src.offset // (src._st.size // src._st.shape[0]))  # fmt: skip
         if _count_checked(launch, fkey):
             _use_rw(launch, src, dst)
             return NkiInstruction("tensor_copy")
     op = "tensor_copy"
     pmax = launch.hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, op, "dst", launch)
-    if not (type(src) is NkiTensor and src._st.buffer.on_chip and src.shape[0] <= pmax):
+    if not (
+        type(src) is NkiTensor
+        and src._st.buffer.on_chip
+        and src.shape[0] <= pmax
+        and src.offset < src._st.size // src._st.shape[0]  # start partition 0
+    ):
         _onchip(src, op, "src", launch)
     if dst.shape != src.shape:
         _same_pf(op, dst, "dst", src, "src")

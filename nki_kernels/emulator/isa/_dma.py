@@ -221,8 +221,10 @@ def _dma_transpose_rules(
 ) -> tuple[int, ...]:
     """Check the NKI 0.6 ``dma_transpose`` contract; returns the permutation. Messages start with the rule.
 
-    ``hwdge_shape=False`` (``nl.load_transpose2d``, whose lowering the compiler chooses) skips only the
-    hardware-DGE source-shape rule.
+    A direct transpose under ``dge_mode.hwdge`` must meet the hardware-DGE rules (source shape, 2-byte
+    dtype); under ``dge_mode.unknown`` the compiler chooses, so it is legal when either lowering is
+    (:func:`direct_transpose_lowering`).  ``hwdge_shape=False`` (``nl.load_transpose2d``, whose lowering the
+    compiler chooses) never applies the hardware-DGE source-shape rule.
     """
     op = "dma_transpose"
     for t, a in ((dst, "dst"), (src, "src")):
@@ -237,7 +239,7 @@ def _dma_transpose_rules(
     if src._st.buffer is psum:
         raise MemorySpaceError(f"[memory-space] dma_transpose: src={src._desc()} cannot be in PSUM")
     nd = len(src.shape)
-    axes = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(map(int, axes))
+    axes = _DEFAULT_AXES.get(nd, tuple(range(nd - 1, -1, -1))) if axes is None else tuple(map(int, axes))
     if axes not in _DMA_TRANSPOSE_AXES or len(axes) != nd:
         raise DmaTransposeError(
             f"[dma-transpose-axes] axes {axes} not supported for a {nd}-D src{list(src.shape)}; NKI 0.6 "
@@ -249,9 +251,9 @@ def _dma_transpose_rules(
             f"[dma-transpose-shape] dst shape {list(dst.shape)} must equal src{list(src.shape)} permuted by "
             f"{axes} = {list(want)} exactly"
         )
-    if _dt.itemsize(src.dtype) != 2 or dst.dtype != src.dtype:
+    if dst.dtype != src.dtype:
         raise DtypeError(
-            f"[dma-transpose-dtype] dma_transpose needs equal 2-byte dtypes, got src {src.dtype}, dst {dst.dtype}"
+            f"[dma-transpose-dtype] dma_transpose needs equal dtypes, got src {src.dtype}, dst {dst.dtype}"
         )
     pmax = launch.hw.pmax
     if src.shape[-1] > pmax:
@@ -269,6 +271,10 @@ def _dma_transpose_rules(
             f"src{list(src.shape)} is a static view"
         )
     if gather:
+        if _dt.itemsize(src.dtype) != 2:
+            raise DtypeError(
+                f"[dma-transpose-dtype] an indirect (gather) dma_transpose needs a 2-byte dtype, got {src.dtype}"
+            )
         _indirect_transpose_rules(src, dge_mode, launch)
         return axes
     if dge_mode is not _DGE.unknown and dge_mode is not _DGE.hwdge:
@@ -276,22 +282,54 @@ def _dma_transpose_rules(
             f"[dma-transpose-dge] a direct (non-gather) dma_transpose only accepts dge_mode unknown or hwdge, "
             f"got {dge_mode.name} for src{list(src.shape)}"
         )
-    if hwdge_shape:
-        s0 = src.shape[0]
-        if nd == 2:
-            if s0 != 16:
-                raise DmaTransposeError(
-                    f"[dma-transpose-hwdge] a 2-D hardware-DGE dma_transpose needs src.shape[0] == 16, got "
-                    f"src{list(src.shape)} (dge_mode={dge_mode.name}: unknown lowers a direct transpose to "
-                    "hwdge; split the rows into 16-row pieces or use a 3-D [A, B, C] view)"
-                )
-        elif s0 not in (1, 2, 4, 8, 16) or (s0 * src.shape[-2]) % 16:
-            raise DmaTransposeError(
-                f"[dma-transpose-hwdge] a {nd}-D hardware-DGE dma_transpose needs src.shape[0] in "
-                f"{{1, 2, 4, 8, 16}} and (src.shape[0] * src.shape[-2]) % 16 == 0, got src{list(src.shape)} "
-                f"(dge_mode={dge_mode.name}: unknown lowers a direct transpose to hwdge)"
-            )
+    direct_transpose_lowering(src.shape, src.dtype, dge_mode is _DGE.hwdge, hwdge_shape)
     return axes
+
+
+_DEFAULT_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}  # the NKI 0.6 docstring's permutation per rank
+DMA_TRANSPOSE_ITEMSIZES = (2, 4)
+"""Trainium2 DMA transpose: "bit-accurate transposition for both 2-byte and 4-byte data types" (trn2
+architecture guide, "DMA Transpose")."""
+
+
+def hwdge_transpose_violation(shape: tuple[int, ...], dtype: str) -> str | None:
+    """The hardware-DGE direct-transpose rule ``shape``/``dtype`` break (NKI 0.6 ``dma_transpose``
+    docstring), or None: 2-D ``src.shape[0] == 16``; 3-/4-D ``src.shape[0]`` in {1, 2, 4, 8, 16} and
+    ``(src.shape[0] * src.shape[-2]) % 16 == 0``; a 2-byte dtype."""
+    s0 = shape[0]
+    if len(shape) == 2 and s0 != 16:
+        return f"a 2-D hardware-DGE dma_transpose needs src.shape[0] == 16, got src{list(shape)}"
+    if len(shape) > 2 and (s0 not in (1, 2, 4, 8, 16) or (s0 * shape[-2]) % 16):
+        return (
+            f"a {len(shape)}-D hardware-DGE dma_transpose needs src.shape[0] in {{1, 2, 4, 8, 16}} and "
+            f"(src.shape[0] * src.shape[-2]) % 16 == 0, got src{list(shape)}"
+        )
+    if _dt.itemsize(dtype) != 2:
+        return f"a hardware-DGE dma_transpose needs a 2-byte dtype, got {dtype} ({_dt.itemsize(dtype)} B)"
+    return None
+
+
+def direct_transpose_lowering(
+    shape: tuple[int, ...], dtype: str, hwdge_forced: bool, hwdge_shape: bool = True
+) -> str:
+    """Lowering of a direct (non-gather) ``dma_transpose`` of a ``shape`` ``dtype`` source: ``"hwdge"`` or
+    ``"dma"`` (a DMA transpose without hardware DGE, 2- or 4-byte dtypes on trn2).  ``dge_mode.hwdge``
+    (``hwdge_forced``) must meet the hardware-DGE rules; ``dge_mode.unknown`` takes hwdge when legal, else
+    the plain DMA transpose; where neither is legal the error names both rules.  ``hwdge_shape=False``
+    drops the shape part of the hardware-DGE rule (``nl.load_transpose2d``)."""
+    why = hwdge_transpose_violation(shape if hwdge_shape else (16,) * len(shape), dtype)
+    if why is None:
+        return "hwdge"
+    if hwdge_forced:
+        err = DtypeError if "dtype" in why else DmaTransposeError
+        tag = "dma-transpose-dtype" if "dtype" in why else "dma-transpose-hwdge"
+        raise err(f"[{tag}] {why} (dge_mode=hwdge; dge_mode=unknown lets the compiler pick another lowering)")
+    if _dt.itemsize(dtype) in DMA_TRANSPOSE_ITEMSIZES:
+        return "dma"
+    raise DtypeError(
+        f"[dma-transpose-dtype] dge_mode=unknown: no lowering is legal for src{list(shape)} {dtype}: hardware "
+        f"DGE: {why}; DMA transpose: needs a 2- or 4-byte dtype (trn2 architecture guide)"
+    )
 
 
 def _indirect_transpose_rules(src: NkiTensor, dge_mode: Any, launch: _state.Launch) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import start_partition as _sp
 from .. import state as _state
 from ..errors import (
     MemorySpaceError,
@@ -29,6 +30,9 @@ def _onchip(t: Any, op: str, arg: str, launch: _state.Launch) -> NkiTensor:
         raise PartitionLimitError(
             f"[partition-limit] {op}: {arg}={t._desc()} has {t.shape[0]} partitions, limit {launch.hw.pmax}"
         )
+    st = t._st
+    if t.offset >= st.size // st.shape[0]:  # not at partition 0: the start-partition rule decides
+        _sp.check(op, arg, t, launch.hw.pmax)
     return t
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import start_partition as _sp
 from .. import state as _state
 from ..errors import (
     DtypeError,
@@ -59,10 +60,14 @@ def nc_matmul(
     ):
         dst_st = dst._st
         # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype; the
-        # transpose-mode check reads accumulate
-        fkey = ("nc_matmul", dst.shape, dst.strides, dst.offset % (dst_st.size // dst_st.shape[0]), dst.dtype,
-                dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
-                moving.dtype, moving._st.buffer, is_transpose, accumulate)  # fmt: skip
+        # transpose-mode check reads accumulate; the start-partition rule reads every operand's start
+        # partition (divmod: partition, offset inside it); the FP8 rules read perf_mode
+        fkey = ("nc_matmul", dst.shape, dst.strides, divmod(dst.offset, dst_st.size // dst_st.shape[0]),
+                dst.dtype, dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
+                moving.dtype, moving._st.buffer, is_transpose, accumulate,
+                stationary.offset // (stationary._st.size // stationary._st.shape[0]),
+                moving.offset // (moving._st.size // moving._st.shape[0]),
+                perf_mode is matmul_perf_mode.double_row)  # fmt: skip
         if _count_checked(launch, fkey):
             _use_matmul(launch, dst, stationary, moving, is_transpose, accumulate)
             return NkiInstruction("nc_matmul")
@@ -81,19 +86,23 @@ def nc_matmul(
         raise MemorySpaceError(
             f"[memory-space] nc_matmul: dst={dst._desc()} must be in PSUM, is in {dst._st.buffer.name}"
         )
+    _sp.check_all(op, hw.pmax, ("dst", dst), ("stationary", stationary), ("moving", moving))
     ss = stationary.shape
     ms = moving.shape
     ds = dst.shape
     K = ss[0]
     M = ss[1] if len(ss) == 2 else math.prod(ss[1:])
     N = ms[1] if len(ms) == 2 else math.prod(ms[1:])
+    double = perf_mode is matmul_perf_mode.double_row
+    if double or perf_mode is not matmul_perf_mode.none:
+        K, M, N = _double_row_dims(stationary, moving, perf_mode, is_transpose, tile_size, hw.nc_version)
     pmax = hw.pmax
-    if pmax < K or ms[0] > pmax:
+    if pmax < ss[0] or ms[0] > pmax:
         raise MatmulTileError(
             f"[matmul-contraction] nc_matmul: contraction (partition) dim must be <= {hw.pmax}: stationary "
             f"{list(stationary.shape)}, moving {list(moving.shape)}"
         )
-    if ms[0] != K:
+    if ms[0] != ss[0]:
         raise MatmulTileError(
             f"[matmul-contraction] nc_matmul: stationary{list(stationary.shape)} and moving{list(moving.shape)} "
             "must have the same contraction (partition) size"
@@ -136,7 +145,8 @@ def nc_matmul(
         raise DtypeError(f"[matmul-dtype] nc_matmul: dst dtype must be float32 (got {dst.dtype})")
     if accumulate is not None and type(accumulate) is not bool and not isinstance(accumulate, np.bool_):
         raise TypeError(f"nc_matmul: accumulate must be None, True or False, got {accumulate!r}")
-    key = (op, ds, dst.dtype, ss, sdt, ms, mdt, launch.program_id, bool(is_transpose))
+    key = (op, ds, dst.dtype, ss, sdt, ms, mdt, launch.program_id, bool(is_transpose), double)
+    perf = (("perf_mode", "double_row"),) if double else ()
     ent = launch.records.get(key)
     if ent is None:
         _emit(
@@ -144,7 +154,7 @@ def nc_matmul(
             key,
             lambda: _rec(
                 op, "tensor", (dst, stationary, moving), launch, flops=2 * K * M * N,
-                meta=(("K", K), ("M", M), ("N", N), ("dtype", mdt), ("is_transpose", bool(is_transpose))),
+                meta=(("K", K), ("M", M), ("N", N), ("dtype", mdt), ("is_transpose", bool(is_transpose))) + perf,
             ),
         )  # fmt: skip
     else:
@@ -249,17 +259,29 @@ def nc_transpose(
     launch = _state.current()
     fkey = None
     if launch.trace_only and type(dst) is NkiTensor and type(data) is NkiTensor:
+        # start partitions are part of the key: the start-partition rule reads them
         fkey = ("nc_transpose", id(engine), dst.shape, dst.dtype, dst._st.buffer, data.shape, data.dtype,
-                data._st.buffer)  # fmt: skip
+                data._st.buffer, dst.offset // (dst._st.size // dst._st.shape[0]),
+                data.offset // (data._st.size // data._st.shape[0]))  # fmt: skip
         if _count_checked(launch, fkey):
             _use_rw(launch, data, dst)
             return NkiInstruction("nc_transpose")
     hw = launch.hw
     op = "nc_transpose"
     pmax = hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, op, "dst", launch)
-    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+    if not (
+        type(data) is NkiTensor
+        and data._st.buffer.on_chip
+        and data.shape[0] <= pmax
+        and data.offset < data._st.size // data._st.shape[0]  # start partition 0
+    ):
         _onchip(data, op, "data", launch)
     P = data.shape[0]
     F = _free(data)
@@ -322,3 +344,48 @@ def nc_transpose(
         if dst._st.written is not None:
             dst.written_mask_view()[...] = True
     return NkiInstruction(op)
+
+
+_DOUBLE_ROW_FP8 = ("float8_e4m3", "float8_e5m2")
+
+
+def _double_row_dims(
+    stationary: NkiTensor,
+    moving: NkiTensor,
+    perf_mode: Any,
+    is_transpose: Any,
+    tile_size: Any,
+    nc_version: int,
+) -> tuple[int, int, int]:
+    """``(K, M, N)`` of an FP8 double-row matmul (NKI 0.6 ``nc_matmul`` docstring, trn2 architecture guide
+    "double FP8"): stationary ``[Kp, 2, M]``, moving ``[Kp, 2, N]`` (the contraction is split between the
+    partition dim and a first free dim of exactly 2: ``K = 2 * Kp``, up to ``[128, 2, 128] x [128, 2, 512]``),
+    both float8_e4m3 / float8_e5m2 (+ float8_e4m3fn from NeuronCore-v4), NeuronCore-v3+, not with transpose
+    mode or column tiling.  The product is the plain ``stationary.reshape(K, M).T @ moving.reshape(K, N)``."""
+    if type(perf_mode) is not matmul_perf_mode:
+        raise TypeError(f"nc_matmul: perf_mode must be an nisa.matmul_perf_mode member, got {perf_mode!r}")
+    if nc_version < 3:
+        raise MatmulTileError(
+            f"[matmul-double-row] nc_matmul: perf_mode=double_row needs NeuronCore-v3+ (nc_version={nc_version})"
+        )
+    if is_transpose:
+        raise MatmulTileError(
+            "[matmul-double-row] nc_matmul: perf_mode=double_row cannot be combined with is_transpose"
+        )
+    if tile_size and len(tuple(tile_size)) == 2 and int(tuple(tile_size)[1]) != 128:
+        raise MatmulTileError(
+            f"[matmul-double-row] nc_matmul: perf_mode=double_row cannot use column tiling (tile_size={tile_size})"
+        )
+    ss, ms = stationary.shape, moving.shape
+    if len(ss) != 3 or len(ms) != 3 or ss[1] != 2 or ms[1] != 2:
+        raise MatmulTileError(
+            f"[matmul-double-row] nc_matmul: perf_mode=double_row needs stationary [K/2, 2, M] and moving "
+            f"[K/2, 2, N] (first free dim exactly 2), got stationary{list(ss)} and moving{list(ms)}"
+        )
+    ok = _DOUBLE_ROW_FP8 + (("float8_e4m3fn",) if nc_version >= 4 else ())
+    for t, a in ((stationary, "stationary"), (moving, "moving")):
+        if t.dtype not in ok:
+            raise DtypeError(
+                f"[matmul-double-row] nc_matmul: perf_mode=double_row needs {a} in {list(ok)}, got {t.dtype}"
+            )
+    return 2 * ss[0], ss[2], ms[2]

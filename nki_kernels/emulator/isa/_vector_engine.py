@@ -38,11 +38,26 @@ def tensor_tensor(
     launch = _state.current()
     opn = "tensor_tensor"
     pmax = launch.hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, opn, "dst", launch)
-    if not (type(data1) is NkiTensor and data1._st.buffer.on_chip and data1.shape[0] <= pmax):
+    if not (
+        type(data1) is NkiTensor
+        and data1._st.buffer.on_chip
+        and data1.shape[0] <= pmax
+        and data1.offset < data1._st.size // data1._st.shape[0]  # start partition 0
+    ):
         _onchip(data1, opn, "data1", launch)
-    if not (type(data2) is NkiTensor and data2._st.buffer.on_chip and data2.shape[0] <= pmax):
+    if not (
+        type(data2) is NkiTensor
+        and data2._st.buffer.on_chip
+        and data2.shape[0] <= pmax
+        and data2.offset < data2._st.size // data2._st.shape[0]  # start partition 0
+    ):
         _onchip(data2, opn, "data2", launch)
     if data1.shape != data2.shape:
         _same_pf(opn, data1, "data1", data2, "data2")
@@ -95,9 +110,19 @@ def tensor_scalar(
     launch = _state.current()
     opn = "tensor_scalar"
     pmax = launch.hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, opn, "dst", launch)
-    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+    if not (
+        type(data) is NkiTensor
+        and data._st.buffer.on_chip
+        and data.shape[0] <= pmax
+        and data.offset < data._st.size // data._st.shape[0]  # start partition 0
+    ):
         _onchip(data, opn, "data", launch)
     if dst.shape != data.shape:
         _same_pf(opn, dst, "dst", data, "data")
@@ -164,11 +189,26 @@ def scalar_tensor_tensor(
     launch = _state.current()
     opn = "scalar_tensor_tensor"
     pmax = launch.hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, opn, "dst", launch)
-    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+    if not (
+        type(data) is NkiTensor
+        and data._st.buffer.on_chip
+        and data.shape[0] <= pmax
+        and data.offset < data._st.size // data._st.shape[0]  # start partition 0
+    ):
         _onchip(data, opn, "data", launch)
-    if not (type(operand1) is NkiTensor and operand1._st.buffer.on_chip and operand1.shape[0] <= pmax):
+    if not (
+        type(operand1) is NkiTensor
+        and operand1._st.buffer.on_chip
+        and operand1.shape[0] <= pmax
+        and operand1.offset < operand1._st.size // operand1._st.shape[0]  # start partition 0
+    ):
         _onchip(operand1, opn, "operand1", launch)
     if dst.shape != data.shape:
         _same_pf(opn, dst, "dst", data, "data")
@@ -224,9 +264,19 @@ def tensor_reduce(
     launch = _state.current()
     opn = "tensor_reduce"
     pmax = launch.hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, opn, "dst", launch)
-    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+    if not (
+        type(data) is NkiTensor
+        and data._st.buffer.on_chip
+        and data.shape[0] <= pmax
+        and data.offset < data._st.size // data._st.shape[0]  # start partition 0
+    ):
         _onchip(data, opn, "data", launch)
     rn = opdefs.op_name(op, "op")
     red = opdefs.reduce_fn(rn, "op")
@@ -286,9 +336,19 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> NkiInstruct
     launch = _state.current()
     opn = "reciprocal"
     pmax = launch.hw.pmax
-    if not (type(dst) is NkiTensor and dst._st.buffer.on_chip and dst.shape[0] <= pmax):
+    if not (
+        type(dst) is NkiTensor
+        and dst._st.buffer.on_chip
+        and dst.shape[0] <= pmax
+        and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
+    ):
         _onchip(dst, opn, "dst", launch)
-    if not (type(data) is NkiTensor and data._st.buffer.on_chip and data.shape[0] <= pmax):
+    if not (
+        type(data) is NkiTensor
+        and data._st.buffer.on_chip
+        and data.shape[0] <= pmax
+        and data.offset < data._st.size // data._st.shape[0]  # start partition 0
+    ):
         _onchip(data, opn, "data", launch)
     if dst.shape != data.shape:
         _same_pf(opn, dst, "dst", data, "data")
