@@ -14,8 +14,8 @@ from .. import state as _state
 from ..errors import DtypeError, LaunchError, MemorySpaceError, OutOfBoundsError, ShapeMismatchError
 from ..tensor import NkiTensor, sbuf
 from ._common import _emit, _rec
-from ._events import _use
 from ._enums import NkiInstruction
+from ._events import _use
 from ._rules import _free, _onchip
 
 _GPSIMD_CORE_PARTITIONS = 16  # each of the 8 GpSimd cores serves 16 contiguous SBUF partitions

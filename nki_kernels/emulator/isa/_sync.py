@@ -19,11 +19,11 @@ from ..errors import DtypeError, LaunchError, MemorySpaceError, ShapeMismatchErr
 from ..tensor import NkiTensor, sbuf, shared_hbm
 from ..trace import TraceRecord
 from ._common import _emit, _rec
-from ._events import _use
 from ._dma import _dma_record
 from ._enums import NkiInstruction
 from ._enums import dma_engine as _DmaEngine
 from ._enums import engine as _Engine
+from ._events import _use
 from ._rules import _free
 
 _GPSIMD_DMA_BYTES = {4: 1024, 2: 512, 1: 256}  # per-partition limit of dma_engine.gpsimd_dma by dtype size

@@ -23,9 +23,9 @@ from .. import state as _state
 from ..errors import DtypeError, MemorySpaceError, ShapeMismatchError
 from ..tensor import NkiTensor, psum
 from ._common import _apply_binary, _binary_name, _emit, _rec, _store, _vals
-from ._events import _use
 from ._enums import NkiInstruction
 from ._enums import reduce_cmd as _RC
+from ._events import _use
 from ._rules import _free, _onchip, _same_pf
 
 FP32_MIN = float(np.finfo(np.float32).min)
