@@ -1,6 +1,6 @@
 """Shared pieces of the ``neuron`` test tier (tests/test_neuron_*.py): find the device or skip with the
-reason (``device_or_skip``, behind the ``neuron_device`` fixture of tests/conftest.py), move tensors there and back, compare against the references with the tolerance rule of
-``tests/numerics.py``.
+reason (:func:`device_or_skip`, behind the ``neuron_device`` fixture of tests/conftest.py), move tensors
+there and back, compare against the references with the tolerance rule of ``tests/numerics.py``.
 
 The tier runs every public op of :mod:`nki_kernels.ops` with ``backend="neuron"`` (the real ``nki``
 package) on tensors placed on ``torch_xla.device()``, the documented PyTorch launch of an ``@nki.jit``
