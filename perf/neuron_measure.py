@@ -31,38 +31,49 @@ https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/migration/index.html
 
 A row's ``latency_us`` is that kernel time scaled exactly as the modelled row of the same case scales its
 modelled kernel time (attention rows: per layer = per traced head x H / lnc; ``extra["latency_is"]``), so
-measured/modelled ratios are ratios of kernel times. ``extra["kernel_us"]`` keeps the unscaled time.
+measured/modelled ratios are ratios of kernel times. ``extra["kernel_us"]`` keeps the unscaled time, and
+``extra["modelled_latency_us"]`` the case's modelled figure computed in the same run (same code version).
+
+Ingestion: :func:`calibration_points` / :func:`points_from_results` turn measured rows into
+:class:`CalibrationPoint` s, field for field the calibration suite's ``CalibrationRow``
+(``perf/calibration/harness.py``), group ``"N"``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pickle
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from perf.runner import BenchRow, run_case
+from perf.runner import BenchRow, read_rows, run_case
 
 __all__ = [
+    "GROUP",
     "CalibrationPoint",
     "ExplorerTiming",
     "KernelCall",
     "NeuronUnavailable",
     "Timing",
     "TimingSource",
+    "add_measure_args",
     "attach_call",
     "calibration_points",
     "call_of",
+    "check_measure_args",
     "measure_rows",
     "parse_total_time_s",
+    "points_from_results",
     "require_measure",
+    "run_measure",
 ]
 
 NTH_EXEC = 2
@@ -298,27 +309,51 @@ def check_measure_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> No
         )
 
 
+def _modelled_partner(fn: Callable[[], Any]) -> dict[str, Any]:
+    """The case's own modelled figures (same code version as the measurement), for the row's ``extra``."""
+    try:
+        figs = fn()
+    except Exception as exc:  # the measurement stands; say why its modelled partner is missing
+        return {"modelled_error": f"{type(exc).__name__}: {exc}"}
+    if not isinstance(figs, Mapping) or figs.get("latency_us") is None:
+        return {"modelled_error": f"the case's modelled function returned no latency_us: {figs!r}"[:200]}
+    return {
+        "modelled_latency_us": float(figs["latency_us"]),
+        "modelled_bottleneck": (figs.get("extra") or {}).get("bottleneck"),
+    }
+
+
 def measure_rows(
-    cases: Sequence[tuple[str, str, Mapping[str, Any], Callable[[], Any]]], timing: TimingSource
+    cases: Sequence[tuple[str, str, Mapping[str, Any], Callable[[], Any]]],
+    timing: TimingSource,
+    *,
+    with_model: bool = True,
 ) -> list[BenchRow]:
-    """One ``kind="measured"`` row per benchmark case (``perf.bench_kernels.cases``), same op, variant and
-    config as its modelled row; a case that fails (or has no :class:`KernelCall`) is an error row."""
+    """One ``kind="measured"`` row per benchmark case (``perf.bench_kernels.cases``: ``(op, variant,
+    config, fn)`` with a :class:`KernelCall` attached to ``fn``), same op, variant and config as the
+    case's modelled row. A case that fails, or has no :class:`KernelCall`, is an error row.
+
+    ``latency_us`` = measured kernel time x ``call.latency_scale``; ``extra``: ``kernel_us`` (unscaled),
+    ``latency_is``, ``timing_source`` and the timing's details, and with ``with_model`` the case's own
+    modelled figures run now (``modelled_latency_us``, ``modelled_bottleneck``, or ``modelled_error``),
+    so every measured row carries its modelled partner from the same code version.
+    """
     rows = []
     for op, variant, config, fn in cases:
         call = call_of(fn)
         name = f"{op}-{variant}"
 
-        def measure(call: KernelCall | None = call, name: str = name) -> dict[str, Any]:
+        def measure(call: KernelCall | None = call, name: str = name, fn: Callable = fn) -> dict[str, Any]:
             if call is None:
                 raise ValueError("the case has no KernelCall (perf.neuron_measure.attach_call)")
             t = timing(call, name)
             if not t.kernel_us > 0:
                 raise ValueError(f"timing source returned kernel_us={t.kernel_us}; must be > 0")
-            return {
-                "latency_us": t.kernel_us * call.latency_scale,
-                "extra": {"kernel_us": t.kernel_us, "latency_is": call.latency_is, "backend": "neuron",
-                          "cores": call.lnc, "timing_source": t.source, **dict(t.details)},
-            }  # fmt: skip
+            extra = {"kernel_us": t.kernel_us, "latency_is": call.latency_is, "backend": "neuron",
+                     "cores": call.lnc, "timing_source": t.source, **dict(t.details)}  # fmt: skip
+            if with_model:
+                extra.update(_modelled_partner(fn))
+            return {"latency_us": t.kernel_us * call.latency_scale, "extra": extra}
 
         rows.append(run_case(measure, op=op, variant=variant, config=config, kind="measured"))
     return rows
@@ -345,31 +380,60 @@ def run_measure(
 # ingestion
 
 
+GROUP = "N"
+"""Calibration group of device-measured project kernels (the calibration suite's groups: A, S, C, D, I)."""
+
+
 @dataclass(frozen=True)
 class CalibrationPoint:
-    """One kernel whose trn2 time was measured, beside the cost model's figure for the same launch.
+    """One project kernel measured on a trn2 beside the cost model's figure for the same launch.
+
+    Field for field the calibration suite's ``perf.calibration.harness.CalibrationRow`` (so its
+    ``geo_stats`` / ``worst_rows`` / table take these as they are; :meth:`to_calibration_row` converts
+    when that module is present). A device measurement has one value: ``measured_lo_us ==
+    measured_hi_us``; ``ratio`` = modelled / measured.
 
     Attributes:
-        kernel: ``"op/variant"`` of the benchmark row.
-        source: where the measurement comes from (timing source, git sha and timestamp of the row).
-        shape: the row's config (shapes, dtype, heads traced).
-        measured_us: measured latency (row ``latency_us``, scaled as the modelled row is).
-        modelled_us: the modelled row's ``latency_us`` for the same op, variant and config (the newest
-            one given), None when no modelled row matches.
-        bottleneck: the modelled row's bottleneck engine (``extra["bottleneck"]``), None without one.
+        name: ``"neuron:<op>/<variant>"``. kernel: ``"nki-ardiff <op> (<variant>)"``. group: :data:`GROUP`.
+        source: timing source, git sha and timestamp of the measured row. source_url: the results file the
+            row came from (``""`` if not given).
+        shape: the row's config as JSON. quantity: what the figure is (``extra["latency_is"]``).
+        published: the measured kernel time as recorded (``kernel_us``).
+        measured_lo_us, measured_hi_us: the row's ``latency_us`` (**measured**).
+        modelled_us: the modelled latency of the same op, variant and config (**modelled**).
+        ratio: modelled / measured. bottleneck: the modelled bottleneck engine (``""`` if unknown).
+        method: ``"latency"``.
     """
 
+    name: str
     kernel: str
+    group: str
     source: str
-    shape: Mapping[str, Any]
-    measured_us: float
-    modelled_us: float | None = None
-    bottleneck: str | None = None
+    source_url: str
+    shape: str
+    quantity: str
+    published: str
+    measured_lo_us: float
+    measured_hi_us: float
+    modelled_us: float
+    ratio: float
+    bottleneck: str
+    method: str = "latency"
 
     @property
-    def ratio(self) -> float | None:
-        """modelled / measured (the calibration suite's convention), None without a modelled figure."""
-        return None if self.modelled_us is None else self.modelled_us / self.measured_us
+    def measured_us(self) -> float:
+        return math.sqrt(self.measured_lo_us * self.measured_hi_us)
+
+    @property
+    def in_range(self) -> bool:
+        return self.measured_lo_us <= self.modelled_us <= self.measured_hi_us
+
+    def to_calibration_row(self) -> Any:
+        """This point as ``perf.calibration.harness.CalibrationRow`` (ImportError where the calibration
+        suite is absent)."""
+        from perf.calibration.harness import CalibrationRow
+
+        return CalibrationRow(**{f.name: getattr(self, f.name) for f in fields(self)})
 
 
 def _key(row: BenchRow) -> str:
@@ -377,14 +441,17 @@ def _key(row: BenchRow) -> str:
 
 
 def calibration_points(
-    measured: Iterable[BenchRow], modelled: Iterable[BenchRow] = ()
+    measured: Iterable[BenchRow], modelled: Iterable[BenchRow] = (), *, source_url: str = ""
 ) -> list[CalibrationPoint]:
-    """Calibration points from measured rows (``kind="measured"``, from ``--measure``), each paired with
-    the newest (last given) ``kind="modelled"`` row of the same op, variant and config.
+    """Calibration points from measured rows (``kind="measured"``, written by ``--measure``).
 
-    Raises ``ValueError`` for a measured row that is an error row, has no latency, or is not
-    ``kind="measured"`` (re-measure or drop it: a calibration point is never silently skipped), and for a
-    modelled row that is not ``kind="modelled"``.
+    The modelled figure of a point is the newest (last given) ``kind="modelled"`` row of ``modelled`` with
+    the same op, variant and config, else the measured row's own ``extra["modelled_latency_us"]`` (the
+    partner :func:`measure_rows` models in the same run).
+
+    Raises ``ValueError`` (a point is never silently dropped) for: a measured row that is not
+    ``kind="measured"``, is an error row or has no latency; a measured row with no modelled figure; a
+    ``modelled`` row that is not ``kind="modelled"``.
     """
     model: dict[str, BenchRow] = {}
     for r in modelled:
@@ -394,23 +461,52 @@ def calibration_points(
             model[_key(r)] = r
     points = []
     for r in measured:
-        what = f"measured: row {r.op}/{r.variant} {dict(r.config)}"
+        what = f"measured row {r.op}/{r.variant} {dict(r.config)}"
         if r.kind != "measured":
             raise ValueError(f"{what} has kind={r.kind!r}, expected 'measured'")
         if r.status != "ok" or r.latency_us is None:
             raise ValueError(f"{what} has no measurement (status={r.status!r}: {r.message})")
         m = model.get(_key(r))
+        if m is not None:
+            mod, bn = float(m.latency_us), str(m.extra.get("bottleneck") or "")  # type: ignore[arg-type]
+        elif r.extra.get("modelled_latency_us") is not None:
+            mod, bn = float(r.extra["modelled_latency_us"]), str(r.extra.get("modelled_bottleneck") or "")
+        else:
+            why = r.extra.get("modelled_error", "no modelled row given and none recorded in the row")
+            raise ValueError(f"{what} has no modelled figure ({why}); pass the modelled rows")
+        meas = float(r.latency_us)
+        kernel_us = r.extra.get("kernel_us")
         points.append(
             CalibrationPoint(
-                kernel=f"{r.op}/{r.variant}",
+                name=f"neuron:{r.op}/{r.variant}",
+                kernel=f"nki-ardiff {r.op} ({r.variant})",
+                group=GROUP,
                 source=f"{r.extra.get('timing_source', 'measured')} (git {r.git_sha}, {r.timestamp})",
-                shape=dict(r.config),
-                measured_us=float(r.latency_us),
-                modelled_us=None if m is None else float(m.latency_us),  # type: ignore[arg-type]
-                bottleneck=None if m is None else m.extra.get("bottleneck"),
+                source_url=source_url,
+                shape=json.dumps(dict(r.config), sort_keys=True),
+                quantity=str(r.extra.get("latency_is", "kernel time")),
+                published=f"kernel {kernel_us} us" if kernel_us is not None else f"{meas} us",
+                measured_lo_us=meas,
+                measured_hi_us=meas,
+                modelled_us=mod,
+                ratio=mod / meas,
+                bottleneck=bn,
             )
         )
     return points
+
+
+def points_from_results(
+    measured_path: str | Path, modelled_path: str | Path | None = None
+) -> list[CalibrationPoint]:
+    """:func:`calibration_points` of the JSONL files ``--measure`` (and the modelled bench) wrote, e.g.
+    ``perf/results/bench_kernels_measured.jsonl`` (+ ``perf/results/bench_kernels.jsonl``). Only ``ok``
+    modelled rows are used; every measured row must be ``ok``."""
+    measured = read_rows(measured_path)
+    modelled = read_rows(modelled_path) if modelled_path is not None else []
+    return calibration_points(
+        measured, [r for r in modelled if r.kind == "modelled"], source_url=str(measured_path)
+    )
 
 
 if __name__ == "__main__":
