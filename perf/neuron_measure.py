@@ -8,8 +8,8 @@ device there).** On a machine without a device, the real ``nki`` package or the 
 
 The documented route (Neuron docs, "Profile a NKI Kernel",
 https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/use-neuron-profile.html; NKI 0.6 has no
-``nki.benchmark`` / ``nki.profile``: they belonged to the legacy ``neuronxcc.nki`` API, see
-https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/migration/index.html), per benchmark case:
+``nki.benchmark`` / ``nki.profile``, "not available with NKI 0.2.0" per the NKI release notes,
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components/nki.html), per case:
 
 1. a child process with ``NEURON_FRAMEWORK_DEBUG=1`` (the compiler then saves the kernel's NEFF in the
    current directory), ``NEURON_LOGICAL_NC_CONFIG=<lnc>`` (must match the launch's ``kernel[lnc]``, per the
