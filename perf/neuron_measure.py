@@ -76,6 +76,9 @@ __all__ = [
     "run_measure",
 ]
 
+_ROOT = Path(__file__).resolve().parent.parent
+"""The checkout holding ``perf/`` and ``nki_kernels/``."""
+
 NTH_EXEC = 2
 """Profiled execution (``--profile-nth-exec``): the second, as the NKI profiling guide recommends."""
 
@@ -215,6 +218,8 @@ class ExplorerTiming:
         env = dict(os.environ)
         env.update({"NEURON_FRAMEWORK_DEBUG": "1", "NEURON_LOGICAL_NC_CONFIG": str(call.lnc)})
         env.setdefault("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+        # the child runs in the case directory: make this checkout importable there
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         self._run(
             [self.python, "-m", "perf.neuron_measure", "run-kernel", str(spec)], case, env, "compile+run"
         )

@@ -240,6 +240,9 @@ def test_explorer_timing_runs_the_documented_commands(tmp_path: Path) -> None:
     (child, cwd, env), (capture, _, _), (view, _, _) = fake.cmds
     assert child == ["py", "-m", "perf.neuron_measure", "run-kernel", str(case / "call.pkl")] and cwd == case
     assert env is not None and env["NEURON_FRAMEWORK_DEBUG"] == "1" and env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(
+        Path(neuron_measure.__file__).resolve().parent.parent
+    )
     assert capture == ["neuron-explorer", "capture", "-n", str(case / "file.neff"), "-s",
                        str(case / "profile.ntff"), "--profile-nth-exec=2"]  # fmt: skip
     assert view == ["neuron-explorer", "view", "-n", str(case / "file.neff"), "-s",
