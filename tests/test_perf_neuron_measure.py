@@ -338,3 +338,42 @@ def test_point_converts_to_the_calibration_suites_row() -> None:
     row = p.to_calibration_row()
     assert isinstance(row, harness.CalibrationRow) and row.ratio == p.ratio and row.name == p.name
     assert harness.geo_stats([row.ratio]) == pytest.approx((1.5, 1.0))
+
+
+def _child_runs(monkeypatch, tmp_path: Path, which) -> list[str]:
+    """The child's half (``run-kernel``: unpickle, zero inputs, launch) for bench cases, with the emulator
+    standing in for the real nki (the shim is told it is ``"nki"``)."""
+    from nki_kernels import _nki
+
+    monkeypatch.setattr(_nki, "backend_name", lambda: "nki")
+    done = []
+    for op, variant, _, fn in bench_kernels.cases(bench_kernels.QUICK):
+        call = call_of(fn)
+        if not which(op) or call is None:
+            continue
+        spec = tmp_path / f"{op}-{variant}.pkl"
+        spec.write_bytes(pickle.dumps((call.kernel_ref(), call.args, call.lnc)))
+        neuron_measure._run_kernel(str(spec))
+        done.append(f"{op}/{variant}")
+    return done
+
+
+def test_child_launches_rope_and_kv_cases(monkeypatch, tmp_path: Path) -> None:
+    done = _child_runs(monkeypatch, tmp_path, lambda op: op.startswith(("rope3d", "kv_cache")))
+    assert len(done) == 7 and "kv_cache_write/ring_lnc2" in done
+
+
+@pytest.mark.slow
+def test_child_launches_every_case(monkeypatch, tmp_path: Path) -> None:
+    done = _child_runs(monkeypatch, tmp_path, lambda op: True)
+    assert len(done) == len(bench_kernels.cases(bench_kernels.QUICK))
+
+
+def test_child_refuses_without_real_nki(tmp_path: Path, monkeypatch) -> None:
+    from nki_kernels import _nki
+
+    monkeypatch.setattr(_nki, "backend_name", lambda: "emulator")
+    spec = tmp_path / "c.pkl"
+    spec.write_bytes(pickle.dumps((_call().kernel_ref(), _call().args, 1)))
+    with pytest.raises(SystemExit, match="real nki package is not importable"):
+        neuron_measure._run_kernel(str(spec))
