@@ -15,6 +15,7 @@ Run on a trn2: ``python -m pytest -m neuron`` (docs/neuron.md).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,13 +29,26 @@ SKIP_PREFIX = "neuron tier not run"
 """Every skip of the tier starts with this, followed by what is missing."""
 
 
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+"""The runtime's logical-core setting; a launch's ``kernel[lnc]`` must match it (``nki.jit`` API page).
+The ops launch every kernel with lnc=1, while trn2's default is LNC=2 (Neuron docs, "Logical NeuronCore
+configuration"), so the tier runs with ``NEURON_LOGICAL_NC_CONFIG=1``."""
+
+
 def device_or_skip() -> Any:
     """The ``torch_xla`` device when a Neuron device, the real ``nki`` and ``torch_xla`` are all present;
-    otherwise ``pytest.skip`` with the reason."""
+    otherwise ``pytest.skip`` with the reason.
+
+    Sets ``NEURON_LOGICAL_NC_CONFIG=1`` when unset, before the first device use (as the NKI profiling
+    guide's example does in-process); any other value fails the tier with the reason.
+    """
     reason = probe().reason(("device", "nki", "torch_xla"))
     if reason:
         pytest.skip(f"{SKIP_PREFIX}: {reason}")
-    import torch_xla  # noqa: PLC0415  (present: the probe imported it)
+    lnc = os.environ.setdefault(LNC_ENV, "1")
+    if lnc != "1":
+        pytest.fail(f"{LNC_ENV}={lnc}: the ops launch kernels with lnc=1; run the tier with {LNC_ENV}=1")
+    import torch_xla
 
     return torch_xla.device()
 

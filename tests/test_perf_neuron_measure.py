@@ -76,6 +76,24 @@ def test_probe_finds_device_nodes_and_honours_forced_emulator(tmp_path: Path, mo
     assert forced.nki_version == "" and "NKI_ARDIFF_BACKEND=emulator" in forced.reason(("nki",))
 
 
+def test_tier_skips_with_reason_or_sets_lnc1(monkeypatch) -> None:
+    import types
+
+    from tests import neuron_helpers
+
+    monkeypatch.setattr(neuron_helpers, "probe", lambda: EMPTY)
+    with pytest.raises(pytest.skip.Exception, match=r"^neuron tier not run: no Neuron device"):
+        neuron_helpers.device_or_skip()
+    # a host with everything: the fixture hands out torch_xla's device with the runtime at LNC=1
+    monkeypatch.setattr(neuron_helpers, "probe", lambda: FULL)
+    monkeypatch.setitem(sys.modules, "torch_xla", types.SimpleNamespace(device=lambda: "xla:0"))
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    assert neuron_helpers.device_or_skip() == "xla:0" and os.environ["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")  # trn2's default: the lnc=1 launches would not run
+    with pytest.raises(pytest.fail.Exception, match="NEURON_LOGICAL_NC_CONFIG=2"):
+        neuron_helpers.device_or_skip()
+
+
 # ---- the early error -----------------------------------------------------------------------------
 
 
