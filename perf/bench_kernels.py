@@ -138,10 +138,8 @@ def _attention_fn(
         figs["extra"].update(extra)
         return figs
 
-    per_layer = (
-        f"per layer = kernel time / {heads_per_core} heads per core x {heads_total} heads / {lnc} cores"
-    )
-    return attach_call(fn, KernelCall(kernel, args, lnc, heads_total / (lnc * heads_per_core), per_layer))
+    layer = f"per layer = per traced head ({heads_per_core} per core) x {heads_total} heads / {lnc} cores"
+    return attach_call(fn, KernelCall(kernel, args, lnc, heads_total / (lnc * heads_per_core), layer))
 
 
 def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:

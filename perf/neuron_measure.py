@@ -1,6 +1,6 @@
 """Measured trn2 kernel latency for ``rolling-forcing bench kernels --backend neuron --measure``: bench rows
-of kind ``"measured"`` in the schema of the modelled rows (:class:`perf.runner.BenchRow`), and
-:func:`calibration_points`, which turns them into calibration points for the cost model.
+of kind ``"measured"`` in the schema of the modelled rows (:class:`perf.runner.BenchRow`), each beside the
+cost model's figure for the same launch (:mod:`perf.neuron_points` turns them into calibration points).
 
 **Written against the documented Neuron tools, never run in this repository's development (no Neuron
 device there).** On a machine without a device, the real ``nki`` package or the profiler CLI,
@@ -29,36 +29,32 @@ https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components
    The summary schema "may change between versions" (Neuron Explorer troubleshooting): the parser looks
    for the first ``total_time`` anywhere in the JSON and fails loudly when there is none.
 
-A row's ``latency_us`` is that kernel time scaled exactly as the modelled row of the same case scales its
-modelled kernel time (attention rows: per layer = per traced head x H / lnc; ``extra["latency_is"]``), so
-measured/modelled ratios are ratios of kernel times. ``extra["kernel_us"]`` keeps the unscaled time, and
-``extra["modelled_latency_us"]`` the case's modelled figure computed in the same run (same code version).
+A row's ``latency_us`` is the measured time of **one launch as the case configures it** (for attention
+cases: the ``traced_heads`` heads of the modelled case, not a whole layer; ``extra["layer_scale"]`` is the
+factor the modelled row applies to reach a layer). Every row also carries the cost model's figure for the
+very same launch, computed in the same run (``extra["modelled_kernel_us"]``, same code version), so a
+measured/modelled ratio compares like with like whatever per-layer convention the modelled table uses.
 
-Ingestion: :func:`calibration_points` / :func:`points_from_results` turn measured rows into
-:class:`CalibrationPoint` s, field for field the calibration suite's ``CalibrationRow``
-(``perf/calibration/harness.py``), group ``"N"``.
+Ingestion of the rows as calibration points: :mod:`perf.neuron_points`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pickle
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from perf.runner import BenchRow, read_rows, run_case
+from perf.runner import BenchRow, run_case
 
 __all__ = [
-    "GROUP",
-    "CalibrationPoint",
     "ExplorerTiming",
     "KernelCall",
     "NeuronUnavailable",
@@ -66,12 +62,12 @@ __all__ = [
     "TimingSource",
     "add_measure_args",
     "attach_call",
-    "calibration_points",
     "call_of",
     "check_measure_args",
+    "cost_model_v1",
     "measure_rows",
+    "modelled_launch_us",
     "parse_total_time_s",
-    "points_from_results",
     "require_measure",
     "run_measure",
 ]
@@ -97,21 +93,22 @@ class KernelCall:
         args: the launch arguments as in the modelled case (``TensorSpec`` for tensors, lists of them for
             lists of tensors, Python scalars and tuples as they are).
         lnc: logical NeuronCores of the launch (1 or 2).
-        latency_scale: row latency = ``latency_scale`` x kernel time (1 unless the modelled row scales).
-        latency_is: how the row latency derives from the kernel time (shown in the row).
+        layer_scale: the factor the modelled row applies to this launch's work to report a layer (attention:
+            H / (lnc x traced heads per core); 1 otherwise). Informative: measured rows are not scaled.
+        layer_is: how the modelled row reaches a layer from this launch (shown in measured rows).
     """
 
     kernel: Any
     args: tuple[Any, ...]
     lnc: int = 1
-    latency_scale: float = 1.0
-    latency_is: str = "kernel time"
+    layer_scale: float = 1.0
+    layer_is: str = "the launch is the layer's whole op"
 
     def __post_init__(self) -> None:
         if self.lnc not in (1, 2):
             raise ValueError(f"KernelCall.lnc must be 1 or 2, got {self.lnc}")
-        if not self.latency_scale > 0:
-            raise ValueError(f"KernelCall.latency_scale must be > 0, got {self.latency_scale}")
+        if not self.layer_scale > 0:
+            raise ValueError(f"KernelCall.layer_scale must be > 0, got {self.layer_scale}")
 
     def kernel_ref(self) -> str:
         """``"module:name"`` of the kernel, importable by a child process."""
@@ -314,18 +311,42 @@ def check_measure_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> No
         )
 
 
-def _modelled_partner(fn: Callable[[], Any]) -> dict[str, Any]:
-    """The case's own modelled figures (same code version as the measurement), for the row's ``extra``."""
+ModelFn = Callable[[Any, int], tuple[float, str]]
+"""``(trace, cores) -> (latency_ns, bottleneck engine)``: a cost-model adapter for one traced launch."""
+
+
+def cost_model_v1(trace: Any, cores: int) -> tuple[float, str]:
+    """Default :data:`ModelFn`: ``nki_kernels.emulator.cost.profile`` (the project's cost model)."""
+    from nki_kernels.emulator.cost import profile
+
+    prof = profile(trace, cores=cores)
+    return float(prof.latency_ns), str(prof.bottleneck)
+
+
+def modelled_launch_us(call: KernelCall, model: ModelFn | None = None) -> tuple[float, str]:
+    """The cost model's time (us) and bottleneck engine for exactly the launch ``call`` describes: a
+    trace-only emulator run of ``call.kernel`` on ``call.args`` with ``call.lnc``, modelled by ``model``
+    (default :func:`cost_model_v1`) on ``lnc`` cores. The event log is recorded when the emulator offers
+    it (``keep_events``, for a dependency-aware schedule)."""
+    import inspect
+
+    from nki_kernels.emulator import run
+
+    opts: dict[str, Any] = {"lnc": call.lnc, "trace_only": True}
+    if "keep_events" in inspect.signature(run).parameters:
+        opts["keep_events"] = True
+    _, trace = run(call.kernel, *call.args, **opts)
+    ns, bottleneck = (model or cost_model_v1)(trace, call.lnc)
+    return ns / 1e3, bottleneck
+
+
+def _modelled_partner(call: KernelCall) -> dict[str, Any]:
+    """The launch's modelled figures for the row's ``extra`` (or why they are missing)."""
     try:
-        figs = fn()
+        us, bottleneck = modelled_launch_us(call)
     except Exception as exc:  # the measurement stands; say why its modelled partner is missing
-        return {"modelled_error": f"{type(exc).__name__}: {exc}"}
-    if not isinstance(figs, Mapping) or figs.get("latency_us") is None:
-        return {"modelled_error": f"the case's modelled function returned no latency_us: {figs!r}"[:200]}
-    return {
-        "modelled_latency_us": float(figs["latency_us"]),
-        "modelled_bottleneck": (figs.get("extra") or {}).get("bottleneck"),
-    }
+        return {"modelled_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"modelled_kernel_us": us, "modelled_bottleneck": bottleneck}
 
 
 def measure_rows(
@@ -338,27 +359,35 @@ def measure_rows(
     config, fn)`` with a :class:`KernelCall` attached to ``fn``), same op, variant and config as the
     case's modelled row. A case that fails, or has no :class:`KernelCall`, is an error row.
 
-    ``latency_us`` = measured kernel time x ``call.latency_scale``; ``extra``: ``kernel_us`` (unscaled),
-    ``latency_is``, ``timing_source`` and the timing's details, and with ``with_model`` the case's own
-    modelled figures run now (``modelled_latency_us``, ``modelled_bottleneck``, or ``modelled_error``),
-    so every measured row carries its modelled partner from the same code version.
+    ``latency_us`` = the measured time of the launch (module docstring); ``extra``: ``kernel_us`` (the
+    same), ``latency_is``, ``layer_scale``, ``timing_source`` and the timing's details, and with
+    ``with_model`` the launch's modelled figures (``modelled_kernel_us``, ``modelled_bottleneck``, or
+    ``modelled_error``) from :func:`modelled_launch_us`.
     """
     rows = []
     for op, variant, config, fn in cases:
         call = call_of(fn)
         name = f"{op}-{variant}"
 
-        def measure(call: KernelCall | None = call, name: str = name, fn: Callable = fn) -> dict[str, Any]:
+        def measure(call: KernelCall | None = call, name: str = name) -> dict[str, Any]:
             if call is None:
                 raise ValueError("the case has no KernelCall (perf.neuron_measure.attach_call)")
             t = timing(call, name)
             if not t.kernel_us > 0:
                 raise ValueError(f"timing source returned kernel_us={t.kernel_us}; must be > 0")
-            extra = {"kernel_us": t.kernel_us, "latency_is": call.latency_is, "backend": "neuron",
-                     "cores": call.lnc, "timing_source": t.source, **dict(t.details)}  # fmt: skip
+            extra = {
+                "kernel_us": t.kernel_us,
+                "latency_is": "one launch as configured (not scaled to a layer)",
+                "layer_scale": call.layer_scale,
+                "modelled_layer_is": call.layer_is,
+                "backend": "neuron",
+                "cores": call.lnc,
+                "timing_source": t.source,
+                **dict(t.details),
+            }
             if with_model:
-                extra.update(_modelled_partner(fn))
-            return {"latency_us": t.kernel_us * call.latency_scale, "extra": extra}
+                extra.update(_modelled_partner(call))
+            return {"latency_us": t.kernel_us, "extra": extra}
 
         rows.append(run_case(measure, op=op, variant=variant, config=config, kind="measured"))
     return rows
@@ -379,139 +408,6 @@ def run_measure(
         wd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="nki-ardiff-measure-"))
         timing = ExplorerTiming(workdir=wd, profiler=profiler)
     return measure_rows(cases, timing)
-
-
-# --------------------------------------------------------------------------------------------------
-# ingestion
-
-
-GROUP = "N"
-"""Calibration group of device-measured project kernels (the calibration suite's groups: A, S, C, D, I)."""
-
-
-@dataclass(frozen=True)
-class CalibrationPoint:
-    """One project kernel measured on a trn2 beside the cost model's figure for the same launch.
-
-    Field for field the calibration suite's ``perf.calibration.harness.CalibrationRow`` (so its
-    ``geo_stats`` / ``worst_rows`` / table take these as they are; :meth:`to_calibration_row` converts
-    when that module is present). A device measurement has one value: ``measured_lo_us ==
-    measured_hi_us``; ``ratio`` = modelled / measured.
-
-    Attributes:
-        name: ``"neuron:<op>/<variant>"``. kernel: ``"nki-ardiff <op> (<variant>)"``. group: :data:`GROUP`.
-        source: timing source, git sha and timestamp of the measured row. source_url: the results file the
-            row came from (``""`` if not given).
-        shape: the row's config as JSON. quantity: what the figure is (``extra["latency_is"]``).
-        published: the measured kernel time as recorded (``kernel_us``).
-        measured_lo_us, measured_hi_us: the row's ``latency_us`` (**measured**).
-        modelled_us: the modelled latency of the same op, variant and config (**modelled**).
-        ratio: modelled / measured. bottleneck: the modelled bottleneck engine (``""`` if unknown).
-        method: ``"latency"``.
-    """
-
-    name: str
-    kernel: str
-    group: str
-    source: str
-    source_url: str
-    shape: str
-    quantity: str
-    published: str
-    measured_lo_us: float
-    measured_hi_us: float
-    modelled_us: float
-    ratio: float
-    bottleneck: str
-    method: str = "latency"
-
-    @property
-    def measured_us(self) -> float:
-        return math.sqrt(self.measured_lo_us * self.measured_hi_us)
-
-    @property
-    def in_range(self) -> bool:
-        return self.measured_lo_us <= self.modelled_us <= self.measured_hi_us
-
-    def to_calibration_row(self) -> Any:
-        """This point as ``perf.calibration.harness.CalibrationRow`` (ImportError where the calibration
-        suite is absent)."""
-        from perf.calibration.harness import CalibrationRow
-
-        return CalibrationRow(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-
-def _key(row: BenchRow) -> str:
-    return json.dumps([row.op, row.variant, dict(row.config)], sort_keys=True)
-
-
-def calibration_points(
-    measured: Iterable[BenchRow], modelled: Iterable[BenchRow] = (), *, source_url: str = ""
-) -> list[CalibrationPoint]:
-    """Calibration points from measured rows (``kind="measured"``, written by ``--measure``).
-
-    The modelled figure of a point is the newest (last given) ``kind="modelled"`` row of ``modelled`` with
-    the same op, variant and config, else the measured row's own ``extra["modelled_latency_us"]`` (the
-    partner :func:`measure_rows` models in the same run).
-
-    Raises ``ValueError`` (a point is never silently dropped) for: a measured row that is not
-    ``kind="measured"``, is an error row or has no latency; a measured row with no modelled figure; a
-    ``modelled`` row that is not ``kind="modelled"``.
-    """
-    model: dict[str, BenchRow] = {}
-    for r in modelled:
-        if r.kind != "modelled":
-            raise ValueError(f"modelled: row {r.op}/{r.variant} has kind={r.kind!r}, expected 'modelled'")
-        if r.status == "ok" and r.latency_us is not None:
-            model[_key(r)] = r
-    points = []
-    for r in measured:
-        what = f"measured row {r.op}/{r.variant} {dict(r.config)}"
-        if r.kind != "measured":
-            raise ValueError(f"{what} has kind={r.kind!r}, expected 'measured'")
-        if r.status != "ok" or r.latency_us is None:
-            raise ValueError(f"{what} has no measurement (status={r.status!r}: {r.message})")
-        m = model.get(_key(r))
-        if m is not None:
-            mod, bn = float(m.latency_us), str(m.extra.get("bottleneck") or "")  # type: ignore[arg-type]
-        elif r.extra.get("modelled_latency_us") is not None:
-            mod, bn = float(r.extra["modelled_latency_us"]), str(r.extra.get("modelled_bottleneck") or "")
-        else:
-            why = r.extra.get("modelled_error", "no modelled row given and none recorded in the row")
-            raise ValueError(f"{what} has no modelled figure ({why}); pass the modelled rows")
-        meas = float(r.latency_us)
-        kernel_us = r.extra.get("kernel_us")
-        points.append(
-            CalibrationPoint(
-                name=f"neuron:{r.op}/{r.variant}",
-                kernel=f"nki-ardiff {r.op} ({r.variant})",
-                group=GROUP,
-                source=f"{r.extra.get('timing_source', 'measured')} (git {r.git_sha}, {r.timestamp})",
-                source_url=source_url,
-                shape=json.dumps(dict(r.config), sort_keys=True),
-                quantity=str(r.extra.get("latency_is", "kernel time")),
-                published=f"kernel {kernel_us} us" if kernel_us is not None else f"{meas} us",
-                measured_lo_us=meas,
-                measured_hi_us=meas,
-                modelled_us=mod,
-                ratio=mod / meas,
-                bottleneck=bn,
-            )
-        )
-    return points
-
-
-def points_from_results(
-    measured_path: str | Path, modelled_path: str | Path | None = None
-) -> list[CalibrationPoint]:
-    """:func:`calibration_points` of the JSONL files ``--measure`` (and the modelled bench) wrote, e.g.
-    ``perf/results/bench_kernels_measured.jsonl`` (+ ``perf/results/bench_kernels.jsonl``). Only ``ok``
-    modelled rows are used; every measured row must be ``ok``."""
-    measured = read_rows(measured_path)
-    modelled = read_rows(modelled_path) if modelled_path is not None else []
-    return calibration_points(
-        measured, [r for r in modelled if r.kind == "modelled"], source_url=str(measured_path)
-    )
 
 
 if __name__ == "__main__":

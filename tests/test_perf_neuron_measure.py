@@ -19,22 +19,22 @@ import pytest
 from typer.testing import CliRunner
 
 from nki_kernels.emulator import TensorSpec
+from nki_kernels.emulator import run as emu_run
+from nki_kernels.emulator.cost import profile
 from nki_kernels.neuron_probe import NeuronProbe, probe
 from perf import bench_kernels, neuron_measure
 from perf.neuron_measure import (
-    CalibrationPoint,
     ExplorerTiming,
     KernelCall,
     NeuronUnavailable,
     Timing,
-    calibration_points,
     call_of,
     measure_rows,
     parse_total_time_s,
-    points_from_results,
     require_measure,
     run_measure,
 )
+from perf.neuron_points import CalibrationPoint, calibration_points, points_from_results
 from perf.runner import BenchRow, append_rows, read_rows, run_case
 from rolling_forcing.cli import app
 
@@ -193,15 +193,21 @@ def test_measured_rows_schema_and_scaling(tmp_path: Path) -> None:
         assert call is not None and fake.calls[i] == (call, f"{op}-{variant}")
         kernel_us = 10.0 * (i + 1)
         assert row.extra["kernel_us"] == kernel_us and row.extra["neff"] == f"/x/{op}-{variant}.neff"
-        # the row scales the kernel time exactly as the modelled row scales its kernel time
-        assert row.latency_us == pytest.approx(kernel_us * call.latency_scale)
-        assert row.extra["modelled_latency_us"] == pytest.approx(mod.latency_us)
-        assert row.extra["modelled_bottleneck"] == mod.extra["bottleneck"]
-    att = next(r for r, (_, v, _, f) in zip(rows, cases) if v == "flash_fused_lnc2")
-    # 2 traced heads on 2 cores (1 per core), layer of H heads on 2 cores: per layer = kernel x H / 2
-    assert att.latency_us == pytest.approx(att.extra["kernel_us"] * shapes.heads / 2)
+        # the row is the launch as configured, beside the cost model's figure for the same launch
+        assert row.latency_us == kernel_us and row.extra["cores"] == call.lnc
+        if not op.startswith("attention"):  # these modelled rows report the launch itself
+            assert row.extra["modelled_kernel_us"] == pytest.approx(mod.latency_us)
+            assert row.extra["modelled_bottleneck"] == mod.extra["bottleneck"] and call.layer_scale == 1
+        else:  # modelled rows report a layer; the partner is the traced launch, recomputed here
+            _, tr = emu_run(call.kernel, *call.args, lnc=call.lnc, trace_only=True)
+            assert row.extra["modelled_kernel_us"] == pytest.approx(
+                profile(tr, cores=call.lnc).latency_ns / 1e3
+            )
+    att = next(r for r in rows if r.variant == "flash_fused_lnc2")
+    # 2 traced heads on 2 cores (1 per core); the modelled row reaches a layer of H heads on 2 cores
+    assert att.extra["layer_scale"] == shapes.heads / 2
     pc = next(r for r in rows if r.variant == "per_core_tp4xsp2")
-    assert pc.latency_us == pytest.approx(pc.extra["kernel_us"])  # H/4 heads traced on the one core
+    assert pc.extra["layer_scale"] == 1  # all H/4 heads of the core's share are in the launch
     # round trip through the results file
     path = append_rows(rows, tmp_path / "m.jsonl")
     assert [r.as_dict() for r in read_rows(path)] == [r.as_dict() for r in rows]
@@ -305,24 +311,38 @@ def test_child_inputs_are_zero_arrays_of_the_specs() -> None:
 
 
 def _mrow(op: str = "attention", variant: str = "v", lat: float = 50.0, **extra: Any) -> BenchRow:
-    ex = {"kernel_us": lat / 2, "latency_is": "x2", "timing_source": "fake", **extra}
+    ex = {"kernel_us": lat, "latency_is": "one launch", "timing_source": "fake", **extra}
     return BenchRow(op=op, variant=variant, config={"L": 8}, kind="measured", latency_us=lat, extra=ex)
 
 
-def test_calibration_points_pair_with_the_newest_modelled_row() -> None:
-    old = BenchRow(op="attention", variant="v", config={"L": 8}, kind="modelled", latency_us=10.0,
-                   extra={"bottleneck": "pe"})  # fmt: skip
-    new = BenchRow(op="attention", variant="v", config={"L": 8}, kind="modelled", latency_us=40.0,
-                   extra={"bottleneck": "dma"})  # fmt: skip
-    other = BenchRow(op="attention", variant="v", config={"L": 9}, kind="modelled", latency_us=1.0)
-    (p,) = calibration_points([_mrow(modelled_latency_us=99.0)], [old, new, other])
+def test_calibration_points_from_the_recorded_partner() -> None:
+    (p,) = calibration_points([_mrow(modelled_kernel_us=40.0, modelled_bottleneck="dma")])
     assert isinstance(p, CalibrationPoint)
     assert (p.measured_lo_us, p.measured_hi_us, p.modelled_us, p.bottleneck) == (50.0, 50.0, 40.0, "dma")
     assert p.ratio == pytest.approx(0.8) and p.measured_us == pytest.approx(50.0) and p.group == "N"
     assert p.name == "neuron:attention/v" and json.loads(p.shape) == {"L": 8} and p.method == "latency"
-    # without modelled rows: the partner recorded in the measured row
-    (q,) = calibration_points([_mrow(modelled_latency_us=75.0, modelled_bottleneck="act")])
-    assert (q.modelled_us, q.ratio, q.bottleneck) == (75.0, 1.5, "act")
+    assert p.quantity == "one launch" and not p.in_range
+
+
+def test_calibration_points_remodel_with_another_model() -> None:
+    cases = bench_kernels.cases(bench_kernels.QUICK)
+    rows = measure_rows(cases[:3], FakeTiming(), with_model=False)
+    seen: list[int] = []
+
+    def model(trace: Any, cores: int) -> tuple[float, str]:  # a stand-in cost model: 1 us per record
+        seen.append(cores)
+        return 1e3 * sum(n for _, n in trace.entries()), "fake"
+
+    pts = calibration_points(rows, remodel=cases, model=model)
+    for p, r, (_, _, _, fn) in zip(pts, rows, cases):
+        call = call_of(fn)
+        assert call is not None
+        _, tr = emu_run(call.kernel, *call.args, lnc=call.lnc, trace_only=True)
+        assert p.modelled_us == pytest.approx(sum(n for _, n in tr.entries())) and p.bottleneck == "fake"
+        assert p.ratio == pytest.approx(p.modelled_us / r.latency_us)
+    assert seen == [call_of(fn).lnc for _, _, _, fn in cases[:3]]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="no case with this op, variant and config"):
+        calibration_points([_mrow()], remodel=cases)
 
 
 def test_calibration_points_never_drop_a_row_silently() -> None:
@@ -331,10 +351,10 @@ def test_calibration_points_never_drop_a_row_silently() -> None:
         calibration_points([err])
     with pytest.raises(ValueError, match="no modelled figure"):
         calibration_points([_mrow()])
+    with pytest.raises(ValueError, match="no modelled figure .*RuntimeError: boom"):
+        calibration_points([_mrow(modelled_error="RuntimeError: boom")])
     with pytest.raises(ValueError, match="expected 'measured'"):
         calibration_points([BenchRow(op="a", variant="v", config={}, kind="modelled", latency_us=1.0)])
-    with pytest.raises(ValueError, match="expected 'modelled'"):
-        calibration_points([_mrow(modelled_latency_us=1.0)], [_mrow()])
 
 
 def test_points_from_results_files(tmp_path: Path) -> None:
@@ -343,16 +363,19 @@ def test_points_from_results_files(tmp_path: Path) -> None:
     pts = points_from_results(path)
     assert [p.name for p in pts] == [f"neuron:{r.op}/{r.variant}" for r in rows]
     for p, r in zip(pts, rows):
-        assert p.measured_lo_us == r.latency_us and p.modelled_us == r.extra["modelled_latency_us"]
-        assert p.ratio == pytest.approx(r.extra["modelled_latency_us"] / r.latency_us)
+        assert p.measured_lo_us == r.latency_us and p.modelled_us == r.extra["modelled_kernel_us"]
+        assert p.ratio == pytest.approx(r.extra["modelled_kernel_us"] / r.latency_us)
         assert p.source_url == str(path)
+    # re-modelled now from the bench's cases (the same code here, so the same figures)
+    again = points_from_results(path, remodel=True)
+    assert [p.modelled_us for p in again] == pytest.approx([p.modelled_us for p in pts])
 
 
 def test_point_converts_to_the_calibration_suites_row() -> None:
     harness = pytest.importorskip(
         "perf.calibration.harness", reason="perf.calibration (branch calib) is not in this checkout yet"
     )
-    (p,) = calibration_points([_mrow(modelled_latency_us=75.0)])
+    (p,) = calibration_points([_mrow(modelled_kernel_us=75.0)])
     row = p.to_calibration_row()
     assert isinstance(row, harness.CalibrationRow) and row.ratio == p.ratio and row.name == p.name
     assert harness.geo_stats([row.ratio]) == pytest.approx((1.5, 1.0))
