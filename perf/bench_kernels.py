@@ -221,7 +221,7 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
             _attention_fn(attention_kernel, pe_args, 2, h, amin, tgt),
         )
     )
-    # per-core shape of the TP4 x SP2 plan (perf/e2e.py): H/4 heads x ceil(Lq/2) queries over all keys, 1 core
+    # per-core shape of the TP4 x SP2 plan (perf/e2e/): H/4 heads x ceil(Lq/2) queries over all keys, 1 core
     hc, lqc = h // 4, -(-lq // 2)
     pc_args = (_spec(1, lqc, hc, d), _spec(1, lk, hc, d), _spec(1, lk, hc, d), 1.0 / d**0.5, False)
     out.append(
