@@ -1,0 +1,343 @@
+"""Dependency-aware schedule of an ordered event log (the cost model v2's latency; all **modelled**).
+
+Input: ``(record, reads, writes)`` events in program order (``Trace.iter_events()``, contract in the
+project's EVENTS notes): ``Region(space, buf, p0, p1, b0, b1)`` tuples name the partitions and bytes of
+each storage an instruction reads and writes.
+
+Rules (per core; program ``pid`` runs on core ``pid % cores``):
+
+* **Program order per engine.**  TensorE, VectorE, ScalarE and GpSimdE each run their instructions in
+  program order, back to back.  DMAs go round-robin onto ``DMA_QUEUES`` (16) FIFO queues (DMA-OV: a
+  transfer uses one queue; FIFO within a queue).
+* **RAW**: an instruction starts after every earlier write overlapping a region it reads has finished;
+  **WAR / WAW**: an instruction that writes a region starts after every earlier read or write of an
+  overlapping region has finished.  Overlap = same ``(space, buf)``, overlapping partitions AND bytes
+  (an HBM region's partitions are ``[0, 1)``).
+* **Sync**: a dependency between two different engines (or cores) adds ``sync_ns``.
+* **DMA**: the issue (``DmaRecordCost.issue_ns``) takes the earliest gap of ``dma_issue_lanes`` shared
+  issue lanes (swdge: GpSimd, in its program order); the data phase then takes the earliest gap of the
+  16-engine DMA pool for ``data_ns / 16`` (throughput) and lasts ``data_ns / engines_used`` (latency);
+  ``dma_completion_ns`` later its consumers may start.
+* **TensorE throttling**: a TensorE instruction that starts ``>= tensor_throttle_gap_ns`` after the
+  previous one ended (or after time 0) runs ``tensor_throttle_factor`` times longer.
+* **VectorE/GpSimd contention**: the part of a VectorE (GpSimd) instruction that overlaps the other
+  engine's busy time runs ``vector_gpsimd_contention`` times longer.
+
+Bookkeeping per storage is a short list of recent accesses; an access fully covered by a later write
+(or by a later read of the same engine) is dropped, and a list longer than :data:`MAX_ENTRIES` has its
+oldest entries merged into one conservative bounding entry, so memory and time stay linear in events.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..trace import TraceRecord
+from .compute import instruction_ns
+from .dma import DmaRecordCost, dma_record_cost
+from .params import DEFAULT, Trn2CostParams
+
+__all__ = ["DMA_QUEUES", "MAX_ENTRIES", "ScheduleResult", "schedule_events"]
+
+DMA_QUEUES = 16  # DMA-OV: 16 queues per engine
+MAX_ENTRIES = 48
+_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+_ENG_IDX = {e: i for i, e in enumerate(_ENGINES)}
+_NE = len(_ENGINES)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """Outcome of :func:`schedule_events` (times in ns, **modelled**, without the fixed per-kernel time).
+
+    ``engine_busy_ns``: per engine, the busiest core's busy time as scheduled (throttling and contention
+    included; ``dma`` = the DMA pool's data time, ``dma_issue`` = issue lane time).
+    ``critical_path_ns``: the makespan split over the last-finishing instruction's chain of binding
+    constraints: per engine its instructions' time, ``"sync"`` the semaphore costs and DMA completion
+    waits on it.  ``critical_engines``: the engines on that path, largest share first.
+    """
+
+    makespan_ns: float
+    per_core_makespan_ns: tuple[float, ...]
+    engine_busy_ns: dict[str, float]
+    critical_path_ns: dict[str, float]
+    critical_engines: tuple[str, ...]
+    events: int
+    dependencies: int
+    cross_engine_dependencies: int
+    throttled_tensor_instructions: int
+
+
+class _Lane:
+    """A resource that serves requests in the earliest gap at or after their ready time."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def reserve(self, ready: float, dur: float) -> float:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(ends, ready)
+        t = ready
+        n = len(starts)
+        while i < n and starts[i] < t + dur:
+            if ends[i] > t:
+                t = ends[i]
+            i += 1
+        if dur > 0:
+            starts.insert(i, t)
+            ends.insert(i, t + dur)
+            if len(starts) > 512:  # forget intervals that no longer matter (rarely rescanned)
+                del starts[:256], ends[:256]
+        return t
+
+
+def _onchip_partitions(regions: Iterable[Any]) -> tuple[int, int] | None:
+    for r in regions:
+        if r[0] != "hbm":
+            return r[2], r[3]
+    return None
+
+
+def schedule_events(
+    events: Iterable[tuple[TraceRecord, tuple[Any, ...], tuple[Any, ...]]],
+    params: Trn2CostParams | None = None,
+    cores: int = 1,
+    dma_cost: Callable[[TraceRecord], DmaRecordCost] | None = None,
+) -> ScheduleResult:
+    """Schedule ``events`` (program order) per the module rules and return the :class:`ScheduleResult`.
+
+    ``dma_cost`` overrides the DMA pricing (default :func:`~.dma.dma_record_cost` with ``params``).
+    Raises ``ValueError`` for ``cores < 1`` or a record of an unknown engine.
+    """
+    p = params or DEFAULT
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"schedule_events: cores must be an int >= 1, got {cores!r}")
+    sync = p.sync_ns
+    gap_thr = p.tensor_throttle_gap_ns
+    throttle = p.tensor_throttle_factor
+    contention = p.vector_gpsimd_contention
+    completion = p.dma_completion_ns
+    ne = p.dma_engines
+    ppe = p.partitions_per_dma_engine
+    price_dma = dma_cost or (lambda r: dma_record_cost(r, p))
+
+    free = [0.0] * (cores * _NE)  # engine free time per (core, engine)
+    last = [-1] * (cores * _NE)  # last event index per (core, engine)
+    busy = [0.0] * (cores * _NE)
+    issue_busy = [0.0] * cores
+    tensor_seen = [False] * cores
+    lanes = [[_Lane() for _ in range(p.dma_issue_lanes)] for _ in range(cores)]
+    pools = [_Lane() for _ in range(cores)]
+    queue_free = [[0.0] * DMA_QUEUES for _ in range(cores)]
+    queue_last = [[-1] * DMA_QUEUES for _ in range(cores)]
+    queue_rr = [0] * cores
+    table: dict[tuple[str, int], list[tuple[int, int, int, int, float, int, bool, int]]] = {}
+    price: dict[int, Any] = {}
+    keep: list[TraceRecord] = []  # keeps priced records alive so id() stays unique
+
+    t_start = array("d")
+    t_end = array("d")
+    pred = array("q")
+    eng_of = array("b")
+    deps = cross = throttled = 0
+    idx = best_idx = -1
+    best_end = 0.0
+    core_end = [0.0] * cores
+
+    for rec, reads, writes in events:
+        idx += 1
+        core = rec.program_id % cores
+        c = price.get(id(rec))
+        if c is None:
+            if rec.engine == "dma":
+                c = price_dma(rec)
+            elif rec.engine in _ENG_IDX:
+                c = instruction_ns(rec, p)
+            else:
+                raise ValueError(f"schedule_events: unknown engine {rec.engine!r} in {rec.op}")
+            price[id(rec)] = c
+            keep.append(rec)
+        e = _ENG_IDX[rec.engine]
+        me = core * _NE + e
+        # ---- dependencies through regions
+        ready = 0.0
+        dep_src = -1
+        for r in reads:
+            lst = table.get((r[0], r[1]))
+            if not lst:
+                continue
+            p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
+            if p1 <= p0:
+                p1 = p0 + 1
+            for q0, q1, c0, c1, end, eng, w, src in lst:
+                if w and q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
+                    deps += 1
+                    if eng != me:
+                        cross += 1
+                        end += sync
+                    if end > ready:
+                        ready, dep_src = end, src
+        for r in writes:
+            lst = table.get((r[0], r[1]))
+            if not lst:
+                continue
+            p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
+            if p1 <= p0:
+                p1 = p0 + 1
+            for q0, q1, c0, c1, end, eng, _w, src in lst:
+                if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
+                    deps += 1
+                    if eng != me:
+                        cross += 1
+                        end += sync
+                    if end > ready:
+                        ready, dep_src = end, src
+        # ---- timing
+        if e == 4:  # DMA
+            q = queue_rr[core]
+            queue_rr[core] = (q + 1) % DMA_QUEUES
+            qfree = queue_free[core][q]
+            start = ready
+            pr = dep_src
+            if qfree > start:
+                start, pr = qfree, queue_last[core][q]
+            if c.mode == "swdge":  # descriptors generated on GpSimd, in its program order
+                g = core * _NE + 3
+                if free[g] > start:
+                    start, pr = free[g], last[g]
+                free[g] = start + c.issue_ns
+                last[g] = idx
+                busy[g] += c.issue_ns
+            else:
+                lane_list = lanes[core]
+                best = lane_list[0]
+                if len(lane_list) > 1:
+                    best = min(lane_list, key=lambda ln: ln.reserve(start, 0.0))
+                t = best.reserve(start, c.issue_ns)
+                if t > start:
+                    start, pr = t, last[me]
+                issue_busy[core] += c.issue_ns
+            issued = start + c.issue_ns
+            used = c.engines_used
+            parts = _onchip_partitions(writes) or _onchip_partitions(reads)
+            if parts is not None and parts[1] > parts[0]:
+                used = min(ne, (parts[1] - 1) // ppe - parts[0] // ppe + 1)
+            d0 = pools[core].reserve(issued, c.data_ns / ne)
+            end = d0 + c.data_ns / max(used, 1) + completion
+            busy[me] += c.data_ns / ne
+            queue_free[core][q] = issued
+            queue_last[core][q] = idx
+            last[me] = idx
+        else:
+            start = ready
+            pr = dep_src
+            if free[me] >= start:
+                start, pr = free[me], last[me]
+            dur = c
+            if e == 0:
+                prev_end = free[me] if tensor_seen[core] else 0.0
+                if start - prev_end >= gap_thr:
+                    dur *= throttle
+                    throttled += 1
+                tensor_seen[core] = True
+            elif e in (1, 3) and contention != 1.0:
+                other = free[core * _NE + (4 - e)]  # vector(1) <-> gpsimd(3)
+                if other > start:
+                    dur += (min(other, start + dur) - start) * (contention - 1.0)
+            end = start + dur
+            free[me] = end
+            last[me] = idx
+            busy[me] += dur
+        if end > core_end[core]:
+            core_end[core] = end
+        if end > best_end:
+            best_end, best_idx = end, idx
+        t_start.append(start)
+        t_end.append(end)
+        pred.append(pr)
+        eng_of.append(e)
+        # ---- record this access
+        for r in reads:
+            key = (r[0], r[1])
+            p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
+            if p1 <= p0:
+                p1 = p0 + 1
+            lst = table.get(key)
+            if lst is None:
+                table[key] = [(p0, p1, b0, b1, end, me, False, idx)]
+                continue
+            lst[:] = [
+                x
+                for x in lst
+                if x[6] or x[5] != me or not (p0 <= x[0] and x[1] <= p1 and b0 <= x[2] and x[3] <= b1)
+            ]
+            lst.append((p0, p1, b0, b1, end, me, False, idx))
+            if len(lst) > MAX_ENTRIES:
+                _merge_oldest(lst)
+        for r in writes:
+            key = (r[0], r[1])
+            p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
+            if p1 <= p0:
+                p1 = p0 + 1
+            lst = table.get(key)
+            if lst is None:
+                table[key] = [(p0, p1, b0, b1, end, me, True, idx)]
+                continue
+            lst[:] = [x for x in lst if not (p0 <= x[0] and x[1] <= p1 and b0 <= x[2] and x[3] <= b1)]
+            lst.append((p0, p1, b0, b1, end, me, True, idx))
+            if len(lst) > MAX_ENTRIES:
+                _merge_oldest(lst)
+
+    n = idx + 1
+    makespan = max(core_end)
+    crit: dict[str, float] = {}
+    i = best_idx
+    while i >= 0:
+        name = _ENGINES[eng_of[i]]
+        crit[name] = crit.get(name, 0.0) + t_end[i] - t_start[i]
+        j = pred[i]
+        gap = t_start[i] - (t_end[j] if j >= 0 else 0.0)
+        if gap > 0:
+            crit["sync"] = crit.get("sync", 0.0) + gap
+        i = j
+    busy_max = {name: max(busy[c * _NE + k] for c in range(cores)) for k, name in enumerate(_ENGINES)}
+    busy_max["dma_issue"] = max(issue_busy)
+    engines = tuple(
+        k for k, _ in sorted(((k, v) for k, v in crit.items() if k != "sync" and v > 0), key=lambda kv: -kv[1])
+    )
+    return ScheduleResult(
+        makespan_ns=makespan,
+        per_core_makespan_ns=tuple(core_end),
+        engine_busy_ns=busy_max,
+        critical_path_ns=crit,
+        critical_engines=engines,
+        events=n,
+        dependencies=deps,
+        cross_engine_dependencies=cross,
+        throttled_tensor_instructions=throttled,
+    )
+
+
+def _merge_oldest(lst: list[tuple[int, int, int, int, float, int, bool, int]]) -> None:
+    """Merge the oldest half of ``lst`` into one bounding entry (latest end; a write if any was)."""
+    k = len(lst) // 2
+    old = lst[:k]
+    best = max(old, key=lambda x: x[4])
+    merged = (
+        min(x[0] for x in old),
+        max(x[1] for x in old),
+        min(x[2] for x in old),
+        max(x[3] for x in old),
+        best[4],
+        best[5],
+        any(x[6] for x in old),
+        best[7],
+    )
+    lst[:k] = [merged]
