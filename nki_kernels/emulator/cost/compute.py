@@ -5,7 +5,7 @@ time = cycles / engine clock.  Every figure is **modelled**; the parameters and 
 :mod:`.params`.
 
 * TensorE ``nc_matmul``: ``max(max(min(64, M), N) * f, M/4) + 10`` (+ ``matmul_small_tile_cycles`` when
-  ``N < 128``), ``f = 4`` with an fp32 source.  FP8 double-row (``meta perf_mode="double_row"``, or a
+  K, M or N < 128), ``f = 4`` with an fp32 source.  FP8 double-row (``meta perf_mode="double_row"``, or a
   3-D fp8 stationary ``[128, 2, M]``): ``M``, ``N`` are the per-row sizes, same cycles, 2x the FLOPs.
 * TensorE transpose: ``max(P, min(64, F)) * f + 10``, ``f = 4`` for an fp32 source.
 * ScalarE: ``max(64, N)`` (+64 reducing) (+``scalar_psum_access_cycles`` with a PSUM operand).
@@ -111,12 +111,12 @@ def _tensor_cycles(rec: TraceRecord, p: Trn2CostParams) -> float:
         parts, free = src[0], _free(src)
         f = p.transpose_fp32_factor if fp32 else 1.0
         return max(parts, min(p.transpose_min_cycles, free)) * f + p.matmul_overhead_cycles
-    _, m, n = matmul_dims(rec)
+    k, m, n = matmul_dims(rec)
     factor = p.matmul_fp32_factor if fp32 else 1.0
     moving = max(min(p.matmul_min_cycles, m), n) * factor
     load_stat = m / p.load_stationary_divisor
     body = max(moving, load_stat) if p.load_stationary_overlapped else moving + load_stat
-    small = p.matmul_small_tile_cycles if n < 128 else 0
+    small = p.matmul_small_tile_cycles if min(k, m, n) < 128 else 0
     return body + p.matmul_overhead_cycles + small
 
 

@@ -34,16 +34,17 @@ DMA_EFFICIENCY_POINTS: tuple[tuple[int, float], ...] = (
 )
 
 #: Per-core DMA throughput (GB/s) with several 128-partition DMAs queued, by descriptor bytes.
-#: 512 B 299, 1 KiB 259 and 4 KiB 354 GB/s are measured (NAD-DMA, trn2 profiles); 2 KiB 244 is fitted
-#: to the V2 matmul's "2 KiB loads + 1 KiB stores at 246 GB/s" (NAD-BOUNDS, ~5:1 bytes); below 512 B
-#: and above 4 KiB the published single-DMA curve's shape scales the nearest measured point
-#: (256 B = 299 * 0.10/0.21, ..., 32 KiB = 354 / 0.97).  The measured points are not monotonic (they
+#: 512 B 299 (CS149 transpose profile, DMA-active time), 1 KiB 259 and 4 KiB 354 GB/s (NAD-DMA) are
+#: measured; 2 KiB 244 is fitted to calibration point dma_2K_1K (NAD-BOUNDS V2: 2 KiB loads + 1 KiB
+#: stores at 245.8 GB/s) and 256 B 50 to dma_256B_1K_mix (V0/V1: 256 B + 1 KiB loads at 152 GB/s);
+#: below 256 B and above 4 KiB the published single-DMA curve's shape (DMA-OV) scales the nearest point
+#: (128 B = 50 * 0.05/0.10, ..., 32 KiB = 354 / 0.97).  The measured points are not monotonic (they
 #: come from different kernels); the model follows them.
 DMA_QUEUED_GBPS_POINTS: tuple[tuple[int, float], ...] = (
-    (32, 19.9),
-    (64, 37.0),
-    (128, 71.2),
-    (256, 142.4),
+    (32, 7.0),
+    (64, 13.0),
+    (128, 25.0),
+    (256, 50.0),
     (512, 299.0),
     (1024, 259.0),
     (2048, 244.0),
@@ -112,10 +113,9 @@ class Trn2CostParams:
         "= 213 ns -> 10 cycles per instruction",
     )
     matmul_small_tile_cycles: int = _p(
-        0,
-        "unmeasured per instruction: extra cycles of a matmul with a moving free size below 128 "
-        "(NAD-TE: a mixed small/full tile set ran at 30.8 TF, the formula gives ~40 TF)",
-        (0, 64),
+        160,
+        "fitted to calibration point mixed_tiles (NAD-TE: 4 x 512 matmuls with M=32 / N=64 / K=32 / full "
+        "tiles at 30.8 TF): extra cycles of a matmul with K, M or N below 128",
     )
     load_stationary_divisor: int = _p(4, "ISA: LoadStationary up to 4x faster than MultiplyMoving")
     load_stationary_overlapped: bool = _p(True, "ISA: LoadStationary loads in the background")
