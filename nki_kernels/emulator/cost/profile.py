@@ -8,7 +8,8 @@
   + exposed DMA + kernel_fixed_ns``.
 
 Both report ``bound_ns`` (the max-engine bound: busiest engine + exposed DMA + fixed) and ``serial_ns``
-(sum of engine times + exposed DMA + fixed).  Engine times: compute engines sum their instruction
+(sum of engine times + exposed DMA + fixed, plus ``sync_ns`` per cross-engine dependency the schedule
+found).  Engine times: compute engines sum their instruction
 prices; DMA is ``max(data / 16 engines, issue / lanes, HBM bytes / cap)``; VectorE and GpSimd both busy
 add ``(contention - 1) * min(vector, gpsimd)`` to each; a DMA-bound TensorE is charged up to
 ``tensor_throttle_factor`` x its time (capped at the DMA time).  ``profile_range`` evaluates the trace
@@ -282,6 +283,8 @@ def profile(
         sched = schedule_events(trace.iter_events(), p, cores, dma_cost=_cached_dma(dma_costs, p))  # type: ignore[attr-defined]
         per_core_lat = [max(m, h) + p.kernel_fixed_ns for m, h in zip(sched.per_core_makespan_ns, hbm_list)]
         latency = max(per_core_lat)
+        # the serial bound also pays every cross-engine semaphore the schedule found
+        serial = max(serial + sched.cross_engine_dependencies * p.sync_ns, latency)
         for eng in COMPUTE_ENGINES:
             busy_max[eng] = sched.engine_busy_ns[eng]
         bottleneck = sched.critical_engines[0] if sched.critical_engines else "none"

@@ -1,0 +1,211 @@
+"""Schedule semantics of the cost model v2 (nki_kernels.emulator.cost.schedule) on synthetic event
+streams built from the event-log contract: ``(record, reads, writes)`` with
+``Region(space, buf, p0, p1, b0, b1)``.  Every expected makespan is computed by hand from the documented
+rules (docs/cost_model.md) and the instruction prices, which tests/test_cost.py pins separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import pytest
+
+from nki_kernels.emulator.cost import Trn2CostParams, dma_record_cost, instruction_ns, profile, schedule_events
+from nki_kernels.emulator.trace import Trace, TraceRecord
+from tests.test_cost import dma, elementwise, matmul
+
+P = Trn2CostParams()
+SYNC = P.sync_ns  # 50 ns per cross-engine dependency
+MM = 522 / 2.4  # bf16 128x128x512 matmul
+EV = (512 + 141) / 0.96  # [128,512] fp32 PSUM -> SBUF on VectorE
+
+
+class Region(NamedTuple):  # the contract's Region (nki_kernels/emulator/trace.py once emu-core lands)
+    space: str
+    buf: int
+    p0: int
+    p1: int
+    b0: int
+    b1: int
+
+
+class EventTrace(Trace):
+    """A Trace carrying a hand-built event log (as ``Trace(keep_events=True)`` will)."""
+
+    def __init__(self, events: list[tuple[TraceRecord, tuple[Region, ...], tuple[Region, ...]]]) -> None:
+        super().__init__(kernel_name="synthetic")
+        self.events = events
+        for rec, _, _ in events:
+            self.add(rec)
+
+    @property
+    def events_available(self) -> bool:
+        return True
+
+    def iter_events(self) -> Iterator[tuple[TraceRecord, tuple[Region, ...], tuple[Region, ...]]]:
+        return iter(self.events)
+
+
+def sb(buf: int, b0: int = 0, b1: int = 1024, p0: int = 0, p1: int = 128) -> Region:
+    return Region("sbuf", buf, p0, p1, b0, b1)
+
+
+def ps(buf: int, b0: int = 0, b1: int = 2048) -> Region:
+    return Region("psum", buf, 0, 128, b0, b1)
+
+
+def hbm(buf: int, b0: int = 0, b1: int = 1 << 20) -> Region:
+    return Region("hbm", buf, 0, 0, b0, b1)
+
+
+EVICT = elementwise("tensor_copy", "vector", 512, ("bfloat16", "float32"), ("sbuf", "psum"))
+
+
+def run(events: list[Any], params: Trn2CostParams = P) -> Any:
+    return schedule_events(events, params)
+
+
+def test_program_order_on_one_engine() -> None:
+    """Two independent matmuls on TensorE run back to back (no sync within an engine)."""
+    r = run([(matmul(), (sb(1), sb(2)), (ps(10),)), (matmul(), (sb(3), sb(4)), (ps(11),))])
+    assert r.makespan_ns == pytest.approx(2 * MM)
+    assert r.dependencies == 0
+
+
+def test_independent_engines_overlap() -> None:
+    """No shared region: TensorE and VectorE run concurrently; makespan = the longer one."""
+    r = run([(matmul(), (sb(1), sb(2)), (ps(10),)), (EVICT, (ps(11),), (sb(5),))])
+    assert r.makespan_ns == pytest.approx(max(MM, EV))
+
+
+def test_raw_cross_engine_adds_sync() -> None:
+    """RAW through PSUM: the eviction starts when the matmul ends, plus one semaphore sync."""
+    r = run([(matmul(), (sb(1), sb(2)), (ps(10),)), (EVICT, (ps(10),), (sb(5),))])
+    assert r.makespan_ns == pytest.approx(MM + SYNC + EV)
+    assert r.dependencies == 1 and r.cross_engine_dependencies == 1
+    assert r.critical_path_ns == pytest.approx({"tensor": MM, "sync": SYNC, "vector": EV})
+    assert r.critical_engines == ("vector", "tensor")
+
+
+def test_raw_needs_overlapping_partitions_and_bytes() -> None:
+    """Same buffer, disjoint bytes (or disjoint partitions): no dependency."""
+    bytes_apart = run([(matmul(), (sb(1), sb(2)), (ps(10, 0, 1024),)), (EVICT, (ps(10, 1024, 2048),), (sb(5),))])
+    assert bytes_apart.makespan_ns == pytest.approx(max(MM, EV)) and bytes_apart.dependencies == 0
+    parts_apart = run(
+        [
+            (matmul(), (sb(1),), (sb(9, p0=0, p1=64),)),
+            (EVICT, (sb(9, p0=64, p1=128),), (sb(5),)),
+        ]
+    )
+    assert parts_apart.dependencies == 0
+
+
+def test_raw_same_engine_has_no_sync() -> None:
+    """A dependency inside one engine costs no semaphore: the engine order already covers it."""
+    r = run([(EVICT, (ps(10),), (sb(5),)), (EVICT, (sb(5),), (sb(6),))])
+    assert r.makespan_ns == pytest.approx(2 * EV)
+    assert r.dependencies == 1 and r.cross_engine_dependencies == 0
+
+
+def test_war_waits_for_earlier_readers() -> None:
+    """WAR: a DMA overwriting a tile the VectorE is still reading starts after that read ends (+ sync).
+    DMA end = start + issue + data / 16 engines (128 partitions) + completion."""
+    load = dma(1024)
+    c = dma_record_cost(load)
+    r = run([(EVICT, (ps(10), sb(7)), (sb(5),)), (load, (hbm(1),), (sb(7),))])
+    expect = EV + SYNC + c.issue_ns + c.data_ns / 16 + P.dma_completion_ns
+    assert r.makespan_ns == pytest.approx(expect)
+    # without the read, the DMA is independent of the copy
+    free = run([(EVICT, (ps(10),), (sb(5),)), (load, (hbm(1),), (sb(7),))])
+    assert free.makespan_ns == pytest.approx(max(EV, c.issue_ns + c.data_ns / 16))
+
+
+def test_waw_orders_writes() -> None:
+    """Two writes of the same region keep their order (the second waits for the first + sync)."""
+    r = run([(matmul(), (sb(1), sb(2)), (ps(10),)), (EVICT, (sb(3),), (ps(10),))])
+    assert r.makespan_ns == pytest.approx(MM + SYNC + EV)
+
+
+def test_dma_issue_is_serial_and_data_overlaps() -> None:
+    """Independent tiny DMAs: one issue lane (fitted), 486 ns each; the last one's data follows its
+    issue."""
+    tiny = dma(4, parts=1)
+    c = dma_record_cost(tiny)
+    evs = [(tiny, (hbm(1, 4 * i, 4 * i + 4),), (sb(100 + i, 0, 4, 0, 1),)) for i in range(3)]
+    r = run(evs)
+    # one partition -> one engine: the data lasts data_ns on it
+    assert r.makespan_ns == pytest.approx(3 * c.issue_ns + c.data_ns)
+    assert r.engine_busy_ns["dma_issue"] == pytest.approx(3 * c.issue_ns)
+
+
+def test_dma_pool_throughput_bounds_big_transfers() -> None:
+    """Large independent DMAs are bound by the 16-engine pool: sum(data) / 16 after the first issue."""
+    big = dma(4096)
+    c = dma_record_cost(big)
+    assert c.data_ns / 16 > c.issue_ns
+    evs = [(big, (hbm(1, i << 19, (i + 1) << 19),), (sb(200 + i, 0, 4096),)) for i in range(10)]
+    r = run(evs)
+    assert r.makespan_ns == pytest.approx(c.issue_ns + 10 * c.data_ns / 16)
+
+
+def test_tensor_throttled_after_idle_gap() -> None:
+    """A matmul waiting > 500 ns for its DMA input runs 2.7x longer (NAD-BOUNDS); fed, it does not."""
+    load = dma(1024)
+    c = dma_record_cost(load)
+    arrive = c.issue_ns + c.data_ns / 16
+    assert arrive + SYNC >= P.tensor_throttle_gap_ns
+    r = run([(load, (hbm(1),), (sb(1),)), (matmul(), (sb(1), sb(2)), (ps(10),))])
+    assert r.makespan_ns == pytest.approx(arrive + SYNC + 2.7 * MM)
+    assert r.throttled_tensor_instructions == 1
+    fed = run([(matmul(), (sb(3), sb(2)), (ps(10),))])
+    assert fed.makespan_ns == pytest.approx(MM) and fed.throttled_tensor_instructions == 0
+
+
+def test_vector_gpsimd_contention() -> None:
+    """The part of a GpSimd instruction overlapping VectorE's busy time runs 1.5x longer."""
+    iota = elementwise("iota", "gpsimd", 512, ("int32",), ("sbuf",))
+    g = instruction_ns(iota)
+    r = run([(EVICT, (ps(10),), (sb(5),)), (iota, (), (sb(6),))])
+    overlap = min(EV, g)
+    assert r.makespan_ns == pytest.approx(max(EV, g + 0.5 * overlap))
+    none = run([(EVICT, (ps(10),), (sb(5),)), (iota, (), (sb(6),))], replace(P, vector_gpsimd_contention=1.0))
+    assert none.makespan_ns == pytest.approx(max(EV, g))
+
+
+def test_programs_on_separate_cores_run_in_parallel() -> None:
+    a = matmul(pid=0)
+    b = matmul(pid=1)
+    evs = [(a, (sb(1),), (ps(10),)), (b, (sb(2),), (ps(11),))]
+    assert schedule_events(evs, P, cores=2).makespan_ns == pytest.approx(MM)
+    assert schedule_events(evs, P, cores=1).makespan_ns == pytest.approx(2 * MM)
+    with pytest.raises(ValueError, match="cores"):
+        schedule_events(evs, P, cores=0)
+
+
+def test_profile_uses_the_schedule_when_events_exist() -> None:
+    """latency = makespan + fixed; the bound and serial figures are reported beside it."""
+    t = EventTrace([(matmul(), (sb(1), sb(2)), (ps(10),)), (EVICT, (ps(10),), (sb(5),))])
+    prof = profile(t)
+    assert prof.model == "schedule"
+    assert prof.schedule_ns == pytest.approx(MM + SYNC + EV)
+    assert prof.latency_ns == pytest.approx(MM + SYNC + EV + P.kernel_fixed_ns)
+    assert prof.bound_ns == pytest.approx(EV + P.kernel_fixed_ns)  # busiest engine + fixed (no DMA)
+    assert prof.bound_ns <= prof.latency_ns <= prof.serial_ns
+    assert prof.critical_engines == ("vector", "tensor") and prof.bottleneck == "vector"
+    assert not any("bound model" in n for n in prof.notes)
+    assert profile(t, schedule=False).model == "bound"
+
+
+def test_many_accesses_to_one_buffer_stay_bounded() -> None:
+    """Bookkeeping: 2,000 reads of disjoint slices of one tile, then a write of the whole tile waits
+    for all of them (merged entries stay conservative: never earlier than the true WAR time)."""
+    evs: list[Any] = [
+        (elementwise("tensor_copy", "vector", 512, ("float32",) * 2, ("sbuf",) * 2), (sb(1, 4 * i, 4 * i + 4),), (sb(2 + i),))
+        for i in range(2000)
+    ]
+    one = instruction_ns(evs[0][0])
+    evs.append((matmul(), (sb(9),), (sb(1, 0, 8000),)))
+    r = run(evs)
+    assert r.makespan_ns == pytest.approx(2000 * one + SYNC + 2.7 * MM)
