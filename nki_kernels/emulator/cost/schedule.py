@@ -23,8 +23,8 @@ Rules (per core; program ``pid`` runs on core ``pid % cores``):
 * **VectorE/GpSimd contention**: the part of a VectorE (GpSimd) instruction that overlaps the other
   engine's busy time runs ``vector_gpsimd_contention`` times longer.
 
-Bookkeeping per storage is a short list of recent accesses; an access fully covered by a later write
-(or by a later read of the same engine) is dropped, and a list longer than :data:`MAX_ENTRIES` has its
+Bookkeeping per storage is two short lists (recent writes, recent reads); an access fully covered by a
+later write (or a read by a later same-engine read) is dropped, and a list longer than :data:`MAX_ENTRIES` has its
 oldest entries merged into one conservative bounding entry, so memory and time stay linear in events.
 """
 
@@ -138,7 +138,8 @@ def schedule_events(
     queue_free = [[0.0] * DMA_QUEUES for _ in range(cores)]
     queue_last = [[-1] * DMA_QUEUES for _ in range(cores)]
     queue_rr = [0] * cores
-    table: dict[tuple[str, int], list[tuple[int, int, int, int, float, int, bool, int]]] = {}
+    table_r: dict[tuple[str, int], list[tuple[int, int, int, int, float, int, int]]] = {}
+    table_w: dict[tuple[str, int], list[tuple[int, int, int, int, float, int, int]]] = {}
     price: dict[int, Any] = {}
     keep: list[TraceRecord] = []  # keeps priced records alive so id() stays unique
 
@@ -166,18 +167,18 @@ def schedule_events(
             keep.append(rec)
         e = _ENG_IDX[rec.engine]
         me = core * _NE + e
-        # ---- dependencies through regions
+        # ---- dependencies through regions: RAW (reads vs writes), WAR + WAW (writes vs both)
         ready = 0.0
         dep_src = -1
         for r in reads:
-            lst = table.get((r[0], r[1]))
+            lst = table_w.get((r[0], r[1]))
             if not lst:
                 continue
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
-            for q0, q1, c0, c1, end, eng, w, src in lst:
-                if w and q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
+            for q0, q1, c0, c1, end, eng, src in lst:
+                if c0 < b1 and b0 < c1 and q0 < p1 and p0 < q1:
                     deps += 1
                     if eng != me:
                         cross += 1
@@ -185,20 +186,26 @@ def schedule_events(
                     if end > ready:
                         ready, dep_src = end, src
         for r in writes:
-            lst = table.get((r[0], r[1]))
-            if not lst:
-                continue
+            key = (r[0], r[1])
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
-            for q0, q1, c0, c1, end, eng, _w, src in lst:
-                if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
-                    deps += 1
-                    if eng != me:
-                        cross += 1
-                        end += sync
-                    if end > ready:
-                        ready, dep_src = end, src
+            for lst in (table_r.get(key), table_w.get(key)):
+                if not lst:
+                    continue
+                covered = False
+                for q0, q1, c0, c1, end, eng, src in lst:
+                    if c0 < b1 and b0 < c1 and q0 < p1 and p0 < q1:
+                        deps += 1
+                        if eng != me:
+                            cross += 1
+                            end += sync
+                        if end > ready:
+                            ready, dep_src = end, src
+                        if b0 <= c0 and c1 <= b1 and p0 <= q0 and q1 <= p1:
+                            covered = True
+                if covered:  # accesses this write covers are ordered before it: it dominates them
+                    lst[:] = [x for x in lst if not (b0 <= x[2] and x[3] <= b1 and p0 <= x[0] and x[1] <= p1)]
         # ---- timing
         if e == 4:  # DMA
             q = queue_rr[core]
@@ -269,29 +276,29 @@ def schedule_events(
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
-            lst = table.get(key)
-            if lst is None:
-                table[key] = [(p0, p1, b0, b1, end, me, False, idx)]
+            ent = (p0, p1, b0, b1, end, me, idx)
+            lst = table_r.get(key)
+            if not lst:
+                table_r[key] = [ent]
                 continue
-            lst[:] = [
-                x
-                for x in lst
-                if x[6] or x[5] != me or not (p0 <= x[0] and x[1] <= p1 and b0 <= x[2] and x[3] <= b1)
-            ]
-            lst.append((p0, p1, b0, b1, end, me, False, idx))
-            if len(lst) > MAX_ENTRIES:
-                _merge_oldest(lst)
+            prev = lst[-1]
+            if prev[5] == me and p0 <= prev[0] and prev[1] <= p1 and b0 <= prev[2] and prev[3] <= b1:
+                lst[-1] = ent  # same engine re-reads (a superset of) the last read: it dominates
+            else:
+                lst.append(ent)
+                if len(lst) > MAX_ENTRIES:
+                    _merge_oldest(lst)
         for r in writes:
             key = (r[0], r[1])
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
-            lst = table.get(key)
+            ent = (p0, p1, b0, b1, end, me, idx)
+            lst = table_w.get(key)
             if lst is None:
-                table[key] = [(p0, p1, b0, b1, end, me, True, idx)]
+                table_w[key] = [ent]
                 continue
-            lst[:] = [x for x in lst if not (p0 <= x[0] and x[1] <= p1 and b0 <= x[2] and x[3] <= b1)]
-            lst.append((p0, p1, b0, b1, end, me, True, idx))
+            lst.append(ent)
             if len(lst) > MAX_ENTRIES:
                 _merge_oldest(lst)
 
@@ -325,8 +332,8 @@ def schedule_events(
     )
 
 
-def _merge_oldest(lst: list[tuple[int, int, int, int, float, int, bool, int]]) -> None:
-    """Merge the oldest half of ``lst`` into one bounding entry (latest end; a write if any was)."""
+def _merge_oldest(lst: list[tuple[int, int, int, int, float, int, int]]) -> None:
+    """Merge the oldest half of ``lst`` into one bounding entry with the latest end (conservative)."""
     k = len(lst) // 2
     old = lst[:k]
     best = max(old, key=lambda x: x[4])
@@ -337,7 +344,6 @@ def _merge_oldest(lst: list[tuple[int, int, int, int, float, int, bool, int]]) -
         max(x[3] for x in old),
         best[4],
         best[5],
-        any(x[6] for x in old),
-        best[7],
+        best[6],
     )
     lst[:k] = [merged]
