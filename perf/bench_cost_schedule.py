@@ -27,7 +27,9 @@ class Region(NamedTuple):
     b1: int
 
 
-def _rec(op: str, engine: str, n: int, dtypes: tuple[str, ...], bufs: tuple[str, ...], **kw: Any) -> TraceRecord:
+def _rec(
+    op: str, engine: str, n: int, dtypes: tuple[str, ...], bufs: tuple[str, ...], **kw: Any
+) -> TraceRecord:
     return TraceRecord(op, engine, tuple((128, n) for _ in dtypes), dtypes, bufs, 128, n, **kw)
 
 
@@ -37,9 +39,9 @@ def synthetic_events(n_events: int) -> Iterator[tuple[TraceRecord, tuple[Region,
                 bytes_written=131072, descriptors=((1024, 128),), direction="hbm->sbuf")  # fmt: skip
     store = _rec("dma_copy", "dma", 512, ("bfloat16",) * 2, ("hbm", "sbuf"), bytes_read=131072,
                  bytes_written=131072, descriptors=((1024, 128),), direction="sbuf->hbm")  # fmt: skip
-    mm = TraceRecord("nc_matmul", "tensor", ((128, 512), (128, 128), (128, 512)), ("float32", "bfloat16", "bfloat16"),
-                     ("psum", "sbuf", "sbuf"), 128, 512, flops=2 * 128 * 128 * 512,
-                     meta=(("K", 128), ("M", 128), ("N", 512)))  # fmt: skip
+    mm = TraceRecord("nc_matmul", "tensor", ((128, 512), (128, 128), (128, 512)),
+                     ("float32", "bfloat16", "bfloat16"), ("psum", "sbuf", "sbuf"), 128, 512,
+                     flops=2 * 128 * 128 * 512, meta=(("K", 128), ("M", 128), ("N", 512)))  # fmt: skip
     act = _rec("activation", "scalar", 512, ("bfloat16", "float32"), ("sbuf", "psum"))
     red = _rec("tensor_reduce", "vector", 512, ("float32", "bfloat16"), ("sbuf", "sbuf"))
     q = Region("sbuf", 1, 0, 128, 0, 256)
@@ -54,7 +56,11 @@ def synthetic_events(n_events: int) -> Iterator[tuple[TraceRecord, tuple[Region,
             (mm, (q, kv), (bank,)),
             (act, (bank,), (p,)),
             (red, (p,), (m,)),
-            *(((store, (p,), (Region("hbm", 1, 0, 0, k * 131072, (k + 1) * 131072),)),) if k % 8 == 7 else ()),
+            *(
+                ((store, (p,), (Region("hbm", 1, 0, 0, k * 131072, (k + 1) * 131072),)),)
+                if k % 8 == 7
+                else ()
+            ),
         ):
             if i == n_events:
                 return
@@ -64,8 +70,12 @@ def synthetic_events(n_events: int) -> Iterator[tuple[TraceRecord, tuple[Region,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m perf.bench_cost_schedule", description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=1_500_000, help="events in the synthetic log (default 1.5 M)")
+    ap = argparse.ArgumentParser(
+        prog="python -m perf.bench_cost_schedule", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--events", type=int, default=1_500_000, help="events in the synthetic log (default 1.5 M)"
+    )
     a = ap.parse_args(argv)
     if a.events < 1:
         ap.error(f"--events must be >= 1, got {a.events}")

@@ -195,7 +195,9 @@ def test_vector_perf_modes_and_psum_access() -> None:
     assert 672 <= instruction_ns(ev) <= 688
     ev_bf = elementwise("tensor_copy", "vector", 512, ("bfloat16", "bfloat16"), ("sbuf", "psum"))
     assert instruction_cycles(ev_bf) == 256 + 141
-    assert instruction_cycles(elementwise("tensor_copy", "vector", 512, ("float32",) * 2, ("sbuf",) * 2)) == 512
+    assert (
+        instruction_cycles(elementwise("tensor_copy", "vector", 512, ("float32",) * 2, ("sbuf",) * 2)) == 512
+    )
     assert instruction_cycles(elementwise("tensor_copy", "vector", 128, bf, ("sbuf", "sbuf"))) == 64
     off = replace(P, vector_perf_mode=False)
     assert instruction_cycles(elementwise("tensor_copy", "vector", 2048, bf, ("sbuf", "sbuf")), off) == 2048
@@ -443,7 +445,9 @@ def test_ranges_low_high() -> None:
         assert getattr(lo, name) == a and getattr(hi, name) == b
     with pytest.raises(ValueError, match="which"):
         P.end("mid")
-    t = trace_of((matmul(), 10), (dma(256), 100), (replace(dma(256), op="dma_transpose", direction="sbuf->sbuf"), 50))
+    t = trace_of(
+        (matmul(), 10), (dma(256), 100), (replace(dma(256), op="dma_transpose", direction="sbuf->sbuf"), 50)
+    )
     low, high = profile_range(t)
     nominal = profile(t)
     assert low.latency_ns <= nominal.latency_ns <= high.latency_ns

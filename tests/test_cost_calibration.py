@@ -39,7 +39,9 @@ def _band(name: str) -> tuple[float, float]:
 def test_calibration_point_within_band(point) -> None:  # type: ignore[no-untyped-def]
     (row,) = calibration_rows(points=[point])
     lo, hi = _band(point.name)
-    assert lo <= row.ratio <= hi, f"{point.name}: modelled/measured {row.ratio:.3f} outside [{lo:.3f}, {hi:.3f}]"
+    assert lo <= row.ratio <= hi, (
+        f"{point.name}: modelled/measured {row.ratio:.3f} outside [{lo:.3f}, {hi:.3f}]"
+    )
 
 
 @pytest.mark.slow

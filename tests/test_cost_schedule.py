@@ -12,7 +12,13 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from nki_kernels.emulator.cost import Trn2CostParams, dma_record_cost, instruction_ns, profile, schedule_events
+from nki_kernels.emulator.cost import (
+    Trn2CostParams,
+    dma_record_cost,
+    instruction_ns,
+    profile,
+    schedule_events,
+)
 from nki_kernels.emulator.trace import Trace, TraceRecord
 from tests.test_cost import dma, elementwise, matmul
 
@@ -91,7 +97,9 @@ def test_raw_cross_engine_adds_sync() -> None:
 
 def test_raw_needs_overlapping_partitions_and_bytes() -> None:
     """Same buffer, disjoint bytes (or disjoint partitions): no dependency."""
-    bytes_apart = run([(matmul(), (sb(1), sb(2)), (ps(10, 0, 1024),)), (EVICT, (ps(10, 1024, 2048),), (sb(5),))])
+    bytes_apart = run(
+        [(matmul(), (sb(1), sb(2)), (ps(10, 0, 1024),)), (EVICT, (ps(10, 1024, 2048),), (sb(5),))]
+    )
     assert bytes_apart.makespan_ns == pytest.approx(max(MM, EV)) and bytes_apart.dependencies == 0
     parts_apart = run(
         [
@@ -202,7 +210,11 @@ def test_many_accesses_to_one_buffer_stay_bounded() -> None:
     """Bookkeeping: 2,000 reads of disjoint slices of one tile, then a write of the whole tile waits
     for all of them (merged entries stay conservative: never earlier than the true WAR time)."""
     evs: list[Any] = [
-        (elementwise("tensor_copy", "vector", 512, ("float32",) * 2, ("sbuf",) * 2), (sb(1, 4 * i, 4 * i + 4),), (sb(2 + i),))
+        (
+            elementwise("tensor_copy", "vector", 512, ("float32",) * 2, ("sbuf",) * 2),
+            (sb(1, 4 * i, 4 * i + 4),),
+            (sb(2 + i),),
+        )
         for i in range(2000)
     ]
     one = instruction_ns(evs[0][0])

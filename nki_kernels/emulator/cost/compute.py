@@ -174,7 +174,9 @@ def instruction_cycles(rec: TraceRecord, params: Trn2CostParams | None = None) -
     psum = "psum" in rec.buffers
     if rec.engine == "scalar":
         cyc = float(max(p.scalar_min_ii_cycles, n))
-        reduces = rec.op.endswith("_reduce") or _meta_flag(rec.meta_dict(), "reduce", "reduce_res", "has_reduce")
+        reduces = rec.op.endswith("_reduce") or _meta_flag(
+            rec.meta_dict(), "reduce", "reduce_res", "has_reduce"
+        )
         # the emulator records a reducing activation as shapes (dst, data, reduce_res[P, 1])
         if reduces or (rec.op == "activation" and len(rec.shapes) >= 3 and _free(rec.shapes[-1]) == 1):
             cyc += p.scalar_accumulate_cycles

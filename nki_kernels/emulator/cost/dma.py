@@ -160,7 +160,9 @@ def dma_record_cost(rec: TraceRecord, params: Trn2CostParams | None = None) -> D
     data = sum(c * s * p.dma_engines / queued_gbps(s, p) for s, c in descs)
     if rec.op == "dma_transpose":
         data /= (
-            p.dma_transpose_sbuf_efficiency if rec.direction == "sbuf->sbuf" else p.dma_transpose_hbm_efficiency
+            p.dma_transpose_sbuf_efficiency
+            if rec.direction == "sbuf->sbuf"
+            else p.dma_transpose_hbm_efficiency
         )
     if rec.partitions > 0:
         used = min(p.dma_engines, -(-rec.partitions // p.partitions_per_dma_engine))

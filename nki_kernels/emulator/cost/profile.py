@@ -138,7 +138,10 @@ class KernelProfile:
         ]
         crit = "  ".join(f"{k} {v / 1e3:.3f}" for k, v in self.critical_path_ns.items())
         kv = [
-            ("latency_us", f"{self.latency_ns / 1e3:.3f}  (model {self.model}, bottleneck {self.bottleneck})"),
+            (
+                "latency_us",
+                f"{self.latency_ns / 1e3:.3f}  (model {self.model}, bottleneck {self.bottleneck})",
+            ),
             ("bound_us", f"{self.bound_ns / 1e3:.3f}  (max engine + exposed DMA + fixed)"),
             ("serial_us", f"{self.serial_ns / 1e3:.3f}"),
             ("fixed_us", f"{self.fixed_ns / 1e3:.3f}"),

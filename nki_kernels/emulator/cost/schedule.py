@@ -317,7 +317,8 @@ def schedule_events(
     busy_max = {name: max(busy[c * _NE + k] for c in range(cores)) for k, name in enumerate(_ENGINES)}
     busy_max["dma_issue"] = max(issue_busy)
     engines = tuple(
-        k for k, _ in sorted(((k, v) for k, v in crit.items() if k != "sync" and v > 0), key=lambda kv: -kv[1])
+        k
+        for k, _ in sorted(((k, v) for k, v in crit.items() if k != "sync" and v > 0), key=lambda kv: -kv[1])
     )
     return ScheduleResult(
         makespan_ns=makespan,
