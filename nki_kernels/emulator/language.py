@@ -369,6 +369,8 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
             flops=out.size, program_id=launch.program_id, meta=(("alu", name),),
         ),
     )  # fmt: skip
+    if launch.keep_events:
+        _isa._log(launch, (x,), (out,))
     if not launch.trace_only:
         with np.errstate(all="ignore"):
             v = opdefs.UNARY[name](_isa._vals(x))

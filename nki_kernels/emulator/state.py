@@ -32,6 +32,8 @@ class Launch:
         "epoch",
         "keep_order",
         "checked",
+        "keep_events",
+        "last",
     )
 
     def __init__(self, hw: HwConfig, trace: Trace, trace_only: bool, num_programs: int) -> None:
@@ -45,7 +47,10 @@ class Launch:
         self.shared_allocs: list[Any] = []
         self.shared_index = 0
         self.records: dict[tuple, list] = {}  # key -> [TraceRecord, count]
-        self.keep_order = trace.keep_order
+        # keep_order: note every issue (``note``): for trace.order and/or the event log
+        self.keep_order = trace.keep_order or trace.keep_events
+        self.keep_events = trace.keep_events
+        self.last: Any = None  # the record of the instruction issued last (when keep_order)
         self.act_acc: dict[int, Any] = {}
         self.epoch = 0
         # trace-only: validation key of an instruction whose checks passed -> its records entry (per program)
@@ -59,6 +64,12 @@ class Launch:
         self.act_acc = {}
         self.epoch += 1
         self.checked = {}
+
+    def note(self, record: Any) -> None:
+        """One issue of ``record`` (called only when ``keep_order``)."""
+        self.last = record
+        if self.trace.keep_order:
+            self.trace.order.append(record)
 
     def flush(self) -> None:
         """Move the per-key counts into the Trace (first-seen order)."""
