@@ -118,12 +118,14 @@ def test_raw_same_engine_has_no_sync() -> None:
 
 
 def test_war_waits_for_earlier_readers() -> None:
-    """WAR: a DMA overwriting a tile the VectorE is still reading starts after that read ends (+ sync).
-    DMA end = start + issue + data / 16 engines (128 partitions) + completion."""
+    """WAR: a DMA overwriting a tile the VectorE is still reading moves its data after that read ends
+    (+ sync); its descriptors issue meanwhile.  DMA end = max(issue, read end + sync) + data / 16 engines
+    (128 partitions) + completion."""
     load = dma(1024)
     c = dma_record_cost(load)
     r = run([(EVICT, (ps(10), sb(7)), (sb(5),)), (load, (hbm(1),), (sb(7),))])
-    expect = EV + SYNC + c.issue_ns + c.data_ns / 16 + P.dma_completion_ns
+    assert EV + SYNC > c.issue_ns
+    expect = EV + SYNC + c.data_ns / 16 + P.dma_completion_ns
     assert r.makespan_ns == pytest.approx(expect)
     # without the read, the DMA is independent of the copy
     free = run([(EVICT, (ps(10),), (sb(5),)), (load, (hbm(1),), (sb(7),))])
@@ -221,3 +223,29 @@ def test_many_accesses_to_one_buffer_stay_bounded() -> None:
     evs.append((matmul(), (sb(9),), (sb(1, 0, 8000),)))
     r = run(evs)
     assert r.makespan_ns == pytest.approx(2000 * one + SYNC + 2.7 * MM)
+
+
+def test_two_issue_lanes_halve_the_issue_time() -> None:
+    """With dma_issue_lanes=2 (the two hwdge blocks documented in DGE) independent tiny DMAs issue two at
+    a time: the 4th DMA's issue ends at 2 x issue; it waits for the 3rd's pool slot (data / 16) and lasts
+    data on its one engine."""
+    tiny = dma(4, parts=1)
+    c = dma_record_cost(tiny)
+    evs = [(tiny, (hbm(1, 4 * i, 4 * i + 4),), (sb(100 + i, 0, 4, 0, 1),)) for i in range(4)]
+    r = run(evs, replace(P, dma_issue_lanes=2))
+    assert r.makespan_ns == pytest.approx(2 * c.issue_ns + c.data_ns / 16 + c.data_ns)
+
+
+def test_dma_issue_overlaps_its_wait_but_swdge_does_not() -> None:
+    """hwdge: a store whose input is late issues its descriptors while waiting (end = ready + data);
+    swdge generates them on GpSimd only after the input exists (end = ready + issue + data)."""
+    store = dma(1024, direction="sbuf->hbm")
+    c = dma_record_cost(store)
+    evs = [(EVICT, (ps(10),), (sb(5),)), (store, (sb(5),), (hbm(2),))]
+    assert EV + SYNC > c.issue_ns
+    assert run(evs).makespan_ns == pytest.approx(EV + SYNC + c.data_ns / 16)
+    sw = dma(1024, direction="sbuf->hbm", dge="swdge")
+    csw = dma_record_cost(sw)
+    r = run([(EVICT, (ps(10),), (sb(5),)), (sw, (sb(5),), (hbm(2),))])
+    assert r.makespan_ns == pytest.approx(EV + SYNC + csw.issue_ns + csw.data_ns / 16)
+    assert r.engine_busy_ns["gpsimd"] == pytest.approx(csw.issue_ns)

@@ -12,12 +12,15 @@ Rules (per core; program ``pid`` runs on core ``pid % cores``):
 * **RAW**: an instruction starts after every earlier write overlapping a region it reads has finished;
   **WAR / WAW**: an instruction that writes a region starts after every earlier read or write of an
   overlapping region has finished.  Overlap = same ``(space, buf)``, overlapping partitions AND bytes
-  (an HBM region's partitions are ``[0, 1)``).
+  (an HBM region's partitions are ``[0, 1)``).  WAW through HBM is not tracked (HBM regions are
+  bounding boxes: strided stores into one tensor would falsely overlap).
 * **Sync**: a dependency between two different engines (or cores) adds ``sync_ns``.
-* **DMA**: the issue (``DmaRecordCost.issue_ns``) takes the earliest gap of ``dma_issue_lanes`` shared
-  issue lanes (swdge: GpSimd, in its program order); the data phase then takes the earliest gap of the
-  16-engine DMA pool for ``data_ns / 16`` (throughput) and lasts ``data_ns / engines_used`` (latency);
-  ``dma_completion_ns`` later its consumers may start.
+* **DMA**: the issue (``DmaRecordCost.issue_ns``, descriptor generation) takes the earliest gap of
+  ``dma_issue_lanes`` shared issue lanes once its queue is free; the data phase starts when the issue is
+  done AND its dependencies are satisfied (the queue entry waits on its semaphore), takes the earliest
+  gap of the 16-engine DMA pool for ``data_ns / 16`` (throughput) and lasts ``data_ns / engines_used``
+  (latency); ``dma_completion_ns`` later its consumers may start.  swdge generates its descriptors on
+  GpSimd, in GpSimd's program order and after the dependencies (an indirect DMA needs its offsets).
 * **TensorE throttling**: a TensorE instruction that starts ``>= tensor_throttle_gap_ns`` after the
   previous one ended (or after time 0) runs ``tensor_throttle_factor`` times longer.
 * **VectorE/GpSimd contention**: the part of a VectorE (GpSimd) instruction that overlaps the other
@@ -81,7 +84,8 @@ class _Lane:
         self.starts: list[float] = []
         self.ends: list[float] = []
 
-    def reserve(self, ready: float, dur: float) -> float:
+    def earliest(self, ready: float, dur: float) -> tuple[float, int]:
+        """Earliest start >= ``ready`` of a gap of ``dur`` (and the insertion index), without reserving."""
         starts, ends = self.starts, self.ends
         i = bisect.bisect_right(ends, ready)
         t = ready
@@ -90,11 +94,16 @@ class _Lane:
             if ends[i] > t:
                 t = ends[i]
             i += 1
+        return t, i
+
+    def reserve(self, ready: float, dur: float) -> float:
+        """Reserve the earliest gap of ``dur`` at or after ``ready``; return its start."""
+        t, i = self.earliest(ready, dur)
         if dur > 0:
-            starts.insert(i, t)
-            ends.insert(i, t + dur)
-            if len(starts) > 512:  # forget intervals that no longer matter (rarely rescanned)
-                del starts[:256], ends[:256]
+            self.starts.insert(i, t)
+            self.ends.insert(i, t + dur)
+            if len(self.starts) > 512:  # forget intervals that no longer matter (rarely rescanned)
+                del self.starts[:256], self.ends[:256]
         return t
 
 
@@ -190,7 +199,10 @@ def schedule_events(
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
-            for lst in (table_r.get(key), table_w.get(key)):
+            # WAW through HBM is not tracked: HBM regions are bounding boxes, so strided stores into one
+            # tensor would all "overlap"; the compiler orders only true overlaps and kernels rarely
+            # overwrite HBM bytes they just wrote.  RAW and WAR through HBM are kept.
+            for lst in (table_r.get(key), table_w.get(key) if r[0] != "hbm" else None):
                 if not lst:
                     continue
                 covered = False
@@ -210,28 +222,29 @@ def schedule_events(
         if e == 4:  # DMA
             q = queue_rr[core]
             queue_rr[core] = (q + 1) % DMA_QUEUES
-            qfree = queue_free[core][q]
-            start = ready
-            pr = dep_src
-            if qfree > start:
-                start, pr = qfree, queue_last[core][q]
-            if c.mode == "swdge":  # descriptors generated on GpSimd, in its program order
-                g = core * _NE + 3
+            start = queue_free[core][q]
+            pr = queue_last[core][q]
+            if c.mode == "swdge":  # descriptors generated on GpSimd in its program order, after the deps
+                g = core * _NE + 3  # (an indirect DMA's offsets must have been written)
+                if ready > start:
+                    start, pr = ready, dep_src
                 if free[g] > start:
                     start, pr = free[g], last[g]
                 free[g] = start + c.issue_ns
                 last[g] = idx
                 busy[g] += c.issue_ns
-            else:
+            else:  # hwdge / prebuilt: descriptors issue in queue order; the data phase waits for the deps
                 lane_list = lanes[core]
                 best = lane_list[0]
                 if len(lane_list) > 1:
-                    best = min(lane_list, key=lambda ln: ln.reserve(start, 0.0))
+                    best = min(lane_list, key=lambda ln: ln.earliest(start, c.issue_ns)[0])
                 t = best.reserve(start, c.issue_ns)
                 if t > start:
                     start, pr = t, last[me]
                 issue_busy[core] += c.issue_ns
             issued = start + c.issue_ns
+            if ready > issued:  # the data waits for its inputs / for readers of its destination
+                start, pr, issued = ready - c.issue_ns, dep_src, ready
             used = c.engines_used
             parts = _onchip_partitions(writes) or _onchip_partitions(reads)
             if parts is not None and parts[1] > parts[0]:
@@ -239,7 +252,7 @@ def schedule_events(
             d0 = pools[core].reserve(issued, c.data_ns / ne)
             end = d0 + c.data_ns / max(used, 1) + completion
             busy[me] += c.data_ns / ne
-            queue_free[core][q] = issued
+            queue_free[core][q] = start + c.issue_ns
             queue_last[core][q] = idx
             last[me] = idx
         else:
