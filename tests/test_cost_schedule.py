@@ -249,3 +249,22 @@ def test_dma_issue_overlaps_its_wait_but_swdge_does_not() -> None:
     r = run([(EVICT, (ps(10),), (sb(5),)), (sw, (sb(5),), (hbm(2),))])
     assert r.makespan_ns == pytest.approx(EV + SYNC + csw.issue_ns + csw.data_ns / 16)
     assert r.engine_busy_ns["gpsimd"] == pytest.approx(csw.issue_ns)
+
+
+def test_reordering_engines_fill_idle_gaps() -> None:
+    """engine_in_order=False (the optimistic end): an independent VectorE copy issued after one that waits
+    for a matmul runs in the idle gap before it; in program order it waits behind it."""
+    evs = [
+        (matmul(), (sb(1), sb(2)), (ps(10),)),
+        (EVICT, (ps(10),), (sb(5),)),
+        (EVICT, (ps(11),), (sb(6),)),
+    ]
+    assert run(evs).makespan_ns == pytest.approx(MM + SYNC + 2 * EV)
+    assert MM + SYNC < EV  # the gap before the dependent copy is too short for the independent one...
+    assert run(evs, replace(P, engine_in_order=False)).makespan_ns == pytest.approx(EV + MM + SYNC + EV)
+    short = elementwise("tensor_copy", "vector", 64, ("float32",) * 2, ("sbuf",) * 2)  # ...a short one fits
+    sh = instruction_ns(short)
+    assert sh <= MM + SYNC
+    evs2 = [*evs[:2], (short, (sb(3),), (sb(6),))]
+    assert run(evs2).makespan_ns == pytest.approx(MM + SYNC + EV + sh)
+    assert run(evs2, replace(P, engine_in_order=False)).makespan_ns == pytest.approx(MM + SYNC + EV)

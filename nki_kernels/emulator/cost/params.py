@@ -101,6 +101,13 @@ class Trn2CostParams:
         "(V2-ARCH) at 1.2 GHz",
         (0.0, 100.0),
     )
+    engine_in_order: bool = _p(
+        True,
+        "unmeasured: each engine runs its instructions in NKI program order (nominal, the pessimistic end); "
+        "the optimistic end lets an instruction fill an earlier idle gap of its engine once its inputs "
+        "are ready (a compiler scheduler reordering independent work)",
+        (False, True),
+    )
     # --- TensorE --------------------------------------------------------------------------------------
     tensor_clock_ghz: float = _p(2.4, "TRN2-ARCH: TensorE 2.4 GHz")
     pe_rows: int = _p(128, "TRN2-ARCH: 128x128 PE array")

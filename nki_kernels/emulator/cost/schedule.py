@@ -7,7 +7,9 @@ each storage an instruction reads and writes.
 Rules (per core; program ``pid`` runs on core ``pid % cores``):
 
 * **Program order per engine.**  TensorE, VectorE, ScalarE and GpSimdE each run their instructions in
-  program order, back to back.  DMAs go round-robin onto ``DMA_QUEUES`` (16) FIFO queues (DMA-OV: a
+  program order, back to back (``engine_in_order``, nominal).  At the range's optimistic end
+  (``engine_in_order=False``: the compiler reorders independent instructions) an instruction takes the
+  earliest idle gap of its engine at or after its inputs are ready.  DMAs go round-robin onto ``DMA_QUEUES`` (16) FIFO queues (DMA-OV: a
   transfer uses one queue; FIFO within a queue).
 * **RAW**: an instruction starts after every earlier write overlapping a region it reads has finished;
   **WAR / WAW**: an instruction that writes a region starts after every earlier read or write of an
@@ -73,6 +75,7 @@ class ScheduleResult:
     dependencies: int
     cross_engine_dependencies: int
     throttled_tensor_instructions: int
+    timeline: tuple[Any, ...] | None = None  # (start, end, pred, engine index) arrays when asked for
 
 
 class _Lane:
@@ -119,10 +122,13 @@ def schedule_events(
     params: Trn2CostParams | None = None,
     cores: int = 1,
     dma_cost: Callable[[TraceRecord], DmaRecordCost] | None = None,
+    keep_timeline: bool = False,
 ) -> ScheduleResult:
     """Schedule ``events`` (program order) per the module rules and return the :class:`ScheduleResult`.
 
     ``dma_cost`` overrides the DMA pricing (default :func:`~.dma.dma_record_cost` with ``params``).
+    ``keep_timeline`` keeps every event's ``(start, end, binding predecessor, engine index)`` arrays in
+    ``ScheduleResult.timeline`` (engine index into ``tensor, vector, scalar, gpsimd, dma``).
     Raises ``ValueError`` for ``cores < 1`` or a record of an unknown engine.
     """
     p = params or DEFAULT
@@ -136,6 +142,7 @@ def schedule_events(
     ne = p.dma_engines
     ppe = p.partitions_per_dma_engine
     price_dma = dma_cost or (lambda r: dma_record_cost(r, p))
+    in_order = p.engine_in_order
 
     free = [0.0] * (cores * _NE)  # engine free time per (core, engine)
     last = [-1] * (cores * _NE)  # last event index per (core, engine)
@@ -144,6 +151,7 @@ def schedule_events(
     tensor_seen = [False] * cores
     lanes = [[_Lane() for _ in range(p.dma_issue_lanes)] for _ in range(cores)]
     pools = [_Lane() for _ in range(cores)]
+    elanes = [_Lane() for _ in range(cores * _NE)]  # per (core, engine) when engines may reorder
     queue_free = [[0.0] * DMA_QUEUES for _ in range(cores)]
     queue_last = [[-1] * DMA_QUEUES for _ in range(cores)]
     queue_rr = [0] * cores
@@ -258,21 +266,35 @@ def schedule_events(
         else:
             start = ready
             pr = dep_src
-            if free[me] >= start:
-                start, pr = free[me], last[me]
             dur = c
+            if in_order:
+                if free[me] >= start:
+                    start, pr = free[me], last[me]
+                prev_end = free[me]
+            else:  # the compiler may hoist it into an earlier idle gap of its engine
+                ln = elanes[me]
+                t, i = ln.earliest(ready, dur)
+                if t > start:
+                    start, pr = t, last[me]
+                prev_end = ln.ends[i - 1] if i > 0 else 0.0
             if e == 0:
-                prev_end = free[me] if tensor_seen[core] else 0.0
+                if not tensor_seen[core]:
+                    prev_end = 0.0
                 if start - prev_end >= gap_thr:
                     dur *= throttle
                     throttled += 1
+                    if not in_order:
+                        start = max(start, elanes[me].earliest(start, dur)[0])
                 tensor_seen[core] = True
             elif e in (1, 3) and contention != 1.0:
                 other = free[core * _NE + (4 - e)]  # vector(1) <-> gpsimd(3)
                 if other > start:
                     dur += (min(other, start + dur) - start) * (contention - 1.0)
             end = start + dur
-            free[me] = end
+            if not in_order:
+                elanes[me].reserve(start, dur)
+            if end > free[me]:
+                free[me] = end
             last[me] = idx
             busy[me] += dur
         if end > core_end[core]:
@@ -343,6 +365,7 @@ def schedule_events(
         dependencies=deps,
         cross_engine_dependencies=cross,
         throttled_tensor_instructions=throttled,
+        timeline=(t_start, t_end, pred, eng_of) if keep_timeline else None,
     )
 
 
