@@ -225,7 +225,12 @@ def schedule_events(
                         if b0 <= c0 and c1 <= b1 and p0 <= q0 and q1 <= p1:
                             covered = True
                 if covered:  # accesses this write covers are ordered before it: it dominates them
-                    lst[:] = [x for x in lst if not (b0 <= x[2] and x[3] <= b1 and p0 <= x[0] and x[1] <= p1)]
+                    if len(lst) == 1:
+                        lst.clear()
+                    else:
+                        lst[:] = [
+                            x for x in lst if not (b0 <= x[2] and x[3] <= b1 and p0 <= x[0] and x[1] <= p1)
+                        ]
         # ---- timing
         if e == 4:  # DMA
             q = queue_rr[core]
