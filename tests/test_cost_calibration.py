@@ -16,7 +16,7 @@ import math
 import pytest
 
 from perf.calibration.harness import calibration_rows, geo_stats
-from perf.calibration.points import POINTS
+from perf.calibration.points import POINTS, Point
 
 TARGET = 1.25
 BANDS: dict[str, tuple[float, float, str]] = {
@@ -35,7 +35,7 @@ def _band(name: str) -> tuple[float, float]:
     "point",
     [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else []) for p in POINTS],
 )
-def test_calibration_point_within_band(point) -> None:  # type: ignore[no-untyped-def]
+def test_calibration_point_within_band(point: Point) -> None:
     (row,) = calibration_rows(points=[point], keep_events=True)
     lo, hi = _band(point.name)
     assert lo <= row.ratio <= hi, (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
@@ -19,7 +19,7 @@ from nki_kernels.emulator.cost import (
     profile,
     schedule_events,
 )
-from nki_kernels.emulator.trace import Trace, TraceRecord
+from nki_kernels.emulator.trace import Region, Trace, TraceRecord
 from tests.test_cost import dma, elementwise, matmul
 
 P = Trn2CostParams()
@@ -28,21 +28,12 @@ MM = 522 / 2.4  # bf16 128x128x512 matmul
 EV = (512 + 141) / 0.96  # [128,512] fp32 PSUM -> SBUF on VectorE
 
 
-class Region(NamedTuple):  # the contract's Region (nki_kernels/emulator/trace.py once emu-core lands)
-    space: str
-    buf: int
-    p0: int
-    p1: int
-    b0: int
-    b1: int
-
-
 class EventTrace(Trace):
     """A Trace carrying a hand-built event log (as ``Trace(keep_events=True)`` will)."""
 
     def __init__(self, events: list[tuple[TraceRecord, tuple[Region, ...], tuple[Region, ...]]]) -> None:
         super().__init__(kernel_name="synthetic")
-        self.events = events
+        self.synthetic = events
         for rec, _, _ in events:
             self.add(rec)
 
@@ -51,7 +42,7 @@ class EventTrace(Trace):
         return True
 
     def iter_events(self) -> Iterator[tuple[TraceRecord, tuple[Region, ...], tuple[Region, ...]]]:
-        return iter(self.events)
+        return iter(self.synthetic)
 
 
 def sb(buf: int, b0: int = 0, b1: int = 1024, p0: int = 0, p1: int = 128) -> Region:

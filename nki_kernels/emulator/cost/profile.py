@@ -283,7 +283,7 @@ def profile(
     bound = max(bound_list)
     sched: ScheduleResult | None = None
     if use_schedule:
-        events = trace.iter_events()  # type: ignore[attr-defined]
+        events = trace.iter_events()
         sched = schedule_events(events, p, cores, dma_cost=_cached_dma(dma_costs, p))
         per_core_lat = [max(m, h) + p.kernel_fixed_ns for m, h in zip(sched.per_core_makespan_ns, hbm_list)]
         latency = max(per_core_lat)

@@ -172,7 +172,7 @@ def schedule_events(
     for rec, reads, writes in events:
         idx += 1
         core = rec.program_id % cores
-        c = price.get(id(rec))
+        c: Any = price.get(id(rec))  # DmaRecordCost for a DMA, else the instruction's ns
         if c is None:
             if rec.engine == "dma":
                 c = price_dma(rec)
