@@ -14,7 +14,7 @@ Rules (per core; program ``pid`` runs on core ``pid % cores``):
 * **RAW**: an instruction starts after every earlier write overlapping a region it reads has finished;
   **WAR / WAW**: an instruction that writes a region starts after every earlier read or write of an
   overlapping region has finished.  Overlap = same ``(space, buf)``, overlapping partitions AND bytes
-  (an HBM region's partitions are ``[0, 1)``).  WAW through HBM is not tracked (HBM regions are
+  (an HBM region's partitions are ``[0, 1)``; allocation ids are unique per launch across spaces).  WAW through HBM is not tracked (HBM regions are
   bounding boxes: strided stores into one tensor would falsely overlap).
 * **Sync**: a dependency between two different engines (or cores) adds ``sync_ns``.
 * **DMA**: the issue (``DmaRecordCost.issue_ns``, descriptor generation) takes the earliest gap of
@@ -155,8 +155,9 @@ def schedule_events(
     queue_free = [[0.0] * DMA_QUEUES for _ in range(cores)]
     queue_last = [[-1] * DMA_QUEUES for _ in range(cores)]
     queue_rr = [0] * cores
-    table_r: dict[tuple[str, int], list[tuple[int, int, int, int, float, int, int]]] = {}
-    table_w: dict[tuple[str, int], list[tuple[int, int, int, int, float, int, int]]] = {}
+    # keyed by allocation id: unique per launch across spaces (event-log contract), so (space, buf) == buf
+    table_r: dict[int, list[tuple[int, int, int, int, float, int, int]]] = {}
+    table_w: dict[int, list[tuple[int, int, int, int, float, int, int]]] = {}
     price: dict[int, Any] = {}
     keep: list[TraceRecord] = []  # keeps priced records alive so id() stays unique
 
@@ -171,24 +172,25 @@ def schedule_events(
 
     for rec, reads, writes in events:
         idx += 1
-        core = rec.program_id % cores
-        c: Any = price.get(id(rec))  # DmaRecordCost for a DMA, else the instruction's ns
-        if c is None:
+        pc = price.get(id(rec))
+        if pc is None:
             if rec.engine == "dma":
-                c = price_dma(rec)
+                pc = (price_dma(rec), 4, rec.program_id % cores)
             elif rec.engine in _ENG_IDX:
-                c = instruction_ns(rec, p)
+                pc = (instruction_ns(rec, p), _ENG_IDX[rec.engine], rec.program_id % cores)
             else:
                 raise ValueError(f"schedule_events: unknown engine {rec.engine!r} in {rec.op}")
-            price[id(rec)] = c
+            price[id(rec)] = pc
             keep.append(rec)
-        e = _ENG_IDX[rec.engine]
+        c: Any = pc[0]  # DmaRecordCost for a DMA, else the instruction's ns
+        e = pc[1]
+        core = pc[2]
         me = core * _NE + e
         # ---- dependencies through regions: RAW (reads vs writes), WAR + WAW (writes vs both)
         ready = 0.0
         dep_src = -1
         for r in reads:
-            lst = table_w.get((r[0], r[1]))
+            lst = table_w.get(r[1])
             if not lst:
                 continue
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
@@ -203,7 +205,7 @@ def schedule_events(
                     if end > ready:
                         ready, dep_src = end, src
         for r in writes:
-            key = (r[0], r[1])
+            key = r[1]
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
@@ -312,7 +314,7 @@ def schedule_events(
         eng_of.append(e)
         # ---- record this access
         for r in reads:
-            key = (r[0], r[1])
+            key = r[1]
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
@@ -329,7 +331,7 @@ def schedule_events(
                 if len(lst) > MAX_ENTRIES:
                     _merge_oldest(lst)
         for r in writes:
-            key = (r[0], r[1])
+            key = r[1]
             p0, p1, b0, b1 = r[2], r[3], r[4], r[5]
             if p1 <= p0:
                 p1 = p0 + 1
