@@ -23,7 +23,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.calibration", description=__doc__.split("\n")[0])
     ap.add_argument("--results-dir", default=str(RESULTS_DIR), help="where calibration.jsonl / .png go")
     ap.add_argument("--no-write", action="store_true", help="print only (no JSONL row, no PNG)")
-    ap.add_argument("--only", nargs="*", default=None, metavar="POINT", help=f"subset of points: {' '.join(point_names())}")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        metavar="POINT",
+        help=f"subset of points: {' '.join(point_names())}",
+    )
     a = ap.parse_args(argv)
     from perf.calibration.points import POINTS
 
@@ -40,7 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_rows(rows))
     for line in summary_lines(rows):
         print(line)
-    print(f"measured CPU wall time: {wall:.2f} s total, {trace_wall_s():.2f} s tracing (trace-only, cached per run)")
+    print(
+        f"measured CPU wall time: {wall:.2f} s total, {trace_wall_s():.2f} s tracing "
+        "(trace-only, cached per run)"
+    )
     if not a.no_write:
         out = append_rows(to_bench_rows(rows, "v1 (nki_kernels.emulator.cost.profile)", wall), "calibration",
                           results_dir=a.results_dir)  # fmt: skip

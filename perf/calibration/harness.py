@@ -15,6 +15,7 @@ All modelled figures are **modelled**; all ``measured`` figures are **published 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import time
@@ -106,7 +107,7 @@ def capture_trace(run: KernelRun, *, keep_events: bool = False) -> Any:
     if key in _TRACES:
         return _TRACES[key]
     from nki_kernels import emulator as emu
-    from nki_kernels.emulator.hw import TRN2, HwConfig
+    from nki_kernels.emulator.hw import TRN2
 
     opts: dict[str, Any] = {"trace_only": True}
     if keep_events:
@@ -117,7 +118,7 @@ def capture_trace(run: KernelRun, *, keep_events: bool = False) -> Any:
             )
         opts["keep_events"] = True
     if not run.sbuf_check:
-        opts["hw"] = HwConfig(**{**TRN2.__dict__, "check_sbuf_capacity": False})
+        opts["hw"] = dataclasses.replace(TRN2, check_sbuf_capacity=False)
     args, kwargs = _kernel_args(run)
     t0 = time.perf_counter()
     _, trace = emu.run(KERNELS[run.kernel], *args, **opts, **kwargs)
@@ -222,7 +223,9 @@ def geo_stats(ratios: Sequence[float]) -> tuple[float, float]:
     """``(geometric mean, geometric SD)`` of positive ratios; the SD is ``exp`` of the population standard
     deviation of ``log(ratio)`` (1.0 when all ratios are equal)."""
     if not ratios or any(not (r > 0 and math.isfinite(r)) for r in ratios):
-        raise ValueError(f"geo_stats: ratios must be a non-empty sequence of finite positive numbers, got {ratios!r}")
+        raise ValueError(
+            f"geo_stats: ratios must be a non-empty sequence of finite positive numbers, got {ratios!r}"
+        )
     logs = [math.log(r) for r in ratios]
     mu = sum(logs) / len(logs)
     var = sum((x - mu) ** 2 for x in logs) / len(logs)

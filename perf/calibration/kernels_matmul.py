@@ -208,7 +208,9 @@ def mixed_tiles_kernel(lhsT: Any, rhs: Any, reps: int = 512, sections: str = "mi
         raise ValueError(f"mixed_tiles_kernel: reps must be >= 1, got {reps}")
     _dims(lhsT, rhs)
     if tuple(lhsT.shape) != (TILE_K, TILE_M) or tuple(rhs.shape) != (TILE_K, TILE_N):
-        raise ValueError(f"mixed_tiles_kernel: lhsT must be [128,128] and rhs [128,512], got {lhsT.shape}, {rhs.shape}")
+        raise ValueError(
+            f"mixed_tiles_kernel: lhsT must be [128,128] and rhs [128,512], got {lhsT.shape}, {rhs.shape}"
+        )
     secs = MIXED_SECTIONS if sections == "mixed" else tuple(("full", 128, 128, 512) for _ in range(4))
     result = nl.ndarray((4 * TILE_M, TILE_N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     stat = nl.ndarray((TILE_K, TILE_M), dtype=lhsT.dtype, buffer=nl.sbuf)
@@ -284,7 +286,8 @@ def sdk_blocked_mnk_kernel(lhsT: Any, rhs: Any, bm: int = 16, bn: int = 2, bk: i
     result = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
     for nb in range(N // block_n):
         acc_sb = [
-            [[nl.ndarray((TILE_M, TILE_N), dtype=lhsT.dtype, buffer=nl.sbuf) for _ in range(bn)] for _ in range(bm)]
+            [[nl.ndarray((TILE_M, TILE_N), dtype=lhsT.dtype, buffer=nl.sbuf) for _ in range(bn)]
+             for _ in range(bm)]
             for _ in range(M // block_m)
         ]  # fmt: skip
         for blk in acc_sb:

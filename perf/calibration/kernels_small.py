@@ -130,7 +130,9 @@ def matmul_chain_kernel(lhsT: Any, rhs: Any, reps: int = 1) -> Any:
     accumulating in one PSUM bank; out ``[128, 512]`` = ``reps * lhsT.T @ rhs`` (dtype of the inputs)."""
     _check_reps("matmul_chain", reps)
     if tuple(lhsT.shape) != (PMAX, PMAX) or tuple(rhs.shape) != (PMAX, 512):
-        raise ValueError(f"matmul_chain: lhsT must be [128,128], rhs [128,512], got {lhsT.shape}, {rhs.shape}")
+        raise ValueError(
+            f"matmul_chain: lhsT must be [128,128], rhs [128,512], got {lhsT.shape}, {rhs.shape}"
+        )
     out = nl.ndarray((PMAX, 512), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     st = nl.ndarray((PMAX, PMAX), dtype=lhsT.dtype, buffer=nl.sbuf)
     mv = nl.ndarray((PMAX, 512), dtype=rhs.dtype, buffer=nl.sbuf)
@@ -222,7 +224,10 @@ def dma_pattern_kernel(x: Any, pattern: Sequence[DmaCopySpec], reps: int = 1) ->
         raise ValueError(f"dma_pattern: x must have 128 rows, got {list(x.shape)}")
     for d, c, f in pattern:
         if d not in ("load", "store") or c < 1 or not 1 <= f <= w:
-            raise ValueError(f"dma_pattern: bad pattern entry {(d, c, f)} (direction load|store, count >= 1, 1 <= free <= {w})")
+            raise ValueError(
+                f"dma_pattern: bad pattern entry {(d, c, f)} "
+                f"(direction load|store, count >= 1, 1 <= free <= {w})"
+            )
     out = nl.ndarray((p, w), dtype=x.dtype, buffer=nl.shared_hbm)
     col_in = col_out = 0
     for _ in range(reps):
@@ -239,7 +244,9 @@ def dma_pattern_kernel(x: Any, pattern: Sequence[DmaCopySpec], reps: int = 1) ->
                 else:
                     src = next((t for t in reversed(loaded) if t.shape[1] >= f), None)
                     if src is None:
-                        raise ValueError(f"dma_pattern: store of free={f} has no earlier load at least that wide")
+                        raise ValueError(
+                            f"dma_pattern: store of free={f} has no earlier load at least that wide"
+                        )
                     if col_out + f > w:
                         col_out = 0
                     nisa.dma_copy(dst=out[:, col_out : col_out + f], src=src[:, 0:f])

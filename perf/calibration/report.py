@@ -26,18 +26,40 @@ def _us(v: float) -> str:
 def format_rows(rows: Sequence[CalibrationRow]) -> str:
     """Aligned table: point, group, shape, published measured (us; lo-hi), modelled (us), ratio,
     bottleneck, source."""
-    head = ["point", "grp", "shape", "measured_us (published trn2)", "modelled_us", "ratio", "bottleneck", "source"]
+    head = [
+        "point",
+        "grp",
+        "shape",
+        "measured_us (published trn2)",
+        "modelled_us",
+        "ratio",
+        "bottleneck",
+        "source",
+    ]
     body = []
     for r in rows:
         meas = _us(r.measured_lo_us) if r.measured_lo_us == r.measured_hi_us else (
             f"{_us(r.measured_lo_us)}-{_us(r.measured_hi_us)}"
         )  # fmt: skip
-        body.append([r.name, r.group, r.shape[:34], meas, _us(r.modelled_us), f"{r.ratio:.2f}", r.bottleneck, r.source])
+        body.append(
+            [
+                r.name,
+                r.group,
+                r.shape[:52],
+                meas,
+                _us(r.modelled_us),
+                f"{r.ratio:.2f}",
+                r.bottleneck,
+                r.source,
+            ]
+        )
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     right = {3, 4, 5}
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
@@ -49,7 +71,8 @@ def summary_lines(rows: Sequence[CalibrationRow], n_worst: int = 5) -> list[str]
     within = {b: sum(1 for x in ratios if 1 / b <= x <= b) for b in (1.25, 1.5)}
     out = [
         f"points: {len(rows)}; modelled/measured geometric mean {gm:.3f}, geometric SD x{gsd:.3f}; "
-        f"min {min(ratios):.2f}, max {max(ratios):.2f}; within x1.25: {within[1.25]}, within x1.5: {within[1.5]}",
+        f"min {min(ratios):.2f}, max {max(ratios):.2f}; "
+        f"within x1.25: {within[1.25]}, within x1.5: {within[1.5]}",
         "worst points (|log ratio|): "
         + ", ".join(f"{r.name} {r.ratio:.2f} ({r.bottleneck})" for r in worst_rows(rows, n_worst)),
     ]
@@ -102,20 +125,31 @@ def write_png(rows: Sequence[CalibrationRow], path: str | Path, title: str = "")
     fig, ax = plt.subplots(figsize=(8, 7))
     grid = [lo, hi]
     for band, alpha in ((1.5, 0.10), (1.25, 0.18)):
-        ax.fill_between(grid, [g / band for g in grid], [g * band for g in grid], color="tab:green", alpha=alpha,
-                        lw=0, label=f"within x{band}")  # fmt: skip
+        lows, highs = [g / band for g in grid], [g * band for g in grid]
+        ax.fill_between(grid, lows, highs, color="tab:green", alpha=alpha, lw=0, label=f"within x{band}")
     ax.plot(grid, grid, "k-", lw=1, label="y = x")
     colors = {"A": "tab:blue", "S": "tab:orange", "C": "tab:purple", "D": "tab:red", "I": "tab:brown"}
-    names = {"A": "AWS agentic docs", "S": "SDK tutorial", "C": "CS149", "D": "DMA throughput", "I": "per instruction"}
+    names = {
+        "A": "AWS agentic docs",
+        "S": "SDK tutorial",
+        "C": "CS149",
+        "D": "DMA throughput",
+        "I": "per instruction",
+    }
     for g, c in colors.items():
         sel = [r for r in rows if r.group == g]
         if not sel:
             continue
-        xerr = [[r.measured_us - r.measured_lo_us for r in sel], [r.measured_hi_us - r.measured_us for r in sel]]
+        xerr = [
+            [r.measured_us - r.measured_lo_us for r in sel],
+            [r.measured_hi_us - r.measured_us for r in sel],
+        ]
         ax.errorbar([r.measured_us for r in sel], [r.modelled_us for r in sel], xerr=xerr, fmt="o", color=c,
                     label=names[g], ms=5)  # fmt: skip
         for r in sel:
-            ax.annotate(r.name, (r.measured_us, r.modelled_us), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                r.name, (r.measured_us, r.modelled_us), fontsize=6, xytext=(3, 3), textcoords="offset points"
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
