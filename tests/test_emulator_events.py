@@ -138,8 +138,8 @@ def test_operand_roles_views_and_indirect_accesses():
     t, p = _sb(2, 0, 16, 0, 256), _sb(3, 0, 16, 0, 256)
     assert ev[2] == ("tensor_copy_predicated", (p, p, t), (t,))
     assert ev[3] == ("dma_copy", (_hbm(4, 0, 4),), (_sb(5, 0, 1, 0, 4),))
-    # a runtime-indexed source covers the whole storage of h
-    assert ev[4] == ("dma_copy", (_hbm(1, 0, 16 * 256),), (_sb(6, 0, 1, 0, 256),))
+    # a runtime-indexed source covers the whole storage of h; the index tile r is read too
+    assert ev[4] == ("dma_copy", (_hbm(1, 0, 16 * 256), _sb(5, 0, 1, 0, 4)), (_sb(6, 0, 1, 0, 256),))
     # bf16 views of t and row keep their allocations and byte ranges
     assert ev[5] == ("tensor_copy", (_sb(6, 0, 1, 0, 128),), (_sb(2, 0, 1, 0, 128),))
 

@@ -35,19 +35,29 @@ def test_partition_limit_on_psum_and_load():
 
 def test_psum_total_limit():
     def k():
-        keep = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]  # 8 banks: ok
-        nl.ndarray((128, 1), nl.float32, buffer=nl.psum)  # one more element per partition: over
-        return keep
+        banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum, name=f"bank{i}") for i in range(8)]
+        extra = nl.ndarray((128, 1), nl.float32, buffer=nl.psum, name="extra")
+        for t in [*banks, extra]:
+            nisa.memset(t, 0.0)  # instruction #9 writes extra while all 8 banks are still to be read
+        for t in banks:
+            nisa.memset(t, 1.0)
 
-    with pytest.raises(emu.PsumLimitError, match=r"\[psum-total\].*16388 B/partition.*16384"):
+    with pytest.raises(
+        emu.PsumLimitError,
+        match=r"\[psum-total\] program 0: live PSUM peaks at 16388 B/partition at instruction #9 .*16384.*"
+        r"9 tiles live there: bank0 \[128, 512\].*extra \[128, 1\] float32 \(4 B/partition\)",
+    ):
         _run(k)
 
 
-def test_psum_freed_when_tile_dropped():
+def test_psum_freed_after_last_use():
     def k():
-        for _ in range(20):  # each tile dies before the next is bound: never more than 2 live
+        keep = []
+        for _ in range(20):  # 20 banks stay referenced, but each is dead after its memset
             t = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
-            del t
+            nisa.memset(t, 0.0)
+            keep.append(t)
+        return None
 
     _run(k)
 
@@ -76,12 +86,19 @@ def test_sbuf_capacity():
     hw = HwConfig(sbuf_bytes_per_partition=64 * 1024)
 
     def k():
-        a = nl.ndarray((128, 8192), nl.float32)  # 32 KiB / partition
-        b = nl.ndarray((128, 8192), nl.float32)  # 64 KiB: exactly full
-        c = nl.ndarray((1, 1), nl.float32)  # over
-        return a, b, c
+        a = nl.ndarray((128, 8192), nl.float32, name="a")  # 32 KiB / partition
+        b = nl.ndarray((128, 8192), nl.float32, name="b")  # 64 KiB: exactly full
+        c = nl.ndarray((1, 1), nl.float32, name="c")  # over while a and b are still to be read
+        nisa.memset(a, 1.0)
+        nisa.memset(b, 2.0)
+        nisa.tensor_copy(c, a[0:1, 0:1])  # instruction #3: a, b and c live
+        nisa.tensor_copy(c, b[0:1, 0:1])
 
-    with pytest.raises(emu.SbufCapacityError, match=r"\[sbuf-capacity\].*\[1, 1\].*65540 B/partition.*65536"):
+    with pytest.raises(
+        emu.SbufCapacityError,
+        match=r"\[sbuf-capacity\] program 0: live SBUF peaks at 65540 B/partition at instruction #3 .*65536.*"
+        r"3 tiles live there: a \[128, 8192\] float32 \(32768 B/partition\); b \[128, 8192\].*c \[1, 1\]",
+    ):
         _run(k, hw=hw)
 
 
@@ -93,13 +110,15 @@ def test_sbuf_capacity_default_is_trn2_budget():
         _run(k, trace_only=True)
 
 
-def test_sbuf_freed_by_gc_and_at_kernel_exit():
+def test_sbuf_freed_after_last_use_and_at_kernel_exit():
     hw = HwConfig(sbuf_bytes_per_partition=64 * 1024)
 
     def k():
+        keep = []
         for _ in range(10):
-            t = nl.ndarray((128, 8192), nl.float32)  # 32 KiB, rebinding frees the previous one
-            del t
+            t = nl.ndarray((128, 8192), nl.float32)  # 32 KiB, dead after its memset (still referenced)
+            nisa.memset(t, 0.0)
+            keep.append(t)
 
     _run(k, hw=hw)
     _run(k, hw=hw)  # a second launch starts from zero

@@ -8,6 +8,7 @@ See ``docs/emulator.md``.
 
 from . import isa, language, nki
 from .errors import (
+    AllocationError,
     DmaTransposeError,
     DtypeError,
     EmulatorWarning,
@@ -35,6 +36,7 @@ __all__ = [
     "NEURON_SDK_VERSION",
     "NKI_VERSION",
     "TRN2",
+    "AllocationError",
     "DmaTransposeError",
     "DtypeError",
     "EmulatorWarning",

@@ -23,6 +23,11 @@ class SbufCapacityError(NkiEmulatorError):
     """Live SBUF allocations exceed the per-partition capacity."""
 
 
+class AllocationError(NkiEmulatorError, ValueError):
+    """``address=`` placement broken: malformed, out of range, PSUM not bank-aligned, or overlapping another
+    placed tile while both are live."""
+
+
 class MatmulTileError(NkiEmulatorError):
     """nc_matmul / nc_transpose operand limits (contraction, stationary, moving sizes, dtypes)."""
 

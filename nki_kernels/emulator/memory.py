@@ -44,15 +44,22 @@ def check_buffer(buffer: Any, arg: str = "buffer") -> MemoryRegion:
     )
 
 
+_NOT_TRACKED: list = [0, 0]  # the ``live`` record of storages whose liveness is not tracked (HBM)
+
+
 class Storage:
-    """Backing memory of one allocation.  Frees its on-chip accounting when garbage-collected.
+    """Backing memory of one allocation.
+
+    ``live`` is the on-chip allocation's live record (:mod:`~nki_kernels.emulator.liveness`): every
+    instruction stamps ``live[0]`` (last access) with its number, the first one also ``live[1]`` (first
+    access); when the storage is garbage-collected the record is handed back to its launch.
 
     Event-log slots: ``base`` is the allocation a dtype-reinterpreting view shares its bytes with (None
     for an allocation), ``evlog``/``evbuf`` the event log that numbered this allocation and its number.
     """
 
     __slots__ = ("data", "buffer", "dtype", "shape", "size", "pbytes", "name", "written", "launch", "epoch",
-                 "base", "evlog", "evbuf")  # fmt: skip
+                 "base", "evlog", "evbuf", "live")  # fmt: skip
 
     def __init__(
         self, shape: tuple[int, ...], dtype: str, buffer: MemoryRegion, name: str, data: np.ndarray | None
@@ -70,11 +77,12 @@ class Storage:
         self.base: Storage | None = None
         self.evlog: Any = None
         self.evbuf = 0
+        self.live = _NOT_TRACKED
 
     def __del__(self) -> None:
         launch = self.launch
         if launch is not None and self.pbytes and launch.epoch == self.epoch:
-            launch.free_onchip(self.buffer.name, self.pbytes)
+            launch.mem.close(self.live)
 
 
 def _normalize_shape(shape: Any, arg: str = "shape") -> tuple[int, ...]:

@@ -195,6 +195,7 @@ def _launch(
         for pid in range(lnc):
             launch.start_program(pid)
             results.append(fn(*targs, **tkw))
+            launch.end_program()  # on-chip capacity under last-use liveness, placed-tile overlaps
     finally:
         _state.pop()
         if gc_was_enabled:

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import dtypes as _dt
 from . import state as _state
-from .errors import OutOfBoundsError, PartitionLimitError, ViewError
+from .errors import MemorySpaceError, OutOfBoundsError, PartitionLimitError, ViewError
 from .memory import (  # noqa: F401 (re-exported: tensor.sbuf etc. as before)
     BUFFERS,
     MemoryRegion,
@@ -39,12 +39,22 @@ from .memory import (  # noqa: F401 (re-exported: tensor.sbuf etc. as before)
 from .tensor_views import TensorViews, _is_register, _norm_index, _reshape_strides  # noqa: F401
 
 
-def allocate(shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "", *, fill: bool = True) -> NkiTensor:
-    """Allocate a fresh tensor (NaN / 4 sentinel filled unless trace-only)."""
+def allocate(
+    shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "", *, fill: bool = True, address: Any = None
+) -> NkiTensor:
+    """Allocate a fresh tensor (NaN / 4 sentinel filled unless trace-only).
+
+    On-chip tensors are tracked for last-use liveness (:mod:`~nki_kernels.emulator.liveness`);
+    ``address=(partition_offset, byte_offset)`` places one (SBUF/PSUM only)."""
     launch = _state.current()
     shape = _normalize_shape(shape)
     dtype = _dt.normalize(dtype)
     buffer = check_buffer(buffer)
+    if address is not None and not buffer.on_chip:
+        raise MemorySpaceError(
+            f"[address] address={address!r} places SBUF/PSUM tensors only; {name or '<unnamed>'} "
+            f"{list(shape)} is in {buffer.name}"
+        )
     if buffer.on_chip:
         if shape[0] > launch.hw.pmax:
             raise PartitionLimitError(
@@ -75,10 +85,7 @@ def allocate(shape: Any, dtype: Any, buffer: MemoryRegion, name: str = "", *, fi
     st = Storage(shape, dtype, buffer, name, data)
     if buffer.on_chip:
         pbytes = _pbytes(shape, dtype)
-        if buffer is sbuf and launch.sbuf_used + pbytes <= launch.hw.sbuf_bytes_per_partition:
-            launch.sbuf_used += pbytes
-        else:
-            launch.alloc_onchip(buffer.name, pbytes, shape, dtype, name)
+        st.live = launch.alloc_onchip(buffer.name, pbytes, shape, dtype, name, address)
         st.pbytes = pbytes
         st.launch = launch
         st.epoch = launch.epoch

@@ -230,6 +230,7 @@ class TensorViews:
         nst = Storage(nshape, dtype, st.buffer, st.name, data)
         nst.written = None
         nst.base = st.base or st  # the same allocation (bytes) for the event log
+        nst.live = st.live  # and for liveness: an access through the view is an access of the allocation
         t = self._make(
             nst,
             self.offset * old // new,

@@ -87,7 +87,7 @@ from ._enums import (  # noqa: F401 (private helpers re-exported for nki.languag
     unknown_engine,
     vector_engine,
 )
-from ._events import _log  # noqa: F401
+from ._events import _log, _use, _use_rrw, _use_rw  # noqa: F401
 from ._gpsimd import (  # noqa: F401 (private helpers re-exported for nki.language)
     _pattern_values,
     affine_select,

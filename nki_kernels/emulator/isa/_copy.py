@@ -14,7 +14,7 @@ from ..errors import (
 from ..tensor import NkiTensor
 from ._common import _count, _count_checked, _emit, _rec, _store
 from ._enums import _E, _ENGINE_TRACE_ID, _TC_ENGINES, NkiInstruction, engine
-from ._events import _log
+from ._events import _use, _use_rw
 from ._rules import _no_gpsimd_psum, _onchip, _pick_engine, _same_pf
 
 # --------------------------------------------------------------------------------------------- copies
@@ -30,8 +30,7 @@ def tensor_copy(
         fkey = ("tensor_copy", id(engine), dst.shape, dst.dtype, dst._st.buffer, src.shape, src.dtype,
                 src._st.buffer)  # fmt: skip
         if _count_checked(launch, fkey):
-            if launch.keep_events:
-                _log(launch, (src,), (dst,))
+            _use_rw(launch, src, dst)
             return NkiInstruction("tensor_copy")
     op = "tensor_copy"
     pmax = launch.hw.pmax
@@ -58,8 +57,7 @@ def tensor_copy(
     )
     if not _count(launch, key):
         _emit(launch, key, lambda: _rec(op, en, (dst, src), launch, flops=0))
-    if launch.keep_events:
-        _log(launch, (src,), (dst,))
+    _use_rw(launch, src, dst)
     if fkey is not None:
         launch.checked[fkey] = launch.records[key]
     if not launch.trace_only:
@@ -89,8 +87,7 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: An
     en = _ENGINE_TRACE_ID[id(eng)]
     key = (op, en, dst.shape, dst.dtype, dst._st.buffer, launch.program_id)
     _emit(launch, key, lambda: _rec(op, en, (dst,), launch, flops=0))
-    if launch.keep_events:
-        _log(launch, (), (dst,))
+    _use(launch, (), (dst,))
     if not launch.trace_only:
         if _dt.is_int(dst.dtype):
             _store(dst, np.full(dst.shape, int(value), dtype=np.int64))

@@ -21,7 +21,7 @@ from ..tensor import NkiTensor, psum, sbuf
 from ..trace import TraceRecord
 from ._common import _count, _emit
 from ._enums import _DGE, _OOB, NkiInstruction, dge_mode, engine, oob_mode
-from ._events import _log
+from ._events import _use, _use_rw
 
 _DMA_TRANSPOSE_AXES = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
 # --------------------------------------------------------------------------------------------- DMA
@@ -78,12 +78,23 @@ def _direction(dst: NkiTensor, src: NkiTensor) -> str:
     return f"{a}->{b}"
 
 
+def _dma_reads(dst: NkiTensor, src: NkiTensor) -> tuple:
+    """What a DMA reads: its source, plus the runtime index tensor of a ``.ap(scalar_offset=/vector_offset=)``
+    view on either side (the DGE reads it to address the transfer)."""
+    if src._dyn is None and dst._dyn is None:
+        return (src,)
+    idx = tuple(t._dyn[1] for t in (src, dst) if t._dyn is not None and isinstance(t._dyn[1], NkiTensor))
+    return (src, *idx)
+
+
 def _dma_record(op: str, dst: NkiTensor, src: NkiTensor, launch: _state.Launch, meta: tuple = ()) -> None:
     key = (op, dst.shape, dst.strides, dst.dtype, dst._st.buffer, src.shape, src.strides, src.dtype,
            src._st.buffer, dst._dyn is None, src._dyn is None, launch.program_id, meta)  # fmt: skip
     if _count(launch, key):
-        if launch.keep_events:
-            _log(launch, (src,), (dst,))
+        if src._dyn is None and dst._dyn is None:
+            _use_rw(launch, src, dst)
+        else:
+            _use(launch, _dma_reads(dst, src), (dst,))
         return
 
     def make() -> TraceRecord:
@@ -119,8 +130,10 @@ def _dma_record(op: str, dst: NkiTensor, src: NkiTensor, launch: _state.Launch, 
         )
 
     _emit(launch, key, make)
-    if launch.keep_events:
-        _log(launch, (src,), (dst,))
+    if src._dyn is None and dst._dyn is None:
+        _use_rw(launch, src, dst)
+    else:
+        _use(launch, _dma_reads(dst, src), (dst,))
 
 
 def dma_copy(

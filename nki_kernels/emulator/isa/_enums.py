@@ -56,9 +56,33 @@ class matmul_perf_mode(enum.Enum):  # noqa: N801
 
 
 class nc_version(enum.Enum):  # noqa: N801
+    """NeuronCore generation: gen2 (trn1/inf2), gen3 (trn2), gen4 (trn3).  Members are ordered by
+    generation (``nisa.get_nc_version() >= nisa.nc_version.gen3``, as NKI 0.6 kernels write it); comparing
+    with anything but another member raises ``TypeError``."""
+
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def __lt__(self, other: Any) -> bool:
+        if type(other) is not nc_version:
+            return NotImplemented
+        return self.value < other.value
+
+    def __le__(self, other: Any) -> bool:
+        if type(other) is not nc_version:
+            return NotImplemented
+        return self.value <= other.value
+
+    def __gt__(self, other: Any) -> bool:
+        if type(other) is not nc_version:
+            return NotImplemented
+        return self.value > other.value
+
+    def __ge__(self, other: Any) -> bool:
+        if type(other) is not nc_version:
+            return NotImplemented
+        return self.value >= other.value
 
 
 class dma_engine(enum.Enum):  # noqa: N801

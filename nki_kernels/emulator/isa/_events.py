@@ -1,5 +1,7 @@
-"""The ordered event log hook: each instruction, right after its record is counted, reports the tensors
-it reads and writes when the launch records events (``keep_events=True``); see :meth:`Trace.iter_events`."""
+"""The access hook: each instruction, right after its record is counted, reports the tensors it reads and
+writes (``_use``).  That stamps their storages with the instruction's number for last-use liveness
+(:mod:`~nki_kernels.emulator.liveness`) and, when the launch records events (``keep_events=True``),
+appends the event (:meth:`Trace.iter_events`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,59 @@ from .. import state as _state
 from ..tensor import NkiTensor
 
 _SPACE = {"sbuf": "sbuf", "psum": "psum", "hbm": "hbm", "shared_hbm": "hbm"}
+
+
+def _use(launch: _state.Launch, reads: tuple, writes: tuple) -> None:
+    """One issued instruction accessed ``reads`` and ``writes`` (non-tensors are skipped)."""
+    n = launch.seq = launch.seq + 1
+    for t in reads:
+        if type(t) is NkiTensor:
+            live = t._st.live
+            if live[0] < 0:  # first access
+                live[1] = n
+            live[0] = n
+    for t in writes:
+        if type(t) is NkiTensor:
+            live = t._st.live
+            if live[0] < 0:
+                live[1] = n
+            live[0] = n
+    if launch.keep_events:
+        _log(launch, reads, writes)
+
+
+def _use_rw(launch: _state.Launch, r: NkiTensor, w: NkiTensor) -> None:
+    """``_use`` for the common one-read, one-write instruction (no tuples, no loops: hot path)."""
+    n = launch.seq = launch.seq + 1
+    live = r._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = w._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    if launch.keep_events:
+        _log(launch, (r,), (w,))
+
+
+def _use_rrw(launch: _state.Launch, r1: NkiTensor, r2: NkiTensor, w: NkiTensor) -> None:
+    """``_use`` for two reads and one write (hot path)."""
+    n = launch.seq = launch.seq + 1
+    live = r1._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = r2._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = w._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    if launch.keep_events:
+        _log(launch, (r1, r2), (w,))
 
 
 def _add_region(flat: list[int], t: NkiTensor, ev: Any) -> None:

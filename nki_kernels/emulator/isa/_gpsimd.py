@@ -17,7 +17,7 @@ from ..errors import (
 from ..tensor import NkiTensor, sbuf
 from ._common import _emit, _rec, _sig, _store, _vals
 from ._enums import NkiInstruction
-from ._events import _log
+from ._events import _use
 from ._rules import _free, _onchip, _same_pf
 
 # --------------------------------------------------------------------------------------------- GpSimdE
@@ -58,8 +58,7 @@ def iota(
     vals = _pattern_values(pattern, offset, channel_multiplier, dst, opn)
     key = (opn, _sig(dst), launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "gpsimd", (dst,), launch))
-    if launch.keep_events:
-        _log(launch, (offset,), (dst,))
+    _use(launch, (offset,), (dst,))
     if vals is not None:
         _store(dst, vals if _dt.is_int(dst.dtype) else vals.astype(np.float32))
     return NkiInstruction(opn)
@@ -89,8 +88,7 @@ def affine_select(
     vals = _pattern_values(pattern, offset, channel_multiplier, dst, opn)
     key = (opn, cname, _sig(dst), _sig(on_true_tile), launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "gpsimd", (dst, on_true_tile), launch))
-    if launch.keep_events:
-        _log(launch, (on_true_tile, offset), (dst,))
+    _use(launch, (on_true_tile, offset), (dst,))
     if vals is not None:
         cond = opdefs.BINARY[cname](vals.astype(np.float64), 0.0) != 0
         t = _vals(on_true_tile).reshape(dst.shape)

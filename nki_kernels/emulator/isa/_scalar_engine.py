@@ -14,7 +14,7 @@ from ..errors import (
 from ..tensor import NkiTensor
 from ._common import _apply_binary, _bcast, _count, _emit, _operand, _rec, _store, _vals
 from ._enums import _RC, NkiInstruction, reduce_cmd
-from ._events import _log
+from ._events import _use
 from ._rules import _free, _onchip, _same_pf
 
 # --------------------------------------------------------------------------------------------- ScalarE
@@ -103,9 +103,8 @@ def _activation(opname, dst, op, data, bias, scale, reduce_op, reduce_res, rcmd)
     if not _count(launch, key):
         ts = (dst, data) + ((reduce_res,) if reduce_res is not None else ())
         _emit(launch, key, lambda: _rec(opname, "scalar", ts, launch, meta=(("func", fname),)))
-    if launch.keep_events:
-        ld = reduce_res if rname is not None and rcmd is _RC.load_reduce else None
-        _log(launch, (data, scale, bias, ld), (dst, reduce_res if rname is not None else None))
+    ld = reduce_res if rname is not None and rcmd is _RC.load_reduce else None
+    _use(launch, (data, scale, bias, ld), (dst, reduce_res if rname is not None else None))
     if launch.trace_only:
         return NkiInstruction(opname)
     x = _vals(data)

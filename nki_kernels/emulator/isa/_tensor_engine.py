@@ -19,7 +19,7 @@ from ..errors import (
 from ..tensor import NkiTensor, psum, sbuf
 from ._common import _count, _count_checked, _emit, _rec, _vals
 from ._enums import _E, _ENGINE_TRACE_ID, NkiInstruction, engine, matmul_perf_mode
-from ._events import _log
+from ._events import _log, _use_rw
 from ._rules import _free, _onchip, _pick_engine
 
 _FP8_E4M3_PAIR = ("float8_e4m3", "float8_e4m3fn")
@@ -58,13 +58,13 @@ def nc_matmul(
         and (accumulate is None or accumulate is False or accumulate is True)
     ):
         dst_st = dst._st
-        # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype
+        # the psum-bank check reads dst's offset inside its partition, its shape, strides and dtype; the
+        # transpose-mode check reads accumulate
         fkey = ("nc_matmul", dst.shape, dst.strides, dst.offset % (dst_st.size // dst_st.shape[0]), dst.dtype,
                 dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
-                moving.dtype, moving._st.buffer, is_transpose)  # fmt: skip
+                moving.dtype, moving._st.buffer, is_transpose, accumulate)  # fmt: skip
         if _count_checked(launch, fkey):
-            if launch.keep_events:
-                _log_matmul(launch, dst, stationary, moving, is_transpose, accumulate)
+            _use_matmul(launch, dst, stationary, moving, is_transpose, accumulate)
             return NkiInstruction("nc_matmul")
     hw = launch.hw
     op = "nc_matmul"
@@ -151,8 +151,7 @@ def nc_matmul(
         ent[1] += 1
         if launch.keep_order:
             launch.note(ent[0])
-    if launch.keep_events:
-        _log_matmul(launch, dst, stationary, moving, is_transpose, accumulate)
+    _use_matmul(launch, dst, stationary, moving, is_transpose, accumulate)
     if fkey is not None:
         launch.checked[fkey] = launch.records[key]
     if launch.trace_only:
@@ -195,13 +194,27 @@ def nc_matmul(
     return NkiInstruction(op)
 
 
-def _log_matmul(
-    launch: Any, dst: Any, stationary: Any, moving: Any, is_transpose: Any, accumulate: Any
+def _use_matmul(
+    launch: Any, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_transpose: Any, accumulate: Any
 ) -> None:
-    """Event of one matmul: it reads dst too where it may add onto it (accumulate True or None, not in
-    transpose mode)."""
-    acc = accumulate is not False and not is_transpose
-    _log(launch, (stationary, moving, dst) if acc else (stationary, moving), (dst,))
+    """Access of one matmul (hot path, inlined): liveness stamps of its three operands; its event reads dst
+    too where it may add onto it (accumulate True or None, not in transpose mode)."""
+    n = launch.seq = launch.seq + 1
+    live = stationary._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = moving._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    live = dst._st.live
+    if live[0] < 0:
+        live[1] = n
+    live[0] = n
+    if launch.keep_events:
+        acc = accumulate is not False and not is_transpose
+        _log(launch, (stationary, moving, dst) if acc else (stationary, moving), (dst,))
 
 
 def _transpose_mode_rules(
@@ -239,8 +252,7 @@ def nc_transpose(
         fkey = ("nc_transpose", id(engine), dst.shape, dst.dtype, dst._st.buffer, data.shape, data.dtype,
                 data._st.buffer)  # fmt: skip
         if _count_checked(launch, fkey):
-            if launch.keep_events:
-                _log(launch, (data,), (dst,))
+            _use_rw(launch, data, dst)
             return NkiInstruction("nc_transpose")
     hw = launch.hw
     op = "nc_transpose"
@@ -301,8 +313,7 @@ def nc_transpose(
                 op, en, (dst, data), launch, flops=2 * P * F * P if eng is _E.tensor else 0, meta=meta
             ),
         )
-    if launch.keep_events:
-        _log(launch, (data,), (dst,))
+    _use_rw(launch, data, dst)
     if fkey is not None:
         launch.checked[fkey] = launch.records[key]
     if not launch.trace_only:

@@ -19,7 +19,7 @@ from ..errors import (
 from ..tensor import NkiTensor, psum
 from ._common import _apply_binary, _bcast, _binary_name, _count, _emit, _operand, _rec, _sig, _store, _vals
 from ._enums import _E, _ENGINE_TRACE_ID, _TC_ENGINES, _TT_ENGINES, NkiInstruction, engine, reduce_cmd
-from ._events import _log
+from ._events import _use, _use_rrw, _use_rw
 from ._rules import _axes, _free, _no_gpsimd_psum, _onchip, _pick_engine, _same_pf
 
 # --------------------------------------------------------------------------------------------- VectorE
@@ -64,8 +64,7 @@ def tensor_tensor(
     key = (opn, en, name_, _sig(dst), _sig(data1), _sig(data2), launch.program_id)
     if not _count(launch, key):
         _emit(launch, key, lambda: _rec(opn, en, (dst, data1, data2), launch, meta=(("alu", name_),)))
-    if launch.keep_events:
-        _log(launch, (data1, data2), (dst,))
+    _use_rrw(launch, data1, data2, dst)
     if launch.trace_only:
         return NkiInstruction(opn)
     if bitvec:
@@ -131,8 +130,7 @@ def tensor_scalar(
                 opn, en, (dst, data) + extra, launch, flops=nops * dst.size, meta=(("alu", (n0, n1)),)
             ),
         )
-    if launch.keep_events:
-        _log(launch, (data, operand0, operand1), (dst,))
+    _use(launch, (data, operand0, operand1), (dst,))
     if launch.trace_only:
         return NkiInstruction(opn)
     if bitvec:
@@ -202,8 +200,7 @@ def scalar_tensor_tensor(
                 opn, "vector", (dst, data, operand1), launch, flops=2 * dst.size, meta=(("alu", (n0, n1)),)
             ),
         )
-    if launch.keep_events:
-        _log(launch, (data, operand0, operand1), (dst,))
+    _use(launch, (data, operand0, operand1), (dst,))
     if launch.trace_only:
         return NkiInstruction(opn)
     x = _vals(data).reshape(dst.shape)
@@ -247,8 +244,7 @@ def tensor_reduce(
             key,
             lambda: _rec(opn, "vector", (dst, data), launch, flops=data.size, meta=(("alu", rn),)),
         )
-    if launch.keep_events:
-        _log(launch, (data,), (dst,))
+    _use_rw(launch, data, dst)
     if launch.trace_only:
         return NkiInstruction(opn)
     if rn in opdefs.BITVEC:
@@ -278,8 +274,7 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: Any 
         )
     key = (opn, rn, _sig(dst), _sig(data), launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "gpsimd", (dst, data), launch, flops=data.size))
-    if launch.keep_events:
-        _log(launch, (data,), (dst,))
+    _use_rw(launch, data, dst)
     if not launch.trace_only:
         x = _vals(data).reshape(data.shape[0], -1)
         _store(dst, red(x, axis=(0,)).reshape(dst.shape))
@@ -300,8 +295,7 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> NkiInstruct
     key = (opn, _sig(dst), _sig(data), launch.program_id)
     if not _count(launch, key):
         _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch))
-    if launch.keep_events:
-        _log(launch, (data,), (dst,))
+    _use_rw(launch, data, dst)
     if not launch.trace_only:
         with np.errstate(all="ignore"):
             _store(dst, (np.float32(1) / _vals(data)).reshape(dst.shape))
@@ -320,8 +314,7 @@ def tensor_copy_predicated(
     _same_pf(opn, dst, "dst", predicate, "predicate")
     key = (opn, _sig(dst), _sig(src), _sig(predicate), launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "vector", (dst, src, predicate), launch))
-    if launch.keep_events:  # a merge: dst keeps its old values where the predicate is off
-        _log(launch, (src, predicate, dst), (dst,))
+    _use(launch, (src, predicate, dst), (dst,))  # a merge: dst keeps its values where the predicate is off
     if not launch.trace_only:
         m = np.asarray(predicate.read()).reshape(dst.shape).astype(np.float32) != 0
         if reverse_pred:
@@ -365,8 +358,7 @@ def tensor_scalar_reduce(
             )
     key = (opn, n0, rn, _sig(dst), _sig(data), reduce_res is None, launch.program_id)
     _emit(launch, key, lambda: _rec(opn, "vector", (dst, data), launch, flops=2 * dst.size))
-    if launch.keep_events:
-        _log(launch, (data, operand0), (dst, reduce_res))
+    _use(launch, (data, operand0), (dst, reduce_res))
     if launch.trace_only:
         return NkiInstruction(opn)
     x = _vals(data).reshape(dst.shape)
