@@ -171,17 +171,19 @@ def test_capture_trace_is_cached_and_keep_events_plumbed() -> None:
         harness.capture_trace(KernelRun("nope", ()))
 
 
-def test_cheap_point_full_shape_isolates_dma_costs_v1() -> None:
-    """The dma_pairs point at full shape through cost model v1: the slope per DMA is the v1 issue price
-    (hwdge_issue_ns / hwdge_blocks) and the intercept the v1 exposed latency (2 x dma_latency_ns): the
-    methods isolate exactly the quantity they name."""
+def test_cheap_point_full_shape_isolates_dma_costs() -> None:
+    """The dma_pairs point at full shape through cost model v2's bound model (no event log): the slope
+    per DMA is the v2 issue price (dma_issue_ns / dma_issue_lanes) and the intercept the fixed per-kernel
+    time plus the exposed first load and last store issue (kernel_fixed_ns + 2 x (dma_issue_ns +
+    dma_completion_ns)): the methods isolate exactly the quantity they name."""
     p = cost.Trn2CostParams()
     pts = {q.name: q for q in POINTS}
     issue_us, bn = harness.modelled_us(pts["dma_issue"])
     fixed_us, _ = harness.modelled_us(pts["fixed_idle"])
     assert bn == "dma"
-    assert issue_us == pytest.approx(p.hwdge_issue_ns / p.hwdge_blocks / 1e3, rel=1e-9)
-    assert fixed_us == pytest.approx(2 * p.dma_latency_ns / 1e3, rel=1e-9)
+    assert issue_us == pytest.approx(p.dma_issue_ns / p.dma_issue_lanes / 1e3, rel=1e-9)
+    exposed = 2 * (p.dma_issue_ns + p.dma_completion_ns)
+    assert fixed_us == pytest.approx((p.kernel_fixed_ns + exposed) / 1e3, rel=1e-9)
 
 
 class _FakeTrace:
