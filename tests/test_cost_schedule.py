@@ -307,3 +307,11 @@ def test_schedule_of_an_emulated_kernel_by_hand() -> None:
     assert prof.throttled_tensor_instructions == 1
     assert set(prof.critical_engines) == {"tensor", "vector", "dma"}
     assert prof.latency_ns <= prof.serial_ns
+
+
+def test_lane_never_double_books_forgotten_time() -> None:
+    """The issue lane / DMA pool / reordering engines keep their latest 512 intervals; 2,000 independent
+    matmuls on a reordering TensorE still take 2,000 x the matmul time (none lands in forgotten time)."""
+    evs = [(matmul(), (sb(1), sb(2)), (ps(10 + i),)) for i in range(2000)]
+    r = run(evs, replace(P, engine_in_order=False))
+    assert r.makespan_ns == pytest.approx(2000 * MM)

@@ -79,19 +79,24 @@ class ScheduleResult:
 
 
 class _Lane:
-    """A resource that serves requests in the earliest gap at or after their ready time."""
+    """A resource that serves requests in the earliest gap at or after their ready time.
 
-    __slots__ = ("starts", "ends")
+    Only the latest 512 busy intervals are kept; older ones are forgotten and nothing may start before
+    the end of the last forgotten one (``floor``), so a late request never double-books old time.
+    """
+
+    __slots__ = ("starts", "ends", "floor")
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
+        self.floor = 0.0
 
     def earliest(self, ready: float, dur: float) -> tuple[float, int]:
         """Earliest start >= ``ready`` of a gap of ``dur`` (and the insertion index), without reserving."""
         starts, ends = self.starts, self.ends
-        i = bisect.bisect_right(ends, ready)
-        t = ready
+        t = ready if ready > self.floor else self.floor
+        i = bisect.bisect_right(ends, t)
         n = len(starts)
         while i < n and starts[i] < t + dur:
             if ends[i] > t:
@@ -105,7 +110,8 @@ class _Lane:
         if dur > 0:
             self.starts.insert(i, t)
             self.ends.insert(i, t + dur)
-            if len(self.starts) > 512:  # forget intervals that no longer matter (rarely rescanned)
+            if len(self.starts) > 512:
+                self.floor = max(self.floor, self.ends[255])
                 del self.starts[:256], self.ends[:256]
         return t
 
