@@ -315,3 +315,18 @@ def test_lane_never_double_books_forgotten_time() -> None:
     evs = [(matmul(), (sb(1), sb(2)), (ps(10 + i),)) for i in range(2000)]
     r = run(evs, replace(P, engine_in_order=False))
     assert r.makespan_ns == pytest.approx(2000 * MM)
+
+
+def test_indirect_dma_index_tile_does_not_set_its_engines() -> None:
+    """An indirect HBM->HBM DMA also reads its 1-partition index tile: its data still spreads over all 16
+    engines (the record's partition count), it waits for the index (RAW) and generates its descriptors
+    on GpSimd (swdge) after it."""
+    big = replace(dma(32768, parts=128, direction="hbm->hbm"), meta=(("indirect", "scalar"),))
+    c = dma_record_cost(big)
+    assert c.mode == "swdge" and c.engines_used == 16
+    idx = elementwise("tensor_scalar", "vector", 1, ("int32", "int32"), ("sbuf", "sbuf"))
+    t_idx = instruction_ns(idx)
+    r = run(
+        [(idx, (sb(1, 0, 4, 0, 1),), (sb(2, 0, 4, 0, 1),)), (big, (hbm(3), sb(2, 0, 4, 0, 1)), (hbm(4),))]
+    )
+    assert r.makespan_ns == pytest.approx(t_idx + SYNC + c.issue_ns + c.data_ns / 16)

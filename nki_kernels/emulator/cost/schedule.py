@@ -116,13 +116,6 @@ class _Lane:
         return t
 
 
-def _onchip_partitions(regions: Iterable[Any]) -> tuple[int, int] | None:
-    for r in regions:
-        if r[0] != "hbm":
-            return r[2], r[3]
-    return None
-
-
 def schedule_events(
     events: Iterable[tuple[TraceRecord, tuple[Any, ...], tuple[Any, ...]]],
     params: Trn2CostParams | None = None,
@@ -146,7 +139,6 @@ def schedule_events(
     contention = p.vector_gpsimd_contention
     completion = p.dma_completion_ns
     ne = p.dma_engines
-    ppe = p.partitions_per_dma_engine
     price_dma = dma_cost or (lambda r: dma_record_cost(r, p))
     in_order = p.engine_in_order
 
@@ -266,12 +258,9 @@ def schedule_events(
             issued = start + c.issue_ns
             if ready > issued:  # the data waits for its inputs / for readers of its destination
                 start, pr, issued = ready - c.issue_ns, dep_src, ready
-            used = c.engines_used
-            parts = _onchip_partitions(writes) or _onchip_partitions(reads)
-            if parts is not None and parts[1] > parts[0]:
-                used = min(ne, (parts[1] - 1) // ppe - parts[0] // ppe + 1)
+            # engines used: min(16, ceil(P / 8)) of the record (an indirect DMA's index tile is no guide)
             d0 = pools[core].reserve(issued, c.data_ns / ne)
-            end = d0 + c.data_ns / max(used, 1) + completion
+            end = d0 + c.data_ns / max(c.engines_used, 1) + completion
             busy[me] += c.data_ns / ne
             queue_free[core][q] = start + c.issue_ns
             queue_last[core][q] = idx
