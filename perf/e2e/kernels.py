@@ -1,11 +1,16 @@
 """Kernel providers: per-core cost of one NKI kernel call, the seam through which the cost model enters.
 
 :class:`TracedKernels` runs the project's NKI kernels trace-only in the emulator and prices the trace with
-``nki_kernels.emulator.cost.profile`` (whatever version of the cost model is installed);
-:class:`AnalyticKernels` is the hand-counted fallback.  Both return a :class:`KernelCost` *without* the
-end-to-end per-kernel fixed cost, which the chunk model charges once per kernel call from
-:class:`~perf.e2e.params.E2EParams` (``kernel_fixed_s``); a provider whose time already contains a fixed
-part says how much in ``KernelCost.fixed_s`` and the chunk model strips it.  All times *modelled*.
+cost model v2: each kernel is recorded with its ordered event log (``keep_events=True``) and priced by
+``nki_kernels.emulator.cost.profile_range``, i.e. by the dependency-aware schedule at both ends of every
+unmeasured cost-model parameter; :class:`AnalyticKernels` is the hand-counted fallback.
+
+One source of truth for the fixed per-kernel time: the chunk model charges
+:class:`~perf.e2e.params.E2EParams` ``kernel_fixed_s`` once per kernel call (its pessimistic end *is*
+the cost model's ``Trn2CostParams.high().kernel_fixed_ns``); the cost model's own fixed time, inside
+every profile's latency (``KernelProfile.fixed_ns``, at each end its own value), is reported in
+``KernelCost.fixed_s`` / ``fixed_high_s`` and stripped by :meth:`KernelCost.at`, so no call pays it
+twice.  All times *modelled*.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ class KernelCost:
 
     ``time_s``: the cost model's latency (optimistic end); ``time_high_s``: its pessimistic end when the
     cost model prices an unmeasured parameter as a range (``None`` = same as ``time_s``); ``fixed_s``: the
-    per-kernel fixed time already inside both (stripped by the chunk model, which charges its own);
-    ``engine_busy_s``: per-engine busy seconds (``vector`` and ``gpsimd`` feed the shared-port term).
+    per-kernel fixed time already inside ``time_s`` and ``fixed_high_s`` the one inside ``time_high_s``
+    (``None`` = ``fixed_s``); both are stripped by :meth:`at` (the chunk model charges its own);
+    ``engine_busy_s``: per-engine busy seconds (``vector`` and ``gpsimd`` feed the shared-port term);
+    ``model``: what priced it (``"schedule"``: cost model v2's dependency-aware schedule over the event
+    log; ``"bound"``: its bound model; ``"analytic"``: :class:`AnalyticKernels`).
     """
 
     time_s: float
@@ -37,19 +45,28 @@ class KernelCost:
     source: str = "analytic"
     fixed_s: float = 0.0
     time_high_s: float | None = None
+    fixed_high_s: float | None = None
+    model: str = "analytic"
 
     def __post_init__(self) -> None:
-        if self.time_s < 0 or self.fixed_s < 0:
+        if self.time_s < 0 or self.fixed_s < 0 or (self.fixed_high_s or 0.0) < 0:
             raise ValueError(
-                f"KernelCost: time_s and fixed_s must be >= 0, got {self.time_s}, {self.fixed_s}"
+                f"KernelCost: time_s, fixed_s and fixed_high_s must be >= 0, got {self.time_s}, "
+                f"{self.fixed_s}, {self.fixed_high_s}"
             )
         if self.time_high_s is not None and self.time_high_s < self.time_s:
             raise ValueError(f"KernelCost: time_high_s {self.time_high_s} < time_s {self.time_s}")
 
     def at(self, end: str) -> float:
-        """Latency without the fixed part at ``end`` (``"optimistic"`` or ``"pessimistic"``)."""
-        t = self.time_s if end == "optimistic" or self.time_high_s is None else self.time_high_s
-        return max(0.0, t - self.fixed_s)
+        """Latency without the fixed part at ``end`` (``"optimistic"`` or ``"pessimistic"``):
+        ``time_s - fixed_s`` or ``time_high_s - fixed_high_s`` (each end strips its own fixed time)."""
+        if end not in ("optimistic", "pessimistic"):
+            raise ValueError(f"KernelCost.at: end must be 'optimistic' or 'pessimistic', got {end!r}")
+        if end == "optimistic":
+            return max(0.0, self.time_s - self.fixed_s)
+        t = self.time_s if self.time_high_s is None else self.time_high_s
+        fixed = self.fixed_s if self.fixed_high_s is None else self.fixed_high_s
+        return max(0.0, t - fixed)
 
 
 class KernelProvider(Protocol):
@@ -110,26 +127,33 @@ class AnalyticKernels:
         return KernelCost(b / self.params.hbm_Bps_per_core, 0, b, {}, "analytic")
 
 
-def _profile_cost(prof: Any, flops: int, source: str, scale: float = 1.0) -> KernelCost:
-    """:class:`KernelCost` of a cost-model profile (``scale`` x, for independent repeated head groups).
+def _profile_cost(low: Any, high: Any, flops: int, source: str, scale: float = 1.0) -> KernelCost:
+    """:class:`KernelCost` of a cost-model v2 profile pair ``(low, high)`` (``profile_range``), ``scale``
+    x for independent repeated head groups.
 
-    The fixed part is the profile's ``fixed_ns`` when the cost model reports one (cost model v2), else
-    its ``non_overlap_ns`` (v1: the exposed DMA first-byte latency, the only fixed term it charges).
-    A ``latency_high_ns`` attribute (a v2 range) becomes ``time_high_s``.
+    ``time_s`` / ``time_high_s`` = the low / high profile's ``latency_ns``; ``fixed_s`` / ``fixed_high_s``
+    = their ``fixed_ns`` (the cost model's fixed per-kernel time, stripped by :meth:`KernelCost.at`);
+    ``engine_busy_s`` from the high profile; ``model`` = the profiles' ``model`` (``"schedule"`` or
+    ``"bound"``), also appended to ``source``.  A high latency below the low one (a list-scheduling
+    anomaly ``profile_range`` documents) is clamped to the low one and said in ``source``.
     """
-    fixed_ns = getattr(prof, "fixed_ns", None)
-    if fixed_ns is None:
-        fixed_ns = getattr(prof, "non_overlap_ns", 0.0) or 0.0
-    high = getattr(prof, "latency_high_ns", None)
-    busy = {k: float(v) * 1e-9 * scale for k, v in getattr(prof, "engine_busy_ns", {}).items()}
+    if low.model != high.model:
+        raise ValueError(f"_profile_cost: low and high priced by different models: {low.model}, {high.model}")
+    t_low, t_high = float(low.latency_ns) * 1e-9 * scale, float(high.latency_ns) * 1e-9 * scale
+    src = f"{source} ({low.model})"
+    if t_high < t_low:
+        t_high, src = t_low, f"{src}, high clamped to low"
+    busy = {k: float(v) * 1e-9 * scale for k, v in high.engine_busy_ns.items()}
     return KernelCost(
-        float(prof.latency_ns) * 1e-9 * scale,
+        t_low,
         flops,
-        int(getattr(prof, "hbm_bytes", 0) * scale),
+        int(high.hbm_bytes * scale),
         busy,
-        source,
-        float(fixed_ns) * 1e-9 * scale,
-        None if high is None else float(high) * 1e-9 * scale,
+        src,
+        float(low.fixed_ns) * 1e-9 * scale,
+        t_high,
+        float(high.fixed_ns) * 1e-9 * scale,
+        low.model,
     )
 
 
@@ -144,7 +168,8 @@ class TracedKernels:
     ``max_heads`` local heads; with more heads (the 1- and 2-core points of the scaling sweep) it is
     traced at the largest divisor ``h <= max_heads`` of the head count and multiplied by ``heads / h``
     (heads are independent loop iterations of the kernel).  Anything that fails to trace falls back to
-    :class:`AnalyticKernels` and says so in ``source``.
+    :class:`AnalyticKernels` and says so in ``source``.  Every trace keeps its event log, so the cost is
+    the v2 schedule's (``KernelCost.model == "schedule"``) at both ends (``profile_range``).
     """
 
     params: E2EParams = field(default_factory=E2EParams)
@@ -154,14 +179,15 @@ class TracedKernels:
 
     def __post_init__(self) -> None:
         from nki_kernels.emulator import TensorSpec, run
-        from nki_kernels.emulator.cost import profile
+        from nki_kernels.emulator.cost import profile_range
 
-        self._run, self._spec, self._profile = run, TensorSpec, profile
+        self._run, self._spec, self._profile_range = run, TensorSpec, profile_range
         self._fallback = AnalyticKernels(self.params)
 
-    def _trace(self, kernel: Any, *args: Any) -> Any:
-        _, tr = self._run(kernel, *args, trace_only=True)
-        return self._profile(tr)
+    def _trace(self, kernel: Any, *args: Any) -> tuple[Any, Any]:
+        """``(low, high)`` cost-model profiles of one trace-only run with the event log."""
+        _, tr = self._run(kernel, *args, trace_only=True, keep_events=True)
+        return self._profile_range(tr, schedule=True)
 
     def _cached(
         self, key: tuple[Any, ...], compute: Callable[[], KernelCost], fallback: Callable[[], KernelCost]
@@ -188,7 +214,7 @@ class TracedKernels:
             q, kv = self._spec((1, lq, h, head_dim), bf), self._spec((1, lk, h, head_dim), bf)
             prof = self._trace(attention_kernel, q, kv, kv, 1.0 / math.sqrt(head_dim), False)
             src = "traced" if h == heads else f"traced at {h} heads x {heads // h}"
-            return _profile_cost(prof, flops, src, heads // h)
+            return _profile_cost(*prof, flops, src, heads // h)
 
         return self._cached(
             ("attn", lq, lk, heads, head_dim),
@@ -204,7 +230,7 @@ class TracedKernels:
 
             x = self._spec((1, tokens, heads, head_dim), ml_dtypes.bfloat16)
             tab = self._spec((tokens, head_dim // 2), "float32")
-            return _profile_cost(self._trace(rope3d_kernel, x, x, tab, tab), 0, "traced")
+            return _profile_cost(*self._trace(rope3d_kernel, x, x, tab, tab), 0, "traced")
 
         return self._cached(
             ("rope", tokens, heads, head_dim), compute, lambda: self._fallback.rope(tokens, heads, head_dim)
@@ -221,7 +247,7 @@ class TracedKernels:
             new = self._spec((1, tokens, heads, head_dim), bf)
             slot = self._spec((1, 1), "int32")
             return _profile_cost(
-                self._trace(kv_cache_write_kernel, cache, cache, new, new, slot), 0, "traced"
+                *self._trace(kv_cache_write_kernel, cache, cache, new, new, slot), 0, "traced"
             )
 
         return self._cached(

@@ -9,10 +9,10 @@ conservative collective model.  :meth:`E2EParams.at` resolves the ranges of one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ENDS", "Range", "E2EParams", "EndPoint"]
+__all__ = ["ENDS", "KERNEL_FIXED_LOW_S", "Range", "E2EParams", "EndPoint", "kernel_fixed_range"]
 
 ENDS = ("optimistic", "pessimistic")
 """The two ends every headline figure is given at (optimistic = low cost = high fps)."""
@@ -41,6 +41,24 @@ def _check_end(end: str) -> None:
         raise ValueError(f"end must be one of {ENDS}, got {end!r}")
 
 
+KERNEL_FIXED_LOW_S = 2e-6
+"""Optimistic fixed time of one kernel call inside a NEFF (DMA fixed latency + one hwdge issue)."""
+
+
+def kernel_fixed_range() -> Range:
+    """Default ``E2EParams.kernel_fixed_s``: low :data:`KERNEL_FIXED_LOW_S`, high the cost model v2's
+    pessimistic ``kernel_fixed_ns`` (``nki_kernels.emulator.cost.Trn2CostParams.high()``), in seconds."""
+    from nki_kernels.emulator.cost import Trn2CostParams
+
+    high = Trn2CostParams.high().kernel_fixed_ns * 1e-9
+    return Range(
+        KERNEL_FIXED_LOW_S,
+        high,
+        "low: DMA fixed latency + hwdge issue (Neuron docs); high: cost model v2 "
+        "Trn2CostParams.high().kernel_fixed_ns (trn2 profiles, CS149)",
+    )
+
+
 @dataclass(frozen=True)
 class E2EParams:
     """End-to-end assumptions.  Sources (public; all trn2 = NeuronCore-v3):
@@ -55,12 +73,15 @@ class E2EParams:
       Forcing port (github.com/yahavb/rolling_forcing
       ``.claude/skills/rolling-forcing-trn2-benchmark/SKILL.md`` and ``docs/PAPER_parallelism_neuron.md``
       @ 264f5a8: submit 71 + host barrier 43 + hardware barrier 31 us); a number, not a range.
-    * ``kernel_fixed_s``: fixed time of one kernel call inside a NEFF in which no engine computes.
-      RANGE: low 2 us = the documented DMA fixed latency (~1.3 us cross-engine, Neuron docs
-      ``nki/deep-dives/nki-dma-bandwidth-guide.rst``) + one hwdge DMA issue (~0.6 us, ``nki-dge.rst``),
-      i.e. one pipeline fill/drain; high 13.3 us = the idle time every published standalone trn2
-      kernel profile shows (12.4-13.3 us; Stanford CS149 asst4 trn2 profiles, e.g.
-      github.com/xaviergonzalez/asst4-trainium2 @ d1552616).  Inside a larger NEFF no one measured it.
+    * ``kernel_fixed_s``: fixed time of one kernel call inside a NEFF in which no engine computes; the
+      ONE figure the end-to-end model charges per kernel call (the cost model's own fixed time is
+      stripped from every traced kernel, ``perf/e2e/kernels.py``).  RANGE: low 2 us = the documented DMA
+      fixed latency (~1.3 us cross-engine, Neuron docs ``nki/deep-dives/nki-dma-bandwidth-guide.rst``) +
+      one hwdge DMA issue (~0.6 us, ``nki-dge.rst``), i.e. one pipeline fill/drain; high = the cost
+      model's pessimistic ``Trn2CostParams.high().kernel_fixed_ns`` (13.3 us: the idle time every
+      published standalone trn2 kernel profile shows, 12.4-13.3 us; Stanford CS149 asst4 trn2 profiles,
+      e.g. github.com/xaviergonzalez/asst4-trainium2 @ d1552616), read from the cost model, not re-typed.
+      Inside a larger NEFF no one measured it.
     * ``collective_barrier_s``: the barrier between a collective and the compute around it (every rank
       waits for the slowest, engines drain, semaphores).  RANGE: low 2 us = one documented per-hop
       latency (1-2 us, Neuron docs ``neuron-runtime/explore/intranode-collective-comm.rst``); high
@@ -85,9 +106,7 @@ class E2EParams:
     gpsimd_hz: float = 1.2e9
     lanes: int = 128
     neff_launch_s: float = (71 + 43 + 31) * 1e-6
-    kernel_fixed_s: Range = Range(
-        2e-6, 13.3e-6, "low: DMA fixed latency + hwdge issue (Neuron docs); high: trn2 profiles (CS149)"
-    )
+    kernel_fixed_s: Range = field(default_factory=lambda: kernel_fixed_range())
     collective_barrier_s: Range = Range(
         2e-6, 31e-6, "low: 1-2 us per hop (Neuron runtime docs); high: 31 us hardware barrier (RF port)"
     )
