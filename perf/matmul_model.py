@@ -100,6 +100,22 @@ class BlockProfile:
     flops: int
     instructions: int
     source: str  # "traced" or "analytic"
+    latency_high_s: float | None = None
+    fixed_s: float = 0.0
+    fixed_high_s: float | None = None
+    model: str = ""
+
+    def at(self, end: str) -> float:
+        """Block time at ``end`` (``"optimistic"``: ``latency_s``; ``"pessimistic"``: ``latency_high_s``,
+        else ``latency_s``) without the cost model's fixed per-kernel time of that end (``fixed_s`` /
+        ``fixed_high_s``): the blocks of one linear run inside ONE kernel call, whose fixed time the
+        end-to-end model charges once (``perf/e2e``, ``kernel_fixed_s``)."""
+        if end not in ("optimistic", "pessimistic"):
+            raise ValueError(f"BlockProfile.at: end must be 'optimistic' or 'pessimistic', got {end!r}")
+        if end == "optimistic" or self.latency_high_s is None:
+            return max(0.0, self.latency_s - self.fixed_s)
+        fixed = self.fixed_s if self.fixed_high_s is None else self.fixed_high_s
+        return max(0.0, self.latency_high_s - fixed)
 
 
 @dataclass(frozen=True)
@@ -218,7 +234,11 @@ class TracedMatmulProvider:
 
     ``run`` / ``tensor_spec`` / ``profile`` default to ``nki_kernels.emulator.run``, ``TensorSpec`` and
     ``nki_kernels.emulator.cost.profile``; construction raises ``ImportError`` when they are missing.
-    Profiles are cached per ``(block_m, k, block_n)`` for the lifetime of the provider.
+    Profiles are cached per ``(block_m, k, block_n)`` for the lifetime of the provider.  With the default
+    ``profile`` (cost model v2) the block is traced with its event log and priced by
+    ``cost.profile_range`` (the dependency-aware schedule at both ends): ``latency_s`` / ``latency_high_s``
+    are the low / high latencies and ``fixed_s`` / ``fixed_high_s`` their ``fixed_ns`` (stripped by
+    :meth:`BlockProfile.at`); ``model`` says which cost model priced it.
     """
 
     run: Callable[..., Any] | None = None
@@ -227,6 +247,7 @@ class TracedMatmulProvider:
     params: Any = None
     name: str = "traced"
     _cache: dict[tuple[int, int, int], BlockProfile] = field(default_factory=dict)
+    _range: Callable[..., Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run is None or self.tensor_spec is None:
@@ -238,6 +259,7 @@ class TracedMatmulProvider:
             from nki_kernels.emulator import cost
 
             self.profile = cost.profile
+            self._range = cost.profile_range
 
     def block(self, block_m: int, k: int, block_n: int) -> BlockProfile:
         _check_dims(block_m, k, block_n)
@@ -247,12 +269,28 @@ class TracedMatmulProvider:
             import ml_dtypes
 
             bf16 = ml_dtypes.bfloat16
-            _, trace = self.run(
-                matmul_block_kernel,
-                self.tensor_spec((block_m, k), bf16),
-                self.tensor_spec((k, block_n), bf16),
-                trace_only=True,
-            )
+            specs = (self.tensor_spec((block_m, k), bf16), self.tensor_spec((k, block_n), bf16))
+            if self._range is not None:
+                _, trace = self.run(matmul_block_kernel, *specs, trace_only=True, keep_events=True)
+                lo, hi = self._range(trace, self.params, schedule=True)
+                busy = {str(e): float(v) * 1e-9 for e, v in hi.engine_busy_ns.items()}
+                self._cache[key] = BlockProfile(
+                    block_m=block_m,
+                    block_n=block_n,
+                    k=k,
+                    latency_s=lo.latency_ns * 1e-9,
+                    engine_busy_s=busy,
+                    dma_bytes=int(hi.dma_bytes),
+                    flops=int(hi.flops),
+                    instructions=int(trace.num_instructions),
+                    source=f"traced ({lo.model})",
+                    latency_high_s=max(lo.latency_ns, hi.latency_ns) * 1e-9,
+                    fixed_s=lo.fixed_ns * 1e-9,
+                    fixed_high_s=hi.fixed_ns * 1e-9,
+                    model=lo.model,
+                )
+                return self._cache[key]
+            _, trace = self.run(matmul_block_kernel, *specs, trace_only=True)
             prof = self.profile(trace) if self.params is None else self.profile(trace, params=self.params)
             busy = {str(e): float(v) for e, v in _get(prof, "engine_busy_s", {}).items()}
             self._cache[key] = BlockProfile(
@@ -306,8 +344,13 @@ def linear_profile(
     *,
     block_m: int = 1024,
     block_n: int = 512,
+    end: str | None = None,
 ) -> LinearProfile:
     """Modelled time of ``[m, k] @ [k, n]`` on one core: block count x one block's modelled latency.
+
+    ``end``: ``None`` = the block's ``latency_s`` as is; ``"optimistic"`` / ``"pessimistic"`` = the
+    block's :meth:`BlockProfile.at` of that end (the cost model's fixed per-kernel time stripped, for a
+    caller that charges one per linear).
 
     ``k`` is padded up to a multiple of 128 (zero rows cost the same as real ones).  The M blocking uses
     ``ceil(m / block_m)`` blocks of equal size (a multiple of 128, at most ``block_m``), which keeps the
@@ -330,7 +373,7 @@ def linear_profile(
         n=n,
         blocks=blocks,
         block=blk,
-        latency_s=blk.latency_s * blocks,
+        latency_s=(blk.latency_s if end is None else blk.at(end)) * blocks,
         flops=2 * m * k * n,
         dma_bytes=blk.dma_bytes * blocks,
         engine_busy_s=busy,

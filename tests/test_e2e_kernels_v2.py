@@ -149,3 +149,27 @@ def test_traced_attention_high_end_and_head_scaling(traced):
     # the cache hands back the same object for the same shape (the trace runs once per run)
     assert traced.attention(lq, lk, 2, d) is two
     assert math.isclose(two.fixed_high_s, Trn2CostParams.high().kernel_fixed_ns * 1e-9)
+
+
+def test_traced_matmul_blocks_strip_the_fixed_time_and_carry_both_ends():
+    """A linear's blocks run inside one kernel call: each block's time at an end is its v2 schedule
+    latency minus the cost model's fixed time of that end, and the linear = blocks x that."""
+    from perf.matmul_model import TracedMatmulProvider, linear_profile, matmul_block_kernel
+
+    prov = TracedMatmulProvider()
+    b = prov.block(256, 256, 128)
+    _, tr = run(
+        matmul_block_kernel,
+        TensorSpec((256, 256), BF),
+        TensorSpec((256, 128), BF),
+        trace_only=True,
+        keep_events=True,
+    )
+    lo, hi = profile_range(tr)
+    assert b.model == "schedule" and "schedule" in b.source
+    assert b.at("optimistic") == pytest.approx((lo.latency_ns - lo.fixed_ns) * 1e-9, rel=1e-12)
+    assert b.at("pessimistic") == pytest.approx((hi.latency_ns - hi.fixed_ns) * 1e-9, rel=1e-12)
+    assert b.at("pessimistic") >= b.at("optimistic") > 0
+    lp = linear_profile("x", 300, 256, 256, prov, block_m=256, block_n=128, end="pessimistic")
+    assert lp.blocks == 2 * 2 and lp.block is prov.block(256, 256, 128)
+    assert lp.latency_s == pytest.approx(4 * b.at("pessimistic"), rel=1e-12)

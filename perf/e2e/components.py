@@ -149,7 +149,7 @@ def forward_components(
         if tpl and col is not None:
             rows = ns
             kk, cols = (k, math.ceil(nn / tp)) if col else (math.ceil(k / tp), nn)
-        prof = linear_profile(name, rows, kk, cols, matmul)
+        prof = linear_profile(name, rows, kk, cols, matmul, end=point.end)
         calls = L if layered else 1
         out.append(
             Component(
