@@ -173,3 +173,36 @@ def test_traced_matmul_blocks_strip_the_fixed_time_and_carry_both_ends():
     lp = linear_profile("x", 300, 256, 256, prov, block_m=256, block_n=128, end="pessimistic")
     assert lp.blocks == 2 * 2 and lp.block is prov.block(256, 256, 128)
     assert lp.latency_s == pytest.approx(4 * b.at("pessimistic"), rel=1e-12)
+
+
+class _FixedPartBlocks:
+    """Matmul blocks of ``net + fixed`` (low end) / ``2 net + fixed_high`` (high end)."""
+
+    name = "fixed-part-blocks"
+
+    def __init__(self, net, fixed, fixed_high):
+        self.net, self.fixed, self.fixed_high = net, fixed, fixed_high
+
+    def block(self, block_m, k, block_n):
+        from perf.matmul_model import BlockProfile
+
+        return BlockProfile(
+            block_m, block_n, k, self.net + self.fixed, {"tensor": self.net}, 0, 2 * block_m * k * block_n, 1,
+            "fixed", 2 * self.net + self.fixed_high, self.fixed, self.fixed_high, "schedule",
+        )  # fmt: skip
+
+
+def test_linear_blocks_fixed_time_not_charged_per_block():
+    """The chunk's linears pay blocks x (block time - that end's cost-model fixed time)."""
+    k = _Kernels(20e-6, 30e-6, 0.0, 0.0)
+    p = E2EParams()
+    for end in ("optimistic", "pessimistic"):
+        cm = p.at("optimistic").comm_model
+        kw = dict(cores=8, vae=None, kernels=k, params=p, end=end, comm_model=cm)
+        a = chunk_model(WAN, PIPE, matmul=_FixedPartBlocks(1e-6, 0.0, 0.0), **kw)
+        b = chunk_model(WAN, PIPE, matmul=_FixedPartBlocks(1e-6, 12.4e-6, 13.3e-6), **kw)
+        assert b.chunk_s == pytest.approx(a.chunk_s, rel=1e-12)
+        qkv = {c.name: c for c in b.components}["qkv_proj"]
+        # TP4xSP2 replicated linears: ceil(28,080 / 8) = 3,510 rows -> 4 M blocks; 4,608 cols -> 9 N blocks
+        net = 1e-6 if end == "optimistic" else 2e-6
+        assert qkv.time_s == pytest.approx(4 * 9 * net, rel=1e-12)
