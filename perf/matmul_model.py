@@ -104,6 +104,13 @@ class BlockProfile:
     fixed_s: float = 0.0
     fixed_high_s: float | None = None
     model: str = ""
+    engine_busy_high_s: dict[str, float] | None = None
+
+    def busy_at(self, end: str) -> dict[str, float]:
+        """Per-engine busy seconds at ``end`` (``engine_busy_high_s`` at the pessimistic end when set)."""
+        if end == "pessimistic" and self.engine_busy_high_s is not None:
+            return self.engine_busy_high_s
+        return self.engine_busy_s
 
     def at(self, end: str) -> float:
         """Block time at ``end`` (``"optimistic"``: ``latency_s``; ``"pessimistic"``: ``latency_high_s``,
@@ -273,7 +280,8 @@ class TracedMatmulProvider:
             if self._range is not None:
                 _, trace = self.run(matmul_block_kernel, *specs, trace_only=True, keep_events=True)
                 lo, hi = self._range(trace, self.params, schedule=True)
-                busy = {str(e): float(v) * 1e-9 for e, v in hi.engine_busy_ns.items()}
+                busy = {str(e): float(v) * 1e-9 for e, v in lo.engine_busy_ns.items()}
+                busy_hi = {str(e): float(v) * 1e-9 for e, v in hi.engine_busy_ns.items()}
                 self._cache[key] = BlockProfile(
                     block_m=block_m,
                     block_n=block_n,
@@ -288,6 +296,7 @@ class TracedMatmulProvider:
                     fixed_s=lo.fixed_ns * 1e-9,
                     fixed_high_s=hi.fixed_ns * 1e-9,
                     model=lo.model,
+                    engine_busy_high_s=busy_hi,
                 )
                 return self._cache[key]
             _, trace = self.run(matmul_block_kernel, *specs, trace_only=True)
@@ -350,7 +359,7 @@ def linear_profile(
 
     ``end``: ``None`` = the block's ``latency_s`` as is; ``"optimistic"`` / ``"pessimistic"`` = the
     block's :meth:`BlockProfile.at` of that end (the cost model's fixed per-kernel time stripped, for a
-    caller that charges one per linear).
+    caller that charges one per linear) and its :meth:`BlockProfile.busy_at` engine times.
 
     ``k`` is padded up to a multiple of 128 (zero rows cost the same as real ones).  The M blocking uses
     ``ceil(m / block_m)`` blocks of equal size (a multiple of 128, at most ``block_m``), which keeps the
@@ -365,7 +374,7 @@ def linear_profile(
     bn = min(block_n, n)
     blk = provider.block(bm, kp, bn)
     blocks = math.ceil(m / bm) * math.ceil(n / bn)
-    busy = {e: t * blocks for e, t in blk.engine_busy_s.items()}
+    busy = {e: t * blocks for e, t in (blk.engine_busy_s if end is None else blk.busy_at(end)).items()}
     return LinearProfile(
         name=name,
         m=m,

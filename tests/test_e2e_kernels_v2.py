@@ -173,6 +173,10 @@ def test_traced_matmul_blocks_strip_the_fixed_time_and_carry_both_ends():
     lp = linear_profile("x", 300, 256, 256, prov, block_m=256, block_n=128, end="pessimistic")
     assert lp.blocks == 2 * 2 and lp.block is prov.block(256, 256, 128)
     assert lp.latency_s == pytest.approx(4 * b.at("pessimistic"), rel=1e-12)
+    # engine times of each end (the VAE convs use TensorE's): the low / high profile's busy times
+    assert lp.engine_busy_s["tensor"] == pytest.approx(4 * hi.engine_busy_ns["tensor"] * 1e-9, rel=1e-12)
+    lo_lp = linear_profile("x", 300, 256, 256, prov, block_m=256, block_n=128, end="optimistic")
+    assert lo_lp.engine_busy_s["tensor"] == pytest.approx(4 * lo.engine_busy_ns["tensor"] * 1e-9, rel=1e-12)
 
 
 class _FixedPartBlocks:

@@ -249,7 +249,7 @@ def chunk_model(
         comps += [replace(c, name=c.name if len(fwds) == 1 else f"{fwd.name}:{c.name}") for c in cs]
     if vae is not None:
         layers = vae.steady if vae_layers == "steady" else vae.first
-        comps += vae_components(vae, layers, cores, matmul, params, vae_layers)
+        comps += vae_components(vae, layers, cores, matmul, params, vae_layers, end)
     assert pl is not None
     kernel_calls = sum(c.launches * c.calls for c in comps)
     collectives = sum(c.collectives * c.calls for c in comps)

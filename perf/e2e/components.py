@@ -235,9 +235,16 @@ def vae_conv_flops(layers: Sequence[Any]) -> int:
 
 
 def vae_components(
-    probe: VaeProbe, layers: Sequence[Any], cores: int, matmul: MatmulProvider, params: E2EParams, tag: str
+    probe: VaeProbe,
+    layers: Sequence[Any],
+    cores: int,
+    matmul: MatmulProvider,
+    params: E2EParams,
+    tag: str,
+    end: str = "optimistic",
 ) -> list[Component]:
-    """VAE decoder layers as modelled components on ``cores`` cores (spatial split; halos ignored).
+    """VAE decoder layers as modelled components on ``cores`` cores (spatial split; halos ignored), at
+    ``end`` (the matmul blocks' engine times of that end).
 
     Convs as implicit GEMMs: one ``[positions / cores, C_in] @ [C_in, C_out]`` GEMM per kernel tap on the
     SBUF-resident input (the matmul model's TensorE time x taps), floored by the input + output + weight
@@ -253,7 +260,7 @@ def vae_components(
         if r.kind in ("WanCausalConv3d", "Conv2d") and len(r.weight_shape) >= 4:
             cout, cin, taps, pix = _conv_dims(r)
             mm = math.ceil(pix / cores)
-            prof = linear_profile(r.kind, mm, cin, cout, matmul)
+            prof = linear_profile(r.kind, mm, cin, cout, matmul, end=end)
             tensor_s = prof.engine_busy_s.get("tensor", prof.latency_s) * taps
             io = (math.prod(r.in_shape) + math.prod(r.out_shape)) // cores * 2 + cout * cin * taps * 2
             gemm_t += max(tensor_s, io / params.hbm_Bps_per_core)

@@ -120,7 +120,7 @@ def run_model(
             chunk_model(m, pipe, cores=cores, forwards=[f], end=end, **{**kw, "vae": None}).chunk_s
             for f in warmup_forwards(m, pipe)
         )
-        first = vae_components(vae, vae.first, cores, matmul, params, "first")
+        first = vae_components(vae, vae.first, cores, matmul, params, "first", end)
         fixed = params.at(end).kernel_fixed_s * sum(c.launches for c in first) + params.neff_launch_s
         first_dec = sum(c.total_s for c in first) + fixed
         static = pipe.window_blocks * chunks[("merged", end)].dit_s + first_dec
