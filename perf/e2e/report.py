@@ -524,8 +524,9 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     L.append("## Assumptions (all modelled)\n")
     L.append(
         "- components run back to back (no overlap between kernels or with communication; the one exception "
-        "is the FSDP weight prefetch); inside one kernel the cost model overlaps engines, except VectorE and "
-        "GpSimd, which share the SBUF port (`vector_gpsimd_contention`)."
+        "is the FSDP weight prefetch); inside one kernel cost model v2's schedule overlaps engines as far as "
+        "the kernel's dependencies allow (read-after-write and write-after-read through its tiles), and the "
+        "end-to-end model adds the VectorE/GpSimd shared SBUF port (`vector_gpsimd_contention`)."
     )
     L.append(f"- plots: {', '.join(png_names)}")
     L.append("")
