@@ -20,7 +20,9 @@ def test_129_partitions_rejected_at_allocation(buffer: str) -> None:
     def k():
         nl.ndarray((129, 4), nl.float32, buffer=getattr(nl, buffer))
 
-    with pytest.raises(emu.PartitionLimitError, match=r"\[partition-limit\].*\[129, 4\].*128-partition limit"):
+    with pytest.raises(
+        emu.PartitionLimitError, match=r"\[partition-limit\].*\[129, 4\].*128-partition limit"
+    ):
         run(k)
 
 
