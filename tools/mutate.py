@@ -156,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             for f in futures:
                 r = f.result()
                 results.append(r)
-                print(f"{r.status:10s} {r.seconds:5.0f} s  {r.mutant.name:24s} {r.mutant.path}", flush=True)
+                m = r.mutant
+                print(
+                    f"{r.status:10s} {r.seconds:5.0f} s  {m.name:24s} {m.path}  {r.detail[:70]}", flush=True
+                )
     killed = sum(r.status == "killed" for r in results)
     survived = [r for r in results if r.status == "survived"]
     stale = [r for r in results if r.status == "stale"]
