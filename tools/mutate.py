@@ -57,7 +57,13 @@ def _extract(rev: str, root: Path, dst: Path) -> None:
 
 
 def _pytest(tree: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(tree),
+        OMP_NUM_THREADS="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        HYPOTHESIS_PROFILE="mutate",  # tests/conftest.py: CI examples, no shrinking of a failure
+    )
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     try:
         p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
