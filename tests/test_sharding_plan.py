@@ -79,6 +79,14 @@ def test_comm_bytes_match_hand_count() -> None:
     assert p.comm_time_s == pytest.approx(expect, rel=1e-12)
 
 
+def test_comm_bytes_of_the_busiest_rank_when_tokens_do_not_divide() -> None:
+    # 23,401 queries on 8 ranks: rank 0 holds 2,926 tokens (the others 2,925); 32,761 keys on 2 SP shards:
+    # the larger shard has 16,381. Bytes are the busiest rank's, so the larger shards count.
+    p = plan(12, 8, tp=4, shape=AttentionShape(num_queries=23_401, num_keys=32_761))
+    assert p.comm.all_to_all_bytes == 4 * 2926 * 3 * 3 * 128 * 2
+    assert p.comm.all_gather_bytes == 2 * 1 * 16_381 * 3 * 128 * 2
+
+
 def test_single_core_has_no_communication() -> None:
     p = plan(12, 1)
     assert (p.tp, p.sp) == (1, 1) and p.comm.total_bytes == 0 and p.comm_time_s == 0.0
