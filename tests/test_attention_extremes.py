@@ -125,3 +125,17 @@ def test_reference_query_chunks_equal_unchunked(monkeypatch: pytest.MonkeyPatch,
     out64, lse64, _ = _softmax64(q, k, v, 1 / math.sqrt(d))
     assert max_abs_err(chunked[1], lse64.float()) <= 1e-5  # and it is attention: fp32 lse vs float64
     assert chunked[0].shape == q.shape and chunked[1].shape == (b, lq, h)
+
+
+def test_merge_weighs_partials_without_keys_zero() -> None:
+    # merge_attention's contract: a partial with lse = -inf (no keys) weighs zero, whatever its out holds
+    # (here deliberately non-zero), both next to a real partial and when every partial is empty.
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, n, 2, 16, generator=g) for n in (5, 7, 7))
+    o_real, l_real = ref_attention.attention(q, k, v, return_lse=True)
+    junk = torch.full_like(o_real, 3.0)
+    empty = torch.full_like(l_real, -math.inf)
+    out, lse = ref_attention.merge_attention([junk, o_real], [empty, l_real])
+    assert torch.equal(out, o_real) and torch.equal(lse, l_real)
+    out, lse = ref_attention.merge_attention([junk, 2 * junk], [empty, empty])
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()

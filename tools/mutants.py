@@ -26,9 +26,14 @@ class Mutant:
     equivalent: str = ""
 
 
-_ATT = ("tests/test_kernel_attention.py", "tests/test_attention_extremes.py")
-_BT = ("tests/test_kernel_attention_block_table.py", "tests/test_attention_extremes.py")
-_EMU = ("tests/test_emulator_ops.py", "tests/test_emulator_views.py", "tests/test_emulator_kernels.py")
+_ATT = ("tests/test_attention_extremes.py", "tests/test_kernel_attention.py")
+_BT = ("tests/test_attention_extremes.py", "tests/test_kernel_attention_block_table.py")
+_EMU = (
+    "tests/test_emulator_limits.py",
+    "tests/test_emulator_ops.py",
+    "tests/test_emulator_views.py",
+    "tests/test_emulator_kernels.py",
+)
 _RULES = ("tests/test_emulator_rules.py", "tests/test_emulator_limits.py")
 _SCHED = ("tests/test_config_schedule.py", "tests/test_cache_trace.py")
 _PIPE = ("tests/test_pipeline.py",)
@@ -79,10 +84,11 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- nki_kernels: ops
     Mutant("ops-slot-range", "nki_kernels/ops.py",
            "    if s_val < 0 or (s_val + 1) * t > s:", "    if s_val < 0 or s_val * t > s:",
-           ("tests/test_ops.py",), "kv_cache_write_at accepts the slot one past the end"),
+           ("tests/test_merged.py",), "kv_cache_write_at accepts the slot one past the end"),
     Mutant("ops-table-block-range", "nki_kernels/ops.py",
            "            if not 0 <= blk < nblk:", "            if not 0 <= blk <= nblk:",
-           ("tests/test_ops.py",), "block tables may name the block one past a source's end"),
+           ("tests/test_merged.py", "tests/test_kernel_attention_block_table.py"),
+           "block tables may name the block one past a source's end"),
     Mutant("ops-max-positions", "nki_kernels/ops.py",
            "            if top >= max_positions:", "            if top > max_positions:",
            ("tests/test_ops.py",), "rope3d accepts a position equal to max_positions (beyond the table)"),
@@ -136,7 +142,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "descriptor histogram ignores how often a record repeats"),
     Mutant("emu-num-instr", "nki_kernels/emulator/trace.py", "        return sum(self.counts.values())",
            "        return len(self.counts)",
-           ("tests/test_emulator_trace_speed.py", "tests/test_cost.py", "tests/test_kernel_attention.py"),
+           ("tests/test_emulator_limits.py", "tests/test_emulator_kernels.py", "tests/test_cost.py"),
            "instruction count counts distinct records, not instructions"),
     Mutant("emu-psum-bank", "nki_kernels/emulator/hw.py", "return self.psum_bank_bytes // 4",
            "return self.psum_bank_bytes // 2", _RULES, "a PSUM bank holds 1024 fp32 per partition (512)"),
