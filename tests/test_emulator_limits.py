@@ -128,3 +128,20 @@ def test_psum_tile_width_is_one_bank_of_fp32() -> None:
 
     assert run(k)[0][0] == 512
     assert run(k, hw=HwConfig(psum_bank_bytes=1024))[0][0] == 256
+
+
+def test_loop_ranges_cover_exactly_their_bounds() -> None:
+    # affine/sequential ranges honour start, stop and step; fori_loop runs lower..upper-1 with its step
+    seen: dict[str, list[int]] = {"affine": [], "seq": [], "fori": [], "fori2": []}
+
+    def k():
+        for i in nl.affine_range(1, 9, 3):
+            seen["affine"].append(i)
+        for i in nl.sequential_range(4):
+            seen["seq"].append(i)
+        nl.fori_loop(2, 5, lambda r: seen["fori"].append(int(r.value)))
+        nl.fori_loop(0, 7, lambda r: seen["fori2"].append(int(r.value)), step=3)
+        return ()
+
+    run(k)
+    assert seen == {"affine": [1, 4, 7], "seq": [0, 1, 2, 3], "fori": [2, 3, 4], "fori2": [0, 3, 6]}
