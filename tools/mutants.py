@@ -39,7 +39,7 @@ _SCHED = ("tests/test_config_schedule.py", "tests/test_cache_trace.py")
 _PIPE = ("tests/test_pipeline.py",)
 _CKPT = ("tests/test_checkpoint.py",)
 _MODEL = ("tests/test_model.py", "tests/test_checkpoint.py")
-_E2E = ("tests/test_e2e_model.py",)
+_E2E = ("tests/test_perf_models.py", "tests/test_e2e_model.py")
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- nki_kernels: kernels
