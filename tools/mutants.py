@@ -99,7 +99,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "query chunking above the score budget skips a row per chunk"),
     Mutant("ref-merge-empty", "reference/attention.py",
            "w = torch.nan_to_num(w, nan=0.0)", "w = torch.nan_to_num(w, nan=1.0)",
-           ("tests/test_reference_ops.py", "tests/test_merged.py"),
+           ("tests/test_attention_extremes.py", "tests/test_reference_ops.py", "tests/test_merged.py"),
            "merging only-empty partials weighs them 1 instead of 0"),
     Mutant("ref-rope-split", "reference/rope3d.py", "    hw = head_dim // 6", "    hw = head_dim // 8",
            ("tests/test_reference_ops.py", "tests/test_kernel_rope3d.py"),
