@@ -70,8 +70,10 @@ def _pytest(tree: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[int, 
     except subprocess.TimeoutExpired:
         return -1, f"timeout after {timeout_s:.0f} s"
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
-    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
-    return p.returncode, (failed[0] if failed else lines[-1] if lines else "")[:160]
+    failed = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    if failed:  # the first failing test's node id (without the message)
+        return p.returncode, failed[0].split(" ", 1)[1].split(" - ")[0].removeprefix("tests/")
+    return p.returncode, (lines[-1] if lines else "")[:160]
 
 
 def apply_mutant(tree: Path, m: Mutant) -> str | None:
@@ -109,12 +111,11 @@ def run_mutant(base: Path, work: Path, m: Mutant, timeout_s: float) -> Result:
 
 
 def table(results: list[Result]) -> str:
-    rows = ["| mutant | file | result | s | effect / detail |", "|---|---|---|---:|---|"]
+    """Markdown: mutant, file, result, the first failing test (killed) or the reason, the bug's effect."""
+    rows = ["| mutant | file | result | caught by / note | bug's effect |", "|---|---|---|---|---|"]
     for r in results:
-        note = r.mutant.effect if r.status != "equivalent" else f"{r.mutant.effect} (equivalent: {r.detail})"
-        if r.status in ("survived", "stale"):
-            note += f" -- {r.detail}"
-        rows.append(f"| {r.mutant.name} | {r.mutant.path} | {r.status} | {r.seconds:.0f} | {note} |")
+        note = f"`{r.detail}`" if r.status == "killed" else r.detail
+        rows.append(f"| {r.mutant.name} | {r.mutant.path} | {r.status} | {note} | {r.mutant.effect} |")
     return "\n".join(rows)
 
 
@@ -163,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = f.result()
                 results.append(r)
                 m = r.mutant
-                print(
-                    f"{r.status:10s} {r.seconds:5.0f} s  {m.name:24s} {m.path}  {r.detail[:70]}", flush=True
-                )
+                print(f"{r.status:10s} {r.seconds:5.0f} s  {m.name:24s} {m.path}  {r.detail}", flush=True)
     killed = sum(r.status == "killed" for r in results)
     survived = [r for r in results if r.status == "survived"]
     stale = [r for r in results if r.status == "stale"]
