@@ -1,12 +1,15 @@
 PY ?= python
 
-.PHONY: test test-all lint format bench e2e bench-pipeline bench-long-stream mutate
+.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate
 
 test:
 	$(PY) -m pytest -q
 
 test-all:
 	$(PY) -m pytest -q -m "not neuron"
+
+test-neuron:
+	$(PY) -m pytest -q -m neuron
 
 lint:
 	$(PY) -m ruff check .

@@ -112,10 +112,11 @@ def _pieces(base: int, length: int) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def _offset_tiles(table, g, n_src, nblk, B, T, M, dt):
+def _offset_tiles(table, g, n_src, nblk, B, T, M, nkt):
     """Per-entry runtime token offsets of group g (VectorE, on all 128 partitions; values from partition 0
-    are used as ``scalar_offset``): ``(k_tok[s], v_tok[s]) for s in sources`` int32 ``[128, NB]`` and the
-    valid flags ``[128, NB]`` in ``dt`` (1 = entry has a source)."""
+    are used as ``scalar_offset``): ``(k_tok[s], v_tok[s]) for s in sources`` int32 ``[128, NB]`` and V's
+    valid column ``[128, nkt]`` uint8: ``vcol[p, t]`` = 1 when key position ``t*128 + p`` belongs to an
+    entry that has a source, else 0 (also 0 past ``NB*T``)."""
     NB = table.shape[1]
     f32 = nl.float32
     tb = nl.ndarray((PMAX, NB, 2), dtype=nl.int32, buffer=nl.sbuf)
@@ -157,18 +158,50 @@ def _offset_tiles(table, g, n_src, nblk, B, T, M, dt):
             tok = nl.ndarray((PMAX, NB), dtype=nl.int32, buffer=nl.sbuf)
             nisa.tensor_scalar(tok, bad, nl.multiply, float(T), engine=nisa.vector_engine)
             dst_list.append(tok)
-    valid_dt = nl.ndarray((PMAX, NB), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_copy(valid_dt, valid, engine=nisa.vector_engine)
-    return k_tok, v_tok, valid_dt
+    return k_tok, v_tok, _valid_column(valid, T, nkt)
+
+
+def _valid_column(valid, T, nkt):
+    """``vcol[p, t] = valid[entry of key t*128 + p]`` as a ``[128, nkt]`` uint8 tile, built with accesses
+    on all 128 partitions only (a per-entry write into ``v_sb[p0:p0+rows]`` would start mid-quadrant, which
+    the engines' start-partition rule forbids). Telescoping sum over entry starts, exact in fp32 (integers
+    -1/0/1 and key positions < 2^24)::
+
+        vcol = valid[0] + sum_{n=1..NB-1} [key >= n*T] (valid[n] - valid[n-1]) - [key >= NB*T] valid[NB-1]
+    """
+    NB = valid.shape[1]
+    f32 = nl.float32
+    key = nl.ndarray((PMAX, nkt), dtype=f32, buffer=nl.sbuf)
+    nisa.iota(key, [[PMAX, nkt]], offset=0, channel_multiplier=1)  # key[p, t] = t*128 + p
+    step = nl.ndarray((PMAX, NB + 1), dtype=f32, buffer=nl.sbuf)  # step[n] = valid[n] - valid[n-1]
+    if NB > 1:
+        nisa.tensor_tensor(step[:, 1:NB], valid[:, 1:NB], valid[:, 0 : NB - 1], nl.subtract)
+    nisa.tensor_scalar(
+        step[:, NB : NB + 1], valid[:, NB - 1 : NB], nl.multiply, -1.0, engine=nisa.vector_engine
+    )
+    acc = nl.ndarray((PMAX, nkt), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_scalar(
+        acc, key, nl.multiply, 0.0, op1=nl.add, operand1=valid[:, 0:1], engine=nisa.vector_engine
+    )
+    term = nl.ndarray((PMAX, nkt), dtype=f32, buffer=nl.sbuf)
+    for n in range(1, NB + 1):
+        nisa.tensor_scalar(term, key, nl.greater_equal, float(n * T), op1=nl.multiply,
+                           operand1=step[:, n : n + 1], engine=nisa.vector_engine)  # fmt: skip
+        nisa.tensor_tensor(acc, acc, term, nl.add)
+    vcol = nl.ndarray((PMAX, nkt), dtype=nl.uint8, buffer=nl.sbuf)  # 0/1: uint8 keeps it 1 B per key tile
+    nisa.tensor_copy(vcol, acc, engine=nisa.vector_engine)
+    return vcol
 
 
 def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D, two_byte):
     """K^T and V (+ valid column) of one (b, h, group) from the runtime block offsets ``offs``."""
-    k_tok, v_tok, valid = offs
-    NB = valid.shape[1]
+    k_tok, v_tok, vcol = offs
+    NB = k_tok[0].shape[1]
     n_src = len(k_sources)
     nft, rem = divmod(T, PMAX)
     nisa.memset(v_sb, 0.0, engine=nisa.gpsimd_engine)
+    # valid column: 1 for keys of entries that have a source (one copy on all 128 partitions)
+    nisa.tensor_copy(v_sb[:, :, D : D + 1], vcol, engine=nisa.vector_engine)
     for n in range(NB):
         base = n * T
         pieces = _pieces(base, T)
@@ -196,14 +229,6 @@ def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D
                 src = kb.ap([[hd, rem], [1, D]], offset=at + nft * PMAX * hd,
                             scalar_offset=k_tok[s][0:1, n : n + 1], indirect_dim=1)  # fmt: skip
                 nisa.dma_copy(dst=k_st[:rem, nft, :D], src=src, oob_mode=nisa.oob_mode.skip)
-        # valid column: v_sb is zero there, add the entry's flag
-        for t, p0, rows, nt, _ in pieces:
-            if nt:
-                nisa.tensor_scalar(v_sb[:, t : t + nt, D : D + 1], v_sb[:, t : t + nt, D : D + 1], nl.add,
-                                   valid[:, n : n + 1], engine=nisa.vector_engine)  # fmt: skip
-            else:
-                nisa.tensor_scalar(v_sb[p0 : p0 + rows, t, D : D + 1], v_sb[p0 : p0 + rows, t, D : D + 1],
-                                   nl.add, valid[p0 : p0 + rows, n : n + 1], engine=nisa.vector_engine)  # fmt: skip
         # K^T of the entry: staged rows -> key columns [base, base + T)
         if two_byte:
             # hardware-DGE-legal SBUF->SBUF pieces of 16 staged partitions: [16, nft, D] -> [D, nft, 16]
@@ -259,7 +284,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
     pid = nl.program_id(0)
     nprog = nl.num_programs()
 
-    offs = [_offset_tiles(table, g, n_src, nblk, B, T, M, dt) for g in range(G)]
+    offs = [_offset_tiles(table, g, n_src, nblk, B, T, M, nkt) for g in range(G)]
 
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
     v_sb = nl.ndarray((PMAX, nkt, Dv), dtype=dt, buffer=nl.sbuf)
@@ -278,6 +303,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         # per-partition bytes of every other SBUF tile (K^T, V, K staging, q^T, scores, max tree, small), +4 KiB
         fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + PMAX + KC + KC // 2 + KC // 4 + D + 1)
         fixed += 4 * (Dv + 6 + dma_group) + 4 * 16 * NB * (G + 1)
+        fixed += nkt * G  # V's valid column of each group (vcol, uint8)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, KC * 2)
     w = _flash_buffers(D, Dv, KC, gmax, dt, True)
 

@@ -18,6 +18,7 @@ too (no separate row); what it saves is the host-side per-layer table build and 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +28,14 @@ from nki_kernels.emulator import TensorSpec, run
 from nki_kernels.emulator.cost import profile
 from nki_kernels.kv_cache import kv_cache_slide_kernel, kv_cache_write_kernel
 from nki_kernels.rope3d import rope3d_kernel, rope3d_naive_kernel
+from perf.neuron_measure import (
+    KernelCall,
+    NeuronUnavailable,
+    add_measure_args,
+    attach_call,
+    check_measure_args,
+    run_measure,
+)
 from perf.runner import BenchRow, append_rows, figures_from_profile, print_table, run_case
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 
@@ -101,7 +110,7 @@ def _prof(
         figs["extra"].update(extra)
         return figs
 
-    return fn
+    return attach_call(fn, KernelCall(kernel, args, lnc))
 
 
 def _attention_fn(
@@ -129,7 +138,8 @@ def _attention_fn(
         figs["extra"].update(extra)
         return figs
 
-    return fn
+    layer = f"per layer = per traced head ({heads_per_core} per core) x {heads_total} heads / {lnc} cores"
+    return attach_call(fn, KernelCall(kernel, args, lnc, heads_total / (lnc * heads_per_core), layer))
 
 
 def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
@@ -211,7 +221,7 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
             _attention_fn(attention_kernel, pe_args, 2, h, amin, tgt),
         )
     )
-    # per-core shape of the TP4 x SP2 plan (perf/e2e.py): H/4 heads x ceil(Lq/2) queries over all keys, 1 core
+    # per-core shape of the TP4 x SP2 plan (perf/e2e/): H/4 heads x ceil(Lq/2) queries over all keys, 1 core
     hc, lqc = h // 4, -(-lq // 2)
     pc_args = (_spec(1, lqc, hc, d), _spec(1, lk, hc, d), _spec(1, lk, hc, d), 1.0 / d**0.5, False)
     out.append(
@@ -288,17 +298,30 @@ def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callabl
     ]
 
 
-def main(argv: list[str] | None = None) -> list[BenchRow]:
+def main(argv: list[str] | None = None) -> list[BenchRow] | int:
+    """Run the benchmark; returns the rows, or 2 when ``--measure`` cannot run here (message on stderr)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes (seconds) instead of Wan shapes")
     ap.add_argument("--no-save", action="store_true", help="print only, do not append to perf/results")
+    add_measure_args(ap)
     a = ap.parse_args(argv)
+    check_measure_args(ap, a)
     shapes = QUICK if a.quick else WAN
-    rows = [
-        run_case(fn, op=op, variant=var, config=cfg, kind="modelled") for op, var, cfg, fn in cases(shapes)
-    ]
+    name = "bench_kernels_quick" if a.quick else "bench_kernels"
+    if a.measure:
+        try:
+            rows = run_measure(cases(shapes), workdir=a.workdir)
+        except NeuronUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        name += "_measured"
+    else:
+        rows = [
+            run_case(fn, op=op, variant=var, config=cfg, kind="modelled")
+            for op, var, cfg, fn in cases(shapes)
+        ]
     if not a.no_save:
-        append_rows(rows, "bench_kernels_quick" if a.quick else "bench_kernels")
+        append_rows(rows, name)
     print_table(rows)
     for r in rows:
         ex = r.extra
@@ -309,10 +332,12 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
             "bottleneck",
             "min_descriptor_bytes",
             "target",
+            "kernel_us",
         )
         print(f"{r.kind} {r.op}/{r.variant}: " + ", ".join(f"{k}={ex[k]}" for k in keys if k in ex))
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    _code = main()
+    raise SystemExit(_code if isinstance(_code, int) else 0)

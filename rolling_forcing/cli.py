@@ -432,9 +432,10 @@ def _run_module_main(module: str, args: Sequence[str]) -> None:
     main_fn = getattr(mod, "main", None)
     if main_fn is None:
         raise _fail(f"{module} has no main() entry point")
-    code = main_fn(list(args))
-    if code:
-        raise typer.Exit(code=int(code))
+    result = main_fn(list(args))
+    # a benchmark's main() returns its exit status (an int) or what it produced (rows: success)
+    if isinstance(result, int) and not isinstance(result, bool) and result != 0:
+        raise typer.Exit(code=result)
 
 
 @bench_app.command("kernels", context_settings=_PASS_THROUGH)

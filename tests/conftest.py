@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
@@ -22,3 +23,12 @@ settings.register_profile(
     database=None,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def neuron_device():
+    """The ``torch_xla`` device of the ``neuron`` tier, or a skip saying what is missing
+    (:func:`tests.neuron_helpers.device_or_skip`; nothing is probed unless a test asks)."""
+    from tests.neuron_helpers import device_or_skip
+
+    return device_or_skip()

@@ -1,4 +1,4 @@
-"""Tests of the end-to-end performance model (perf/e2e.py, perf/footprint.py, perf/matmul_model.py).
+"""Tests of the end-to-end performance model (perf/e2e/, perf/footprint.py, perf/matmul_model.py).
 
 All figures under test are *modelled* (arithmetic), so the references are hand calculations.
 """
@@ -65,7 +65,7 @@ def test_dit_params_hand_calculation():
     per_block = 8 * d * d + 2 * d * f  # dominant weights only (no biases/norms)
     n = dit_param_count(WAN)
     assert per_block * layers < n < per_block * layers * 1.03  # biases, norms, embeddings are < 3 %
-    assert 1.3e9 < n < 1.5e9  # "1.3B" model, ~2.6-2.8 GB in bf16 (shared/docs/trn2_cost_model.md §5.3)
+    assert 1.3e9 < n < 1.5e9  # "1.3B" model, ~2.6-2.8 GB in bf16
 
 
 def test_footprint_items_sum_and_sharding():
@@ -126,20 +126,25 @@ def test_merged_vs_two_pass_flops_match_doc():
     kw = dict(vae=None, kernels=AnalyticKernels(params), matmul=_FixedBlocks(), params=params)
     mg = chunk_model(WAN, PIPE, cores=8, variant="merged", **kw)
     tw = chunk_model(WAN, PIPE, cores=8, variant="two_pass", **kw)
-    # shared/docs/trn2_cost_model.md §6: ~242 TFLOP per chunk for the two forwards
+    # dense-FLOP count (docs/e2e_model.md): ~242 TFLOP per chunk for the two forwards at 480x832
     assert tw.dit_flops / 1e12 == pytest.approx(242.4, rel=0.02)
     assert mg.dit_flops == pytest.approx(tw.dit_flops, rel=1e-3)
     assert tw.launches > mg.launches
 
 
-def test_quick_command_writes_report(tmp_path):
-    assert main(["--quick", "--analytic", "--out-dir", str(tmp_path)]) == 0
+def test_quick_command_writes_report_at_both_ends(tmp_path, capsys):
+    assert main(["--quick", "--analytic", "--no-peer", "--out-dir", str(tmp_path)]) == 0
     report = (tmp_path / "REPORT_quick.md").read_text()
     assert "modelled" in report and "published" in report
     assert (tmp_path / "results" / "e2e_quick.png").stat().st_size > 0
     rows = [json.loads(x) for x in (tmp_path / "results" / "e2e_quick.jsonl").read_text().splitlines()]
     assert {r["kind"] for r in rows} == {"modelled"}
-    assert any(r["op"] == "e2e_chunk" and r["variant"] == "merged" and r["fps"] > 0 for r in rows)
+    fps = {r["variant"]: r["fps"] for r in rows if r["op"] == "e2e_chunk"}
+    # every headline figure at both ends; the pessimistic end is the slower one
+    assert 0 < fps["merged/pessimistic"] < fps["merged/optimistic"]
+    out = capsys.readouterr().out
+    lo, hi = (f"{fps[f'merged/{e}']:.2f}" for e in ("pessimistic", "optimistic"))
+    assert f"merged        {lo}-{hi} fps" in out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -248,19 +253,241 @@ def test_tp_linear_comm_and_fsdp_exposure():
     assert t == pytest.approx(3 * all_reduce_s(cm, 4, s, False) + small)
     # chunk variants: FSDP exposes only what the previous layer's compute cannot hide
     params = E2EParams()
-    kw = dict(vae=None, kernels=AnalyticKernels(params), matmul=_FixedBlocks(), params=params)
+    kw = dict(
+        vae=None, kernels=AnalyticKernels(params), matmul=_FixedBlocks(), params=params, end="pessimistic"
+    )
     base = chunk_model(WAN, PIPE, cores=8, **kw)
     fs = chunk_model(WAN, PIPE, cores=8, weights="fsdp", **kw)
     extra = {c.name: c for c in fs.components if c.group == "weight_comm"}
     layer_s = sum(c.time_s for c in base.components if c.per_layer)
     from perf.e2e import fsdp_gather
 
+    assert base.params.at("pessimistic").comm_model == cm  # the pessimistic end uses the conservative line
+
     _, g_blk, _, g_out = fsdp_gather(WAN, 8, cm)
     assert extra["weight_gather_first"].total_s == pytest.approx(g_blk + g_out)
     assert extra["weight_gather_exposed"].time_s == pytest.approx(max(0.0, g_blk - layer_s))
     assert extra["weight_gather_exposed"].calls == 29
-    assert fs.chunk_s == pytest.approx(base.chunk_s + sum(c.total_s for c in extra.values()))
+    # the gathers are collectives too: 2 once + 1 per later layer, each behind a barrier
+    assert fs.collectives == base.collectives + 2 + 29
+    barrier = params.collective_barrier_s.high * 31
+    assert fs.chunk_s == pytest.approx(base.chunk_s + sum(c.total_s for c in extra.values()) + barrier)
     tpl = chunk_model(WAN, PIPE, cores=8, weights="tp_linear", **kw)
     assert tpl.dit_flops == base.dit_flops  # same useful work, different placement
     with pytest.raises(ValueError, match="weights"):
         chunk_model(WAN, PIPE, cores=8, weights="zero", **kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# End-to-end accounting: NEFF launches, per-kernel fixed cost, barriers, port contention (issue 10 item 5)
+# ---------------------------------------------------------------------------------------------------
+def _analytic_kw(params: E2EParams | None = None, **extra):
+    params = params or E2EParams()
+    return dict(vae=None, kernels=AnalyticKernels(params), matmul=_FixedBlocks(), params=params, **extra)
+
+
+def test_ranges_and_ends():
+    from perf.e2e import Range
+
+    p = E2EParams()
+    assert p.kernel_fixed_s.at("optimistic") == 2e-6 and p.kernel_fixed_s.at("pessimistic") == 13.3e-6
+    assert (
+        p.collective_barrier_s.at("optimistic") == 2e-6 and p.collective_barrier_s.at("pessimistic") == 31e-6
+    )
+    assert p.neff_launch_s == pytest.approx(71e-6 + 43e-6 + 31e-6)  # measured: submit + host + hw barrier
+    assert set(p.ranges()) == {"kernel_fixed_s", "collective_barrier_s", "vector_gpsimd_contention"}
+    assert p.at("optimistic").comm_model.name == "optimistic"
+    assert p.at("pessimistic").comm_model.name == "conservative"
+    with pytest.raises(ValueError, match="end"):
+        p.at("middle")
+    with pytest.raises(ValueError, match="low <= high"):
+        Range(2.0, 1.0, "x")
+
+
+def test_neff_count_rules():
+    from perf.e2e import neffs_per_chunk
+
+    # fullgraph: 1 graph per forward + 1 sampler graph per forward + 1 VAE decode per chunk
+    assert neffs_per_chunk("fullgraph", forwards=1, collectives=91).neffs == 3
+    assert neffs_per_chunk("fullgraph", forwards=2, collectives=181).neffs == 5
+    # eager sharded: C host collectives cut F forwards into C + F graphs, plus C collective launches
+    assert neffs_per_chunk("eager_sharded", forwards=1, collectives=91).neffs == (91 + 1) + 91 + 1 + 1
+    assert neffs_per_chunk("eager_sharded", forwards=1, collectives=0).neffs == 3  # one core: as fullgraph
+    assert neffs_per_chunk("peer", forwards=2, peer_neffs_per_forward=370).neffs == 740
+    with pytest.raises(ValueError, match="peer_neffs_per_forward"):
+        neffs_per_chunk("peer", forwards=1)
+    with pytest.raises(ValueError, match="mode"):
+        neffs_per_chunk("lazy", forwards=1)
+    with pytest.raises(ValueError, match="forwards"):
+        neffs_per_chunk("fullgraph", forwards=0)
+
+
+_LAYER_COMPONENTS = (
+    # 6 per-layer linears (Wan block: fused QKV, O, cross Q, cross O, FFN up, FFN down)
+    "qkv_proj", "o_proj", "cross_q_proj", "cross_o_proj", "ffn_up", "ffn_down",
+    "cross_attn", "rope3d",
+    # 9 elementwise passes: 2 adaLN norm+modulate, 1 affine norm3, 2 RMSNorms, 2 gated residuals,
+    # 1 plain residual, 1 GELU
+    "adaln_norm1_mod", "rmsnorm_qk", "gate_residual_sa", "norm3_affine", "rmsnorm_cross_q",
+    "residual_cross", "adaln_norm2_mod", "gelu_tanh", "gate_residual_ffn",
+)  # fmt: skip
+
+
+def test_chunk_component_set_and_launch_count_pinned():
+    """The component set and the kernel-call / collective / NEFF counts, from an independent count."""
+    L = WAN.num_layers
+    mg = chunk_model(WAN, PIPE, cores=8, **_analytic_kw())
+    expected = {"patch_embed", "head_proj", "attn_update", "attn_denoise", "kv_cache_write", "sharding_comm"}
+    expected |= set(_LAYER_COMPONENTS) | {"head_gather", "kernel_fixed", "collective_barrier", "neff_launch"}
+    assert set(mg.component_names()) == expected
+    assert len(mg.component_names()) == len(expected)  # no duplicate
+    per_layer_kernels = len(_LAYER_COMPONENTS) + 2 + 1  # + update and denoise attention + KV write
+    assert mg.kernel_calls == L * per_layer_kernels + 2  # + patch embed and head
+    # TP4 x SP2: all-to-all + inverse all-to-all in the TP group, K/V all-gather in the SP group, per layer;
+    # one all-gather of the head output per forward
+    assert mg.collectives == L * 3 + 1
+    assert mg.neffs == 2  # one forward graph + the sampler graph (no VAE in this chunk)
+    fixed = {c.name: c for c in mg.components}
+    assert fixed["kernel_fixed"].calls == mg.kernel_calls
+    assert fixed["collective_barrier"].calls == mg.collectives
+    assert fixed["neff_launch"].calls == 2
+    # two-pass: denoise forward (no KV write) + update forward (KV write, no head gather)
+    tw = chunk_model(WAN, PIPE, cores=8, variant="two_pass", **_analytic_kw())
+    assert tw.kernel_calls == (L * (len(_LAYER_COMPONENTS) + 1) + 2) + (L * (len(_LAYER_COMPONENTS) + 2) + 2)
+    assert tw.collectives == 2 * L * 3 + 1
+    assert tw.neffs == 4
+    # one core: no collectives at all
+    one = chunk_model(WAN, PIPE, cores=1, **_analytic_kw())
+    assert one.collectives == 0 and "head_gather" not in one.component_names()
+    # the sharded stream as it runs today: every host collective cuts the graph
+    eager = chunk_model(WAN, PIPE, cores=8, compile_mode="eager_sharded", **_analytic_kw())
+    assert eager.neffs == (L * 3 + 1 + 1) + (L * 3 + 1) + 1
+    assert eager.chunk_s - mg.chunk_s == pytest.approx((eager.neffs - mg.neffs) * 145e-6)
+
+
+def test_kernel_fixed_cost_per_call_and_barrier_per_collective():
+    lo = chunk_model(WAN, PIPE, cores=8, end="optimistic", **_analytic_kw(comm_model=None))
+    hi = chunk_model(
+        WAN,
+        PIPE,
+        cores=8,
+        end="pessimistic",
+        **_analytic_kw(comm_model=lo.params.at("optimistic").comm_model),
+    )
+    # same collective model at both ends here, so the ends differ only by the fixed costs and barriers
+    assert hi.time(["kernel_fixed"]) == pytest.approx(hi.kernel_calls * 13.3e-6)
+    assert lo.time(["kernel_fixed"]) == pytest.approx(lo.kernel_calls * 2e-6)
+    assert hi.time(["barrier"]) == pytest.approx(hi.collectives * 31e-6)
+    diff = hi.kernel_calls * (13.3e-6 - 2e-6) + hi.collectives * (31e-6 - 2e-6)
+    assert hi.chunk_s - lo.chunk_s == pytest.approx(diff, rel=1e-9)
+    assert hi.time(["launch"]) == pytest.approx(2 * 145e-6)
+
+
+class _FixedKernels:
+    """Every kernel costs ``t`` of which ``fixed`` is a per-kernel fixed part."""
+
+    name = "fixed"
+
+    def __init__(self, t: float, fixed: float, busy: dict | None = None):
+        self.t, self.fixed, self.busy = t, fixed, busy or {}
+
+    def _c(self):
+        from perf.e2e import KernelCost
+
+        return KernelCost(self.t, 0, 0, dict(self.busy), "fixed", self.fixed)
+
+    def attention(self, lq, lk, heads, head_dim):
+        return self._c()
+
+    rope = kv_write = lambda self, tokens, heads, head_dim: self._c()  # noqa: E731
+
+
+def test_provider_fixed_time_is_not_charged_twice():
+    p = E2EParams()
+    a = chunk_model(
+        WAN, PIPE, cores=8, vae=None, kernels=_FixedKernels(50e-6, 0.0), matmul=_FixedBlocks(), params=p
+    )
+    b = chunk_model(
+        WAN, PIPE, cores=8, vae=None, kernels=_FixedKernels(62e-6, 12e-6), matmul=_FixedBlocks(), params=p
+    )
+    assert a.chunk_s == pytest.approx(b.chunk_s, rel=1e-12)
+    att = {c.name: c.time_s for c in b.components}
+    assert att["attn_denoise"] == pytest.approx(50e-6)
+
+
+def test_vector_gpsimd_contention():
+    from perf.e2e.components import contended_s
+
+    p = E2EParams()
+    k = _FixedKernels(3.5e-6, 0.0, {"vector": 3e-6, "gpsimd": 2e-6, "tensor": 1e-6})._c()
+    assert contended_s(k, p.at("optimistic")) == pytest.approx(3.5e-6)  # engines overlap: the latency
+    assert contended_s(k, p.at("pessimistic")) == pytest.approx(5e-6)  # shared port: 3 + 2 serialised
+    one = _FixedKernels(3.5e-6, 0.0, {"vector": 3e-6})._c()
+    assert contended_s(one, p.at("pessimistic")) == pytest.approx(3.5e-6)  # VectorE alone: no contention
+
+
+def test_vae_conv_flops_count_every_frame():
+    """Conv FLOPs of the VAE decode of 3 steady latent frames at 480x832, independently from the shapes."""
+    from perf.e2e import vae_components, vae_conv_flops
+    from perf.footprint import vae_probe
+
+    probe = vae_probe(60, 104, 3)
+    ref = 0
+    for r in probe.steady:
+        if r.kind == "WanCausalConv3d":  # [B, C, T, H, W]: positions B x T x H x W
+            b, _, t, h, w = r.out_shape
+            cout, cin, kt, kh, kw = r.weight_shape
+            ref += 2 * (b * t * h * w) * cin * (kt * kh * kw) * cout
+        elif r.kind == "Conv2d":  # frames folded into the batch: [B*T, C, H, W]
+            bt, _, h, w = r.out_shape
+            cout, cin, kh, kw = r.weight_shape
+            ref += 2 * (bt * h * w) * cin * (kh * kw) * cout
+    assert vae_conv_flops(probe.steady) == ref
+    comps = {c.name: c for c in vae_components(probe, probe.steady, 8, _FixedBlocks(), E2EParams(), "s")}
+    assert comps["vae_convs_s"].flops == ref
+    # the Conv2d upsampling convs carry 2 and 4 frames in their batch: dropping it loses ~2.5 TFLOP
+    dropped = sum(
+        2 * (r.out_shape[0] - 1) * r.out_shape[2] * r.out_shape[3] * math.prod(r.weight_shape)
+        for r in probe.steady
+        if r.kind == "Conv2d"
+    )
+    assert dropped / 1e12 == pytest.approx(2.5, abs=0.2)
+
+
+def test_peer_model_uses_its_launch_count_and_reports_the_ratio():
+    from perf.e2e.peer import PEER_CONFIGS, measured_for
+    from perf.e2e.report import calibration_verdict, peer_table
+    from perf.e2e.run import PeerRow
+
+    cfg = PEER_CONFIGS[0]
+    assert (cfg.height, cfg.width, cfg.cores, cfg.variant, cfg.plan) == (480, 832, 8, "merged", "TP4xSP2")
+    meas = measured_for(cfg)
+    assert meas is not None and (meas.fps, meas.fps_low, meas.fps_high) == (8.1, 7.8, 8.6)
+    chunks = {
+        e: chunk_model(WAN, PIPE, cores=8, end=e, weights="tp_linear", compile_mode="peer", **_analytic_kw())
+        for e in ("optimistic", "pessimistic")
+    }
+    assert chunks["optimistic"].neffs == 370
+    assert chunks["pessimistic"].time(["launch"]) == pytest.approx(370 * 145e-6)
+    row = PeerRow(cfg, chunks, meas)
+    assert row.ratio("pessimistic") == pytest.approx(chunks["pessimistic"].fps / 8.1)
+    text = "\n".join(peer_table([row])) + calibration_verdict([row])
+    assert f"x{row.ratio('pessimistic'):.2f}, x{row.ratio('optimistic'):.2f}" in text
+    assert f"{chunks['pessimistic'].fps:.2f}-{chunks['optimistic'].fps:.2f}" in text
+    two = [c for c in PEER_CONFIGS if c.variant == "two_pass"]
+    assert two and all(measured_for(c) is None for c in two)  # the peer measured its merged forward only
+    assert {(c.height, c.width, c.cores) for c in PEER_CONFIGS} == {
+        (480, 832, 8), (480, 640, 8), (480, 832, 16), (480, 640, 16)
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_e2e_cli_prints_peer_comparison(tmp_path):
+    from typer.testing import CliRunner
+
+    from rolling_forcing.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "e2e", "--quick", "--analytic", "--out-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "End-to-end calibration (peer, 480x832" in r.output
+    assert "predicted/measured" in r.output and "pessimistic-optimistic" in r.output

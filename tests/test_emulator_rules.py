@@ -35,19 +35,29 @@ def test_partition_limit_on_psum_and_load():
 
 def test_psum_total_limit():
     def k():
-        keep = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]  # 8 banks: ok
-        nl.ndarray((128, 1), nl.float32, buffer=nl.psum)  # one more element per partition: over
-        return keep
+        banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum, name=f"bank{i}") for i in range(8)]
+        extra = nl.ndarray((128, 1), nl.float32, buffer=nl.psum, name="extra")
+        for t in [*banks, extra]:
+            nisa.memset(t, 0.0)  # instruction #9 writes extra while all 8 banks are still to be read
+        for t in banks:
+            nisa.memset(t, 1.0)
 
-    with pytest.raises(emu.PsumLimitError, match=r"\[psum-total\].*16388 B/partition.*16384"):
+    with pytest.raises(
+        emu.PsumLimitError,
+        match=r"\[psum-total\] program 0: live PSUM peaks at 16388 B/partition at instruction #9 .*16384.*"
+        r"9 tiles live there: bank0 \[128, 512\].*extra \[128, 1\] float32 \(4 B/partition\)",
+    ):
         _run(k)
 
 
-def test_psum_freed_when_tile_dropped():
+def test_psum_freed_after_last_use():
     def k():
-        for _ in range(20):  # each tile dies before the next is bound: never more than 2 live
+        keep = []
+        for _ in range(20):  # 20 banks stay referenced, but each is dead after its memset
             t = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
-            del t
+            nisa.memset(t, 0.0)
+            keep.append(t)
+        return None
 
     _run(k)
 
@@ -76,12 +86,19 @@ def test_sbuf_capacity():
     hw = HwConfig(sbuf_bytes_per_partition=64 * 1024)
 
     def k():
-        a = nl.ndarray((128, 8192), nl.float32)  # 32 KiB / partition
-        b = nl.ndarray((128, 8192), nl.float32)  # 64 KiB: exactly full
-        c = nl.ndarray((1, 1), nl.float32)  # over
-        return a, b, c
+        a = nl.ndarray((128, 8192), nl.float32, name="a")  # 32 KiB / partition
+        b = nl.ndarray((128, 8192), nl.float32, name="b")  # 64 KiB: exactly full
+        c = nl.ndarray((1, 1), nl.float32, name="c")  # over while a and b are still to be read
+        nisa.memset(a, 1.0)
+        nisa.memset(b, 2.0)
+        nisa.tensor_copy(c, a[0:1, 0:1])  # instruction #3: a, b and c live
+        nisa.tensor_copy(c, b[0:1, 0:1])
 
-    with pytest.raises(emu.SbufCapacityError, match=r"\[sbuf-capacity\].*\[1, 1\].*65540 B/partition.*65536"):
+    with pytest.raises(
+        emu.SbufCapacityError,
+        match=r"\[sbuf-capacity\] program 0: live SBUF peaks at 65540 B/partition at instruction #3 .*65536.*"
+        r"3 tiles live there: a \[128, 8192\] float32 \(32768 B/partition\); b \[128, 8192\].*c \[1, 1\]",
+    ):
         _run(k, hw=hw)
 
 
@@ -93,13 +110,15 @@ def test_sbuf_capacity_default_is_trn2_budget():
         _run(k, trace_only=True)
 
 
-def test_sbuf_freed_by_gc_and_at_kernel_exit():
+def test_sbuf_freed_after_last_use_and_at_kernel_exit():
     hw = HwConfig(sbuf_bytes_per_partition=64 * 1024)
 
     def k():
+        keep = []
         for _ in range(10):
-            t = nl.ndarray((128, 8192), nl.float32)  # 32 KiB, rebinding frees the previous one
-            del t
+            t = nl.ndarray((128, 8192), nl.float32)  # 32 KiB, dead after its memset (still referenced)
+            nisa.memset(t, 0.0)
+            keep.append(t)
 
     _run(k, hw=hw)
     _run(k, hw=hw)  # a second launch starts from zero
@@ -343,6 +362,9 @@ def test_op_must_be_nl_function():
 # ------------------------------------------------------------------ dma_transpose (NKI 0.6 contract)
 
 
+HW = nisa.dge_mode.hwdge
+
+
 def _dt_case(src_shape, dst_shape, *, axes=None, dtype="bfloat16", dst_dtype=None, src_sbuf=False,
              dst_buf=None, **kw):  # fmt: skip
     def k():
@@ -364,25 +386,30 @@ def _dt_case(src_shape, dst_shape, *, axes=None, dtype="bfloat16", dst_dtype=Non
         # dst shape must be exactly the permuted src (same element count is not enough)
         (dict(src_shape=(16, 8), dst_shape=(4, 32)), emu.DmaTransposeError,
          r"\[dma-transpose-shape\] dst shape \[4, 32\].*\[16, 8\].*\[8, 16\]"),
-        # equal 2-byte dtypes
-        (dict(src_shape=(16, 8), dst_shape=(8, 16), dtype="float32"), emu.DtypeError,
-         r"\[dma-transpose-dtype\].*float32"),
+        # dtypes: equal; hardware DGE 2-byte only; unknown also has the 2-/4-byte DMA transpose; 1-byte: none
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), dtype="float32", dge_mode=HW), emu.DtypeError,
+         r"\[dma-transpose-dtype\] a hardware-DGE .*2-byte dtype, got float32.*dge_mode=hwdge"),
+        (dict(src_shape=(16, 8), dst_shape=(8, 16), dtype="float8_e4m3"), emu.DtypeError,
+         r"\[dma-transpose-dtype\] dge_mode=unknown: no lowering .*hardware DGE: .*2-byte.*DMA transpose: "
+         r"needs a 2- or 4-byte dtype"),
         (dict(src_shape=(16, 8), dst_shape=(8, 16), dst_dtype="float16"), emu.DtypeError,
          r"\[dma-transpose-dtype\].*bfloat16.*float16"),
         # dst in SBUF
         (dict(src_shape=(16, 8), dst_shape=(8, 16), dst_buf="hbm"), emu.MemorySpaceError,
          r"\[memory-space\] dma_transpose: dst=.*must be in SBUF"),
-        # hwdge source shape, 2-D: src.shape[0] == 16 (default dge_mode unknown is treated as hwdge)
-        (dict(src_shape=(128, 64), dst_shape=(64, 128)), emu.DmaTransposeError,
+        # hwdge source shape (only where hwdge is forced), 2-D: src.shape[0] == 16
+        (dict(src_shape=(128, 64), dst_shape=(64, 128), dge_mode=HW), emu.DmaTransposeError,
          r"\[dma-transpose-hwdge\] a 2-D .*src.shape\[0\] == 16, got src\[128, 64\]"),
-        (dict(src_shape=(128, 128), dst_shape=(128, 128), src_sbuf=True, dge_mode=nisa.dge_mode.hwdge),
+        (dict(src_shape=(128, 128), dst_shape=(128, 128), src_sbuf=True, dge_mode=HW),
          emu.DmaTransposeError, r"\[dma-transpose-hwdge\].*src\[128, 128\]"),
         # hwdge source shape, 3-D/4-D: shape[0] in {1,2,4,8,16} and (shape[0]*shape[-2]) % 16 == 0
-        (dict(src_shape=(128, 16, 128), dst_shape=(128, 16, 128), src_sbuf=True), emu.DmaTransposeError,
+        (dict(src_shape=(128, 16, 128), dst_shape=(128, 16, 128), src_sbuf=True, dge_mode=HW),
+         emu.DmaTransposeError,
          r"\[dma-transpose-hwdge\] a 3-D .*\{1, 2, 4, 8, 16\}.*src\[128, 16, 128\]"),
-        (dict(src_shape=(8, 1, 64), dst_shape=(64, 1, 8)), emu.DmaTransposeError,
+        (dict(src_shape=(8, 1, 64), dst_shape=(64, 1, 8), dge_mode=HW), emu.DmaTransposeError,
          r"\[dma-transpose-hwdge\] a 3-D .*% 16 == 0, got src\[8, 1, 64\]"),
-        (dict(src_shape=(4, 2, 3, 32), dst_shape=(32, 2, 3, 4), axes=(3, 1, 2, 0)), emu.DmaTransposeError,
+        (dict(src_shape=(4, 2, 3, 32), dst_shape=(32, 2, 3, 4), axes=(3, 1, 2, 0), dge_mode=HW),
+         emu.DmaTransposeError,
          r"\[dma-transpose-hwdge\] a 4-D .*src\[4, 2, 3, 32\]"),
         # src.shape[-1] <= 128: dst.shape[0] == src.shape[-1] for every allowed permutation, so an SBUF dst
         # for a wider src cannot even be allocated (the rule shows as the partition limit of dst)
@@ -407,7 +434,7 @@ def test_dma_transpose_rules(case, err, pattern):
 def test_dma_transpose_rules_in_trace_only_mode(trace_only):
     def k(x):
         dst = nl.ndarray((64, 128), x.dtype)
-        nisa.dma_transpose(dst, x)
+        nisa.dma_transpose(dst, x, dge_mode=nisa.dge_mode.hwdge)
 
     with pytest.raises(emu.DmaTransposeError, match=r"\[dma-transpose-hwdge\].*src\[128, 64\]"):
         if trace_only:
@@ -456,10 +483,10 @@ def _tmode(k_, m, n, *, dst_dtype="bfloat16", moving=None, accumulate=None):
         a = nl.ndarray((k_, m), "bfloat16", buffer=nl.sbuf)
         nisa.memset(a, 1.0)
         b = nl.ndarray((k_, n), "bfloat16", buffer=nl.sbuf)
-        if moving is None:
-            nisa.memset(b, 0.0)
-            for i in range(min(k_, n)):
-                nisa.memset(b[i : i + 1, i : i + 1], 1.0)
+        if moving is None:  # identity: keep the ones where partition p == column i (all-partition writes)
+            ones = nl.ndarray((k_, n), "bfloat16", buffer=nl.sbuf)
+            nisa.memset(ones, 1.0)
+            nisa.affine_select(b, [[-1, n]], 1, ones, 0.0)
         else:
             nisa.memset(b, moving)
         ps = nl.ndarray((m, n), dst_dtype, buffer=nl.psum)

@@ -218,7 +218,23 @@ def _violations():
         nisa.nc_transpose(ps, sb)  # TensorE (SBUF -> PSUM)
         nisa.nc_transpose(big_t, big)  # SBUF -> SBUF runs on VectorE: 64 > 32
 
-    return [matmul_crosses_bank, matmul_dst_in_sbuf, copy_gpsimd_from_psum, transpose_too_big_on_vector]
+    def transpose_mode_accumulate_true():
+        a = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+        ident = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+        pt = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.psum)
+        nisa.memset(a, 0.0)
+        nisa.iota(ident, [[1, 128]], 0, -1)  # p - i: zero on the diagonal
+        nisa.tensor_scalar(ident, ident, nl.equal, 0.0)  # identity
+        nisa.nc_matmul(pt, a, ident, is_transpose=True)  # valid
+        nisa.nc_matmul(pt, a, ident, is_transpose=True, accumulate=True)  # a pass-through cannot accumulate
+
+    return [
+        matmul_crosses_bank,
+        matmul_dst_in_sbuf,
+        copy_gpsimd_from_psum,
+        transpose_too_big_on_vector,
+        transpose_mode_accumulate_true,
+    ]
 
 
 @pytest.mark.parametrize("kernel", _violations(), ids=lambda f: f.__name__)

@@ -8,6 +8,7 @@ See ``docs/emulator.md``.
 
 from . import isa, language, nki
 from .errors import (
+    AllocationError,
     DmaTransposeError,
     DtypeError,
     EmulatorWarning,
@@ -20,6 +21,7 @@ from .errors import (
     PsumLimitError,
     SbufCapacityError,
     ShapeMismatchError,
+    StartPartitionError,
     ViewError,
 )
 from .hw import TRN2, HwConfig
@@ -35,6 +37,7 @@ __all__ = [
     "NEURON_SDK_VERSION",
     "NKI_VERSION",
     "TRN2",
+    "AllocationError",
     "DmaTransposeError",
     "DtypeError",
     "EmulatorWarning",
@@ -50,6 +53,7 @@ __all__ = [
     "PsumLimitError",
     "SbufCapacityError",
     "ShapeMismatchError",
+    "StartPartitionError",
     "TensorSpec",
     "Trace",
     "TraceRecord",

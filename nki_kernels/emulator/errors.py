@@ -23,6 +23,11 @@ class SbufCapacityError(NkiEmulatorError):
     """Live SBUF allocations exceed the per-partition capacity."""
 
 
+class AllocationError(NkiEmulatorError, ValueError):
+    """``address=`` placement broken: malformed, out of range, PSUM not bank-aligned, or overlapping another
+    placed tile while both are live."""
+
+
 class MatmulTileError(NkiEmulatorError):
     """nc_matmul / nc_transpose operand limits (contraction, stationary, moving sizes, dtypes)."""
 
@@ -57,3 +62,8 @@ class LaunchError(NkiEmulatorError, ValueError):
 
 class EmulatorWarning(UserWarning):
     """Behaviour that is undefined on hardware (e.g. accumulate=True onto never-written PSUM)."""
+
+
+class StartPartitionError(PartitionLimitError):
+    """A compute-engine SBUF/PSUM access starts at a partition its partition count does not allow
+    (>64 partitions: 0; 33-64: 0 or 64; <=32: 0/32/64/96)."""

@@ -21,7 +21,25 @@ import numpy as np
 from . import dtypes as _dt
 from . import isa as _isa
 from . import opdefs
+from . import start_partition as _sp
 from . import state as _state
+from .creation import (  # noqa: F401 (nl creation ops, tile_size, buffer predicates)
+    _filled,
+    ds,
+    empty_like,
+    full,
+    is_hbm,
+    is_on_chip,
+    is_psum,
+    is_sbuf,
+    ndarray,
+    ones,
+    shared_constant,
+    shared_identity_matrix,
+    tile_size,
+    zeros,
+    zeros_like,
+)
 from .dtypes import (  # noqa: F401 (re-exported NKI dtype constants)
     bfloat16,
     bool_,
@@ -43,6 +61,7 @@ from .dtypes import (  # noqa: F401 (re-exported NKI dtype constants)
     uint32,
 )
 from .errors import MemorySpaceError, ShapeMismatchError
+from .nkiobject import NKIObject  # noqa: F401 (nl.NKIObject)
 from .tensor import (  # noqa: F401
     DynSlice,
     MemoryRegion,
@@ -57,151 +76,6 @@ from .tensor import (  # noqa: F401
 )
 
 DType = str
-
-
-class NKIObject:
-    """Base class for user classes inside kernels (plain Python objects in the emulator)."""
-
-
-class _TileSize:
-    """``nl.tile_size``: limits of the current target (the launch's HwConfig; trn2 defaults outside)."""
-
-    @property
-    def _hw(self) -> Any:
-        launch = _state.active()
-        if launch is not None:
-            return launch.hw
-        from .hw import TRN2
-
-        return TRN2
-
-    @property
-    def pmax(self) -> int:
-        return self._hw.pmax
-
-    @property
-    def psum_bank_fmax(self) -> int:
-        return self._hw.psum_bank_fmax
-
-    psum_fmax = psum_bank_fmax
-
-    @property
-    def psum_bank_fmax_bytes(self) -> int:
-        return self._hw.psum_bank_bytes
-
-    @property
-    def psum_num_banks(self) -> int:
-        return self._hw.psum_num_banks
-
-    @property
-    def gemm_stationary_fmax(self) -> int:
-        return self._hw.gemm_stationary_fmax
-
-    @property
-    def gemm_moving_fmax(self) -> int:
-        return self._hw.gemm_moving_fmax
-
-    bn_stats_fmax = 512
-
-    @property
-    def sbuf_fmax_bytes(self) -> int:
-        return self._hw.sbuf_bytes_per_partition
-
-    total_available_sbuf_size = sbuf_fmax_bytes
-
-    @property
-    def sbuf_fmax(self) -> int:
-        return self._hw.sbuf_bytes_per_partition // 4
-
-    @property
-    def sbuf_size_bytes(self) -> int:
-        return self._hw.sbuf_bytes_per_partition * self._hw.pmax
-
-
-tile_size = _TileSize()
-
-
-def is_hbm(buffer: Any) -> bool:
-    return buffer is private_hbm or buffer is shared_hbm
-
-
-def is_on_chip(buffer: Any) -> bool:
-    return buffer is sbuf or buffer is psum
-
-
-def is_psum(buffer: Any) -> bool:
-    return buffer is psum
-
-
-def is_sbuf(buffer: Any) -> bool:
-    return buffer is sbuf
-
-
-# --------------------------------------------------------------------------------------------- creation
-
-
-def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "", address: Any = None) -> NkiTensor:
-    """Allocate an uninitialised tensor (filled with NaN for floats / 4 for ints, as the NKI simulator)."""
-    return allocate(shape, dtype, buffer, name)
-
-
-def _filled(shape: Any, value: Any, dtype: Any, buffer: Any, name: str) -> NkiTensor:
-    buffer = check_buffer(buffer)
-    if not buffer.on_chip:
-        raise MemorySpaceError(
-            f"[memory-space] creating an HBM tensor with an init value is not supported ({name or shape}); "
-            "allocate with nl.ndarray and write it with a DMA"
-        )
-    t = allocate(shape, dtype, buffer, name)
-    v = int(value) if _dt.is_int(t.dtype) else float(value)
-    _isa.memset(t, v)
-    return t
-
-
-def zeros(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
-    return _filled(shape, 0, dtype, buffer, name)
-
-
-def ones(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
-    return _filled(shape, 1, dtype, buffer, name)
-
-
-def full(shape: Any, fill_value: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
-    return _filled(shape, fill_value, dtype, buffer, name)
-
-
-def zeros_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
-    return zeros(x.shape, dtype or x.dtype, buffer or x.buffer, name)
-
-
-def empty_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
-    return ndarray(x.shape, dtype or x.dtype, buffer or x.buffer, name)
-
-
-def ds(start: int, size: int) -> DynSlice:
-    """``nl.ds(start, size)`` == ``start:start+size`` in a subscript."""
-    return DynSlice(start, size)
-
-
-def shared_identity_matrix(n: int, dtype: Any = uint8, dst: Any = None) -> NkiTensor:
-    """An ``n x n`` identity constant in shared HBM (or written into ``dst`` by DMA)."""
-    launch = _state.current()
-    t = allocate((n, n), dtype, shared_hbm, "identity")
-    if not launch.trace_only:
-        t.write(_dt.cast(np.eye(n, dtype=np.float32), t.dtype).reshape(n, n))
-    if dst is not None:
-        _isa.dma_copy(dst, t)
-        return dst
-    return t
-
-
-def shared_constant(constant: Any) -> NkiTensor:
-    launch = _state.current()
-    arr = np.asarray(constant)
-    t = allocate(arr.shape, _dt.normalize(arr.dtype), shared_hbm, "constant")
-    if not launch.trace_only:
-        t.write(arr.astype(t.storage.data.dtype))
-    return t
 
 
 # --------------------------------------------------------------------------------------------- programs / loops
@@ -358,6 +232,7 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
     from .trace import TraceRecord
 
     launch = _state.current()
+    _sp.check_all("tensor_scalar", launch.hw.pmax, ("dst", out), ("data", x))
     key = ("nl_unary", name, x.shape, x.dtype, out.dtype, launch.program_id)
     _isa._emit(
         launch,
@@ -369,6 +244,7 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
             flops=out.size, program_id=launch.program_id, meta=(("alu", name),),
         ),
     )  # fmt: skip
+    _isa._use_rw(launch, x, out)
     if not launch.trace_only:
         with np.errstate(all="ignore"):
             v = opdefs.UNARY[name](_isa._vals(x))

@@ -170,6 +170,7 @@ def _launch(
     keep_order: bool,
     hw: HwConfig | None,
     torch_out: bool | None = None,
+    keep_events: bool = False,
 ) -> tuple[Any, Trace]:
     if lnc not in (1, 2):
         raise LaunchError(f"[lnc] kernel[lnc]: lnc must be 1 or 2 (logical NeuronCores on trn2), got {lnc!r}")
@@ -177,7 +178,9 @@ def _launch(
         raise LaunchError(
             "[launch] a kernel launch is already running; sub-kernels must be plain functions, not @nki.jit"
         )
-    trace = Trace(kernel_name=getattr(fn, "__name__", "kernel"), keep_order=keep_order)
+    trace = Trace(
+        kernel_name=getattr(fn, "__name__", "kernel"), keep_order=keep_order, keep_events=keep_events
+    )
     launch = _state.Launch(hw or TRN2, trace, trace_only, lnc)
     binder = _Binder(trace_only, lnc)
     targs = tuple(binder.to_tensor(a, f"arg{i}") for i, a in enumerate(args))
@@ -192,6 +195,7 @@ def _launch(
         for pid in range(lnc):
             launch.start_program(pid)
             results.append(fn(*targs, **tkw))
+            launch.end_program()  # on-chip capacity under last-use liveness, placed-tile overlaps
     finally:
         _state.pop()
         if gc_was_enabled:
@@ -270,6 +274,7 @@ def run(
     trace_only: bool = False,
     keep_order: bool = False,
     hw: HwConfig | None = None,
+    keep_events: bool = False,
     **kwargs: Any,
 ) -> tuple[Any, Trace]:
     """Run ``kernel`` (a ``@nki.jit`` kernel, ``kernel[lnc]`` or a plain function) and return
@@ -282,6 +287,8 @@ def run(
         lnc: logical cores (1 or 2); default: the kernel's own (``kernel[2]`` -> 2), else 1.
         trace_only: shapes, access patterns, rules and trace only; no arithmetic, outputs are TensorSpec.
         keep_order: also keep every record in program order in ``trace.order``.
+        keep_events: also keep the ordered event log (every issued instruction with the memory regions it
+            reads and writes, :meth:`Trace.iter_events`); off by default (no cost when off).
         hw: hardware limits (default :data:`~nki_kernels.emulator.hw.TRN2`).
 
     Returns:
@@ -295,7 +302,7 @@ def run(
     else:
         fn = kernel
         n = 1 if lnc is None else lnc
-    out, trace = _launch(fn, args, kwargs, n, trace_only, keep_order, hw)
+    out, trace = _launch(fn, args, kwargs, n, trace_only, keep_order, hw, keep_events=keep_events)
     if isinstance(kernel, Kernel):
         kernel.last_trace = trace
     return out, trace
@@ -303,6 +310,10 @@ def run(
 
 _ = math
 
-from . import isa, language  # noqa: E402  (nki.language / nki.isa, as in the real package)
+from . import collectives, isa, language  # noqa: E402  (nki.language / nki.isa / nki.collectives)
 
-__all__ = ["Kernel", "TensorSpec", "isa", "jit", "language", "run", "simulate"]
+dtype = language.DType
+"""``nki.dtype``: the type of dtype values (NKI dtypes are strings such as ``"bfloat16"``), used in
+annotations (``def f(dt: nki.dtype)``)."""
+
+__all__ = ["Kernel", "TensorSpec", "collectives", "dtype", "isa", "jit", "language", "run", "simulate"]

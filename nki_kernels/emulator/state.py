@@ -11,6 +11,7 @@ from typing import Any
 
 from .errors import EmulatorWarning, LaunchError, PsumLimitError, SbufCapacityError
 from .hw import HwConfig
+from .liveness import OnChipLiveness, check_address
 from .trace import Trace
 
 
@@ -23,8 +24,8 @@ class Launch:
         "trace_only",
         "program_id",
         "num_programs",
-        "sbuf_used",
-        "psum_used",
+        "seq",
+        "mem",
         "shared_allocs",
         "shared_index",
         "records",
@@ -32,6 +33,8 @@ class Launch:
         "epoch",
         "keep_order",
         "checked",
+        "keep_events",
+        "last",
     )
 
     def __init__(self, hw: HwConfig, trace: Trace, trace_only: bool, num_programs: int) -> None:
@@ -40,12 +43,15 @@ class Launch:
         self.trace_only = trace_only
         self.program_id = 0
         self.num_programs = num_programs
-        self.sbuf_used = 0
-        self.psum_used = 0
+        self.seq = 0  # instructions issued in the current program
+        self.mem = OnChipLiveness(hw)
         self.shared_allocs: list[Any] = []
         self.shared_index = 0
         self.records: dict[tuple, list] = {}  # key -> [TraceRecord, count]
-        self.keep_order = trace.keep_order
+        # keep_order: note every issue (``note``): for trace.order and/or the event log
+        self.keep_order = trace.keep_order or trace.keep_events
+        self.keep_events = trace.keep_events
+        self.last: Any = None  # the record of the instruction issued last (when keep_order)
         self.act_acc: dict[int, Any] = {}
         self.epoch = 0
         # trace-only: validation key of an instruction whose checks passed -> its records entry (per program)
@@ -54,11 +60,17 @@ class Launch:
     def start_program(self, pid: int) -> None:
         self.program_id = pid
         self.shared_index = 0
-        self.sbuf_used = 0
-        self.psum_used = 0
+        self.seq = 0
+        self.mem = OnChipLiveness(self.hw)
         self.act_acc = {}
         self.epoch += 1
         self.checked = {}
+
+    def note(self, record: Any) -> None:
+        """One issue of ``record`` (called only when ``keep_order``)."""
+        self.last = record
+        if self.trace.keep_order:
+            self.trace.order.append(record)
 
     def flush(self) -> None:
         """Move the per-key counts into the Trace (first-seen order)."""
@@ -67,40 +79,39 @@ class Launch:
             counts[rec] += n
         self.records = {}
 
-    # allocation accounting -------------------------------------------------------------------------
-    def alloc_onchip(self, kind: str, pbytes: int, shape: tuple[int, ...], dtype: str, name: str) -> None:
+    # on-chip allocations (last-use liveness, see liveness.py) -----------------------------------------
+    def alloc_onchip(
+        self, kind: str, pbytes: int, shape: tuple[int, ...], dtype: str, name: str, address: Any = None
+    ) -> list:
+        """Register an SBUF/PSUM allocation of ``pbytes`` per partition; returns its live record (the
+        storage's ``live``).  A single tile larger than the whole budget raises here; the live total is
+        checked at the end of the program (:meth:`end_program`)."""
         hw = self.hw
-        if kind == "sbuf":
-            new = self.sbuf_used + pbytes
-            if hw.check_sbuf_capacity and new > hw.sbuf_bytes_per_partition:
+        k = 0 if kind == "sbuf" else 1
+        if k == 0:
+            if hw.check_sbuf_capacity and pbytes > hw.sbuf_bytes_per_partition:
                 raise SbufCapacityError(
-                    f"[sbuf-capacity] allocating SBUF tensor {name or '<unnamed>'} {list(shape)} {dtype} "
-                    f"({pbytes} B/partition) brings live SBUF to {new} B/partition, over the "
-                    f"{hw.sbuf_bytes_per_partition} B/partition budget (HwConfig.sbuf_bytes_per_partition)"
+                    f"[sbuf-capacity] SBUF tensor {name or '<unnamed>'} {list(shape)} {dtype} needs {pbytes} "
+                    f"B/partition, over the {hw.sbuf_bytes_per_partition} B/partition budget "
+                    "(HwConfig.sbuf_bytes_per_partition)"
                 )
-            self.sbuf_used = new
-        else:
-            total = hw.psum_bytes_per_partition
-            if pbytes > total:
-                raise PsumLimitError(
-                    f"[psum-total] PSUM tensor {name or '<unnamed>'} {list(shape)} {dtype} needs {pbytes} "
-                    f"B/partition, PSUM has {total} B/partition ({hw.psum_num_banks} banks x "
-                    f"{hw.psum_bank_bytes} B)"
-                )
-            new = self.psum_used + pbytes
-            if hw.check_psum_capacity and new > total:
-                raise PsumLimitError(
-                    f"[psum-total] allocating PSUM tensor {name or '<unnamed>'} {list(shape)} {dtype} "
-                    f"({pbytes} B/partition) brings live PSUM to {new} B/partition, over the {total} "
-                    f"B/partition of {hw.psum_num_banks} banks x {hw.psum_bank_bytes} B"
-                )
-            self.psum_used = new
+        elif pbytes > hw.psum_bytes_per_partition:
+            raise PsumLimitError(
+                f"[psum-total] PSUM tensor {name or '<unnamed>'} {list(shape)} {dtype} needs {pbytes} "
+                f"B/partition, PSUM has {hw.psum_bytes_per_partition} B/partition ({hw.psum_num_banks} banks x "
+                f"{hw.psum_bank_bytes} B)"
+            )
+        if address is not None:
+            address = check_address(address, k, shape, pbytes, name, hw)
+        return self.mem.alloc(k, pbytes, shape, dtype, name, address)
 
-    def free_onchip(self, kind: str, pbytes: int) -> None:
-        if kind == "sbuf":
-            self.sbuf_used -= pbytes
-        else:
-            self.psum_used -= pbytes
+    def end_program(self) -> None:
+        """Check the program's on-chip live ranges (capacity, placed-tile overlaps); later deaths of its
+        storages no longer count."""
+        mem = self.mem
+        self.mem = OnChipLiveness(self.hw)
+        self.epoch += 1
+        mem.check(self.program_id, self.seq)
 
 
 _STACK: list[Launch] = []

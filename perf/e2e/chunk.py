@@ -1,0 +1,307 @@
+"""The chunk model: the forwards of one steady-state chunk + VAE decode + the Neuron execution overheads.
+
+Chunk time = sum over components of (modelled time per call x calls per chunk); components run back to
+back (no overlap between kernels or with collectives, except the FSDP prefetch).  On top of the kernels'
+own times (:mod:`perf.e2e.components`), three overhead components, each counted, not guessed:
+
+* ``kernel_fixed``: ``kernel_fixed_s`` x the chunk's kernel calls (sum of every component's
+  ``launches x calls``);
+* ``collective_barrier``: ``collective_barrier_s`` x the chunk's collectives (sum of ``collectives x
+  calls``);
+* ``neff_launch``: ``neff_launch_s`` x the NEFF launches of :func:`perf.e2e.launches.neffs_per_chunk`
+  for the chunk's compile mode.
+
+A :class:`ChunkModel` is evaluated at one end of the parameter ranges (``end``).  All *modelled*.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from perf.e2e.components import GROUPS, Component, Forward, forward_components, vae_components
+from perf.e2e.kernels import KernelProvider
+from perf.e2e.launches import LaunchPlan, neffs_per_chunk
+from perf.e2e.params import E2EParams
+from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, tp_linear_comm
+from perf.footprint import VaeProbe, merged_tokens, vae_strides
+from perf.matmul_model import MatmulProvider
+from rolling_forcing.config import ModelConfig, PipelineConfig
+
+__all__ = [
+    "OVERHEAD_GROUPS",
+    "ChunkModel",
+    "chunk_model",
+    "steady_forwards",
+    "warmup_forwards",
+    "summarize",
+]
+
+OVERHEAD_GROUPS = ("kernel_fixed", "barrier", "launch")
+
+
+@dataclass(frozen=True)
+class ChunkModel:
+    """Modelled chunk of one variant (``merged`` or ``two_pass``) on ``cores`` cores at one ``end``."""
+
+    variant: str
+    cores: int
+    plan_name: str
+    tp: int
+    sp: int
+    components: tuple[Component, ...]
+    video_frames: int
+    params: E2EParams
+    end: str = "optimistic"
+    launch_plan: LaunchPlan | None = None
+
+    def time(self, groups: Sequence[str] | None = None) -> float:
+        return sum(c.total_s for c in self.components if groups is None or c.group in groups)
+
+    @property
+    def chunk_s(self) -> float:
+        return self.time()
+
+    @property
+    def dit_s(self) -> float:
+        """Everything but the VAE (the VAE's NEFF launch stays in, a small share)."""
+        return self.time([g for g in GROUPS if g != "vae"])
+
+    @property
+    def flops(self) -> int:
+        return sum(c.flops * c.calls for c in self.components)
+
+    @property
+    def dit_flops(self) -> int:
+        return sum(c.flops * c.calls for c in self.components if c.group != "vae")
+
+    @property
+    def fps(self) -> float:
+        return self.video_frames / self.chunk_s
+
+    @property
+    def dit_fps(self) -> float:
+        return self.video_frames / self.dit_s
+
+    @property
+    def mfu(self) -> float:
+        """Useful FLOPs / (chunk time x cores x per-core dense bf16 peak)."""
+        return self.flops / (self.chunk_s * self.cores * self.params.peak_flops_per_core)
+
+    @property
+    def mfu_published_peak(self) -> float:
+        """Useful FLOPs / (chunk time x the chips' published 667 TF)."""
+        chips = math.ceil(self.cores / 8)
+        return self.flops / (self.chunk_s * chips * self.params.chip_peak_flops_published)
+
+    @property
+    def launches(self) -> int:
+        """Kernel calls per chunk (every component's ``launches x calls``)."""
+        return sum(c.launches * c.calls for c in self.components)
+
+    kernel_calls = launches
+
+    @property
+    def collectives(self) -> int:
+        """Collectives per chunk on one rank."""
+        return sum(c.collectives * c.calls for c in self.components)
+
+    @property
+    def neffs(self) -> int:
+        """NEFF launches per chunk on one rank (0 when the chunk has no launch plan)."""
+        return self.launch_plan.neffs if self.launch_plan is not None else 0
+
+    def headroom(self, target_fps: float | None = None) -> float:
+        """``1 - chunk time / deadline`` with deadline = video frames / target fps."""
+        tf = self.params.target_fps if target_fps is None else target_fps
+        return 1.0 - self.chunk_s / (self.video_frames / tf)
+
+    def by_group(self) -> dict[str, float]:
+        return {g: self.time([g]) for g in GROUPS if self.time([g]) > 0}
+
+    def component_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+
+def _plan(num_heads: int, cores: int, queries: int, keys: int, comm_model: Any) -> Any:
+    from sharding.plan import AttentionShape, plan
+
+    return plan(num_heads, cores, shape=AttentionShape(num_queries=queries, num_keys=keys), model=comm_model)
+
+
+def steady_forwards(m: ModelConfig, p: PipelineConfig, variant: str) -> list[Forward]:
+    """The forwards of one steady-state chunk (shapes from the config)."""
+    blk = p.tokens_per_block(m)
+    win = p.window_frames * m.tokens_per_frame
+    keys = p.key_budget_tokens(m)
+    if variant == "merged":
+        return [Forward("merged", merged_tokens(m, p), (("update", blk, keys), ("denoise", win, keys)))]
+    if variant == "two_pass":
+        return [
+            Forward("denoise", win, (("denoise", win, keys),)),
+            Forward("update", blk, (("update", blk, keys),)),
+        ]
+    raise ValueError(f"variant must be 'merged' or 'two_pass', got {variant!r}")
+
+
+def warmup_forwards(m: ModelConfig, p: PipelineConfig) -> list[Forward]:
+    """Merged forwards of warm-up windows 0..window_blocks-1 (window w holds w+1 blocks; keys = window only;
+    the update block (block 0) attends to itself)."""
+    blk = p.tokens_per_block(m)
+    out = []
+    for w in range(p.window_blocks):
+        win = (w + 1) * blk
+        out.append(Forward(f"warmup{w}", blk + win, (("update", blk, blk), ("denoise", win, win))))
+    return out
+
+
+def chunk_model(
+    m: ModelConfig,
+    p: PipelineConfig,
+    *,
+    cores: int,
+    variant: str = "merged",
+    vae: VaeProbe | None,
+    kernels: KernelProvider,
+    matmul: MatmulProvider,
+    params: E2EParams,
+    end: str = "optimistic",
+    comm_model: Any = None,
+    forwards: list[Forward] | None = None,
+    vae_layers: str = "steady",
+    weights: str = "replicated",
+    compile_mode: str = "fullgraph",
+) -> ChunkModel:
+    """Modelled chunk at ``end``: the forwards (default: steady state of ``variant``) + VAE decode of the
+    block + kernel fixed costs, collective barriers and NEFF launches (module docstring).
+
+    ``comm_model`` overrides the end's ``sharding.plan.CommModel``.  ``compile_mode`` is one of
+    :data:`perf.e2e.launches.COMPILE_MODES` (``"peer"`` uses ``params.peer_neffs_per_forward``).
+    ``weights`` (one of :data:`WEIGHT_VARIANTS`):
+
+    * ``"replicated"``: the plan as is (weights on every core; per-layer all-to-all + K/V all-gather).
+    * ``"fsdp"``: plus the just-in-time all-gather of each block's weights (:func:`fsdp_gather`) into a
+      double buffer, prefetched while the previous layer computes: exposed time per layer
+      ``max(0, gather - previous layer's compute)``; the first block's gather and the non-block weights'
+      gather are charged in full once per forward.  Assumes the gather's DMA does not slow compute.
+    * ``"tp_linear"``: Megatron linears (``linear_mode="tp_linear"``); per layer the plan's SP K/V
+      all-gather + :func:`tp_linear_comm`, serial with compute.
+    """
+    if weights not in WEIGHT_VARIANTS:
+        raise ValueError(f"chunk_model: weights must be one of {WEIGHT_VARIANTS}, got {weights!r}")
+    point = params.at(end)
+    cmodel = point.comm_model if comm_model is None else comm_model
+    fwds = steady_forwards(m, p, variant) if forwards is None else forwards
+    comps: list[Component] = []
+    pl = None
+    for fwd in fwds:
+        lq = sum(a[1] for a in fwd.attention)
+        lk = max(a[2] for a in fwd.attention)
+        pl = _plan(m.num_heads, cores, max(fwd.tokens, lq), lk, cmodel)
+        comm_s, n_coll, src, mode = pl.comm_time_s, pl.comm.collectives, "sharding.plan", "token"
+        if weights == "tp_linear":
+            _, t_tp, c_tp = tp_linear_comm(m, fwd.tokens, pl.tp, pl.sp, pl.model)
+            comm_s = pl.comm.all_gather_s + t_tp
+            n_coll = (1 if pl.sp > 1 else 0) + c_tp
+            src, mode = f"K/V gather + {c_tp} TP all-reduces ({pl.model.name})", "tp_linear"
+        has_head = any(a[0] != "update" for a in fwd.attention)
+        spans = cores > pl.model.cores_per_chip
+        head_bytes = fwd.tokens * m.patch_out * 2
+        head_s = pl.model.all_gather_s(cores, head_bytes - math.ceil(head_bytes / cores), spans)
+        cs = forward_components(
+            m,
+            fwd,
+            tp=pl.tp,
+            sp=pl.sp,
+            comm_s=comm_s,
+            collectives=n_coll,
+            kernels=kernels,
+            matmul=matmul,
+            params=params,
+            point=point,
+            linear_mode=mode,
+            comm_source=f"{src} ({pl.model.name})" if weights != "tp_linear" else src,
+            head_gather_s=head_s,
+        )
+        if not has_head:
+            cs = [c for c in cs if c.name != "head_gather"]
+        if weights == "fsdp":
+            layer_s = sum(c.time_s for c in cs if c.per_layer)
+            _, g_blk, _, g_out = fsdp_gather(m, pl.tp * pl.sp, pl.model)
+            exposed = max(0.0, g_blk - layer_s)
+            tag = f"FSDP all-gather ({pl.model.name})"
+            cs += [
+                Component("weight_gather_first", "weight_comm", g_blk + g_out, 1, 0, 0, False, tag, 2),
+                Component(
+                    "weight_gather_exposed",
+                    "weight_comm",
+                    exposed,
+                    m.num_layers - 1,
+                    0,
+                    0,
+                    False,
+                    f"{tag}: max(0, {g_blk * 1e3:.3f} - {layer_s * 1e3:.3f} ms)",
+                    1,
+                ),
+            ]
+        comps += [replace(c, name=c.name if len(fwds) == 1 else f"{fwd.name}:{c.name}") for c in cs]
+    if vae is not None:
+        layers = vae.steady if vae_layers == "steady" else vae.first
+        comps += vae_components(vae, layers, cores, matmul, params, vae_layers)
+    assert pl is not None
+    kernel_calls = sum(c.launches * c.calls for c in comps)
+    collectives = sum(c.collectives * c.calls for c in comps)
+    lp = neffs_per_chunk(
+        compile_mode,
+        forwards=len(fwds),
+        collectives=collectives,
+        peer_neffs_per_forward=params.peer_neffs_per_forward,
+    )
+    if vae is None and compile_mode != "peer":  # no decode in this chunk: no VAE NEFF
+        lp = replace(lp, neffs=lp.neffs - 1, terms=tuple((w, n) for w, n in lp.terms if w != "VAE decode"))
+    comps += [
+        Component(
+            "kernel_fixed",
+            "kernel_fixed",
+            point.kernel_fixed_s,
+            kernel_calls,
+            0,
+            0,
+            False,
+            f"{point.end}: kernel_fixed_s x kernel calls",
+        ),
+        Component(
+            "collective_barrier",
+            "barrier",
+            point.collective_barrier_s,
+            collectives,
+            0,
+            0,
+            False,
+            f"{point.end}: collective_barrier_s x collectives",
+        ),
+        Component(
+            "neff_launch",
+            "launch",
+            params.neff_launch_s,
+            lp.neffs,
+            0,
+            0,
+            False,
+            f"neff_launch_s x NEFFs ({compile_mode})",
+        ),
+    ]
+    t_stride = vae.temporal_stride if vae is not None else vae_strides()[0]
+    return ChunkModel(
+        variant, cores, pl.name, pl.tp, pl.sp, tuple(comps), p.frames_per_block * t_stride, params, end, lp
+    )
+
+
+def summarize(components: Sequence[Component]) -> dict[str, float]:
+    """Total seconds per group (the summation the chunk time is made of)."""
+    out: dict[str, float] = {}
+    for c in components:
+        out[c.group] = out.get(c.group, 0.0) + c.total_s
+    return out

@@ -1,0 +1,238 @@
+"""Build every modelled figure of the report (no I/O): our configuration and the peer's, at both ends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perf.e2e.chunk import ChunkModel, chunk_model, warmup_forwards
+from perf.e2e.components import vae_components
+from perf.e2e.kernels import KernelProvider, default_kernel_provider
+from perf.e2e.params import ENDS, E2EParams
+from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
+from perf.e2e.weights import WEIGHT_VARIANTS
+from perf.footprint import (
+    Footprint,
+    footprint,
+    lower_bound_footprint,
+    model_at_resolution,
+    vae_probe,
+    vae_strides,
+)
+from perf.matmul_model import MatmulProvider, default_matmul_provider
+from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
+
+__all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "OUR_VARIANTS"]
+
+OUR_VARIANTS = ("merged", "two_pass", "merged_eager")
+"""Our chunk variants: merged and two-pass compiled one graph per forward (``fullgraph``), and the merged
+forward as the sharded stream runs today (``eager_sharded``: host collectives cut the graph)."""
+
+
+@dataclass(frozen=True)
+class Ttff:
+    """Time to first frame at one end: warm-up windows (growing shapes) + first-frame decode."""
+
+    total_s: float
+    static_s: float
+    warmup_s: tuple[float, ...]
+    first_decode_s: float
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One peer configuration: the modelled chunk at each end and the peer's measurement (if any)."""
+
+    config: PeerConfig
+    chunks: dict[str, ChunkModel]
+    measured: PeerMeasured | None
+    error: str = ""
+
+    def ratio(self, end: str) -> float | None:
+        """Predicted / measured fps at ``end`` (None without a measurement or a model)."""
+        if self.measured is None or end not in self.chunks:
+            return None
+        return self.chunks[end].fps / self.measured.fps
+
+
+@dataclass
+class E2EResult:
+    model: ModelConfig
+    pipe: PipelineConfig
+    height: int
+    width: int
+    cores: int
+    chunks: dict[tuple[str, str], ChunkModel]
+    ttff: dict[str, Ttff]
+    footprints: list[Footprint]
+    scaling: list[tuple[int, str, dict[str, tuple[float, float]]]]
+    kernels_name: str
+    matmul_name: str
+    params: E2EParams
+    wall_s: float = 0.0
+    command: str = ""
+    weight_variants: list[tuple[str, str, ChunkModel]] = field(default_factory=list)
+    lower_bounds: list[Footprint] = field(default_factory=list)
+    peer: list[PeerRow] = field(default_factory=list)
+
+    def chunk(self, variant: str, end: str) -> ChunkModel:
+        return self.chunks[(variant, end)]
+
+
+def _model(preset: str, height: int, width: int) -> ModelConfig:
+    return model_at_resolution(get_preset(preset), height, width, vae_strides()[1])
+
+
+def run_model(
+    preset: str = "wan2.1-1.3b",
+    height: int = 480,
+    width: int = 832,
+    cores: int = 8,
+    *,
+    quick: bool = False,
+    params: E2EParams | None = None,
+    kernels: KernelProvider | None = None,
+    matmul: MatmulProvider | None = None,
+    scaling_cores: Sequence[int] = (1, 2, 4, 8, 16),
+    peer: bool = True,
+) -> E2EResult:
+    """Every modelled figure of the report at both ends (``peer``: also the peer's configurations, which
+    are Wan2.1-1.3B whatever ``preset`` is)."""
+    t0 = time.perf_counter()
+    params = params or E2EParams()
+    kernels = kernels or default_kernel_provider(params)
+    matmul = matmul or default_matmul_provider()
+    m = _model(preset, height, width)
+    pipe = PipelineConfig(dtype="bfloat16")
+    vae = vae_probe(m.latent_height, m.latent_width, pipe.frames_per_block)
+    kw: dict[str, Any] = {"vae": vae, "kernels": kernels, "matmul": matmul, "params": params}
+    chunks: dict[tuple[str, str], ChunkModel] = {}
+    ttff: dict[str, Ttff] = {}
+    for end in ENDS:
+        chunks[("merged", end)] = chunk_model(m, pipe, cores=cores, variant="merged", end=end, **kw)
+        chunks[("two_pass", end)] = chunk_model(m, pipe, cores=cores, variant="two_pass", end=end, **kw)
+        chunks[("merged_eager", end)] = chunk_model(
+            m, pipe, cores=cores, variant="merged", end=end, compile_mode="eager_sharded", **kw
+        )
+        warm = tuple(
+            chunk_model(m, pipe, cores=cores, forwards=[f], end=end, **{**kw, "vae": None}).chunk_s
+            for f in warmup_forwards(m, pipe)
+        )
+        first = vae_components(vae, vae.first, cores, matmul, params, "first")
+        fixed = params.at(end).kernel_fixed_s * sum(c.launches for c in first) + params.neff_launch_s
+        first_dec = sum(c.total_s for c in first) + fixed
+        static = pipe.window_blocks * chunks[("merged", end)].dit_s + first_dec
+        ttff[end] = Ttff(sum(warm) + first_dec, static, warm, first_dec)
+    scaling: list[tuple[int, str, dict[str, tuple[float, float]]]] = []
+    for c in scaling_cores:
+        try:
+            by_end = {}
+            name = ""
+            for end in ENDS:
+                cm = chunk_model(m, pipe, cores=c, variant="merged", end=end, **kw)
+                by_end[end] = (cm.fps, cm.dit_fps)
+                name = cm.plan_name
+            scaling.append((c, name, by_end))
+        except ValueError as e:  # no balanced plan for this core count
+            scaling.append((c, f"no plan: {e}".split("\n")[0][:60], {}))
+    merged = chunks[("merged", "pessimistic")]
+    fps_: list[Footprint] = []
+    for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+        for copies, wl in ((None, "weights per core"), (1, "one shared weight copy")):
+            fps_.append(
+                footprint(
+                    m,
+                    pipe,
+                    tp=merged.tp,
+                    sp=merged.sp,
+                    kv_bytes=kvb,
+                    weight_copies=copies,
+                    vae=vae,
+                    label=f"{lab}, {wl}",
+                )
+            )
+    for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears")):
+        for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+            fps_.append(
+                footprint(
+                    m,
+                    pipe,
+                    tp=merged.tp,
+                    sp=merged.sp,
+                    kv_bytes=kvb,
+                    weights=wp,
+                    vae=vae,
+                    label=f"{lab}, {wl}",
+                )
+            )
+    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, 1)]
+    wv: list[tuple[str, str, ChunkModel]] = []
+    for end in ENDS:
+        for wp in WEIGHT_VARIANTS:
+            cm = (
+                chunks[("merged", end)]
+                if wp == "replicated"
+                else chunk_model(m, pipe, cores=cores, variant="merged", weights=wp, end=end, **kw)
+            )
+            wv.append((wp, end, cm))
+    peers = _peer_rows(pipe, kernels, matmul, params) if peer else []
+    return E2EResult(
+        m,
+        pipe,
+        height,
+        width,
+        cores,
+        chunks,
+        ttff,
+        fps_,
+        scaling,
+        kernels.name,
+        getattr(matmul, "name", type(matmul).__name__),
+        params,
+        time.perf_counter() - t0,
+        weight_variants=wv,
+        lower_bounds=lower,
+        peer=peers,
+    )
+
+
+def _peer_rows(
+    pipe: PipelineConfig, kernels: KernelProvider, matmul: MatmulProvider, params: E2EParams
+) -> list[PeerRow]:
+    """The peer's configurations (:data:`PEER_CONFIGS`) at both ends: Megatron TP linears, ~370 NEFFs
+    per rank per forward, our kernels' modelled costs."""
+    rows: list[PeerRow] = []
+    probes: dict[tuple[int, int], Any] = {}
+    for cfg in PEER_CONFIGS:
+        m = _model(PEER_PRESET, cfg.height, cfg.width)
+        if (cfg.height, cfg.width) not in probes:
+            probes[(cfg.height, cfg.width)] = vae_probe(
+                m.latent_height, m.latent_width, pipe.frames_per_block
+            )
+        chunks: dict[str, ChunkModel] = {}
+        err = ""
+        for end in ENDS:
+            try:
+                cm = chunk_model(
+                    m,
+                    pipe,
+                    cores=cfg.cores,
+                    variant=cfg.variant,
+                    vae=probes[(cfg.height, cfg.width)],
+                    kernels=kernels,
+                    matmul=matmul,
+                    params=params,
+                    end=end,
+                    weights="tp_linear",
+                    compile_mode="peer",
+                )
+            except ValueError as e:
+                err = str(e).split("\n")[0]
+                break
+            if cm.plan_name != cfg.plan:
+                err = f"our planner chose {cm.plan_name}, the peer runs {cfg.plan}"
+            chunks[end] = cm
+        rows.append(PeerRow(cfg, chunks, measured_for(cfg), err))
+    return rows
