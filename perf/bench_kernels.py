@@ -6,9 +6,16 @@ the trace goes through the trn2 cost model (:mod:`nki_kernels.emulator.cost`). A
 
 Run: ``python -m perf.bench_kernels`` (Wan shapes, ~1 min) or ``python -m perf.bench_kernels --quick``.
 
+Cost model v2: each row's ``latency_us`` is the nominal figure; ``extra`` holds ``latency_us_low`` /
+``latency_us_high`` (every unmeasured parameter at its optimistic / pessimistic end,
+``cost.profile_range``), the model used (``"schedule"`` when the emulator records the event log, else
+``"bound"``), the max-engine bound, the serial bound and the critical path's engines.
+``--bound-only`` skips the event log (the bound model; faster at Wan shapes).
+
 Attention is traced with ``traced_heads`` heads (one per logical core) at the full Lq, Lk and D; heads are
 independent and identical, and H only changes the HBM row stride (not any descriptor size), so the
-per-layer figure is ``per_head_latency * H / lnc`` (stated in the row).
+per-layer figure is ``(latency - fixed) / traced heads per core * H / lnc + fixed`` (stated in the row;
+the fixed per-kernel time is paid once per launch).
 
 ``ops.rope3d_tables`` (caller-built cos/sin tables, built once per forward) runs the very same
 ``rope3d_kernel`` on the same table layout as ``ops.rope3d``, so the ``rope3d`` rows are its modelled figures
@@ -25,7 +32,7 @@ from typing import Any
 
 from nki_kernels.attention import attention_kernel, attention_segments_kernel
 from nki_kernels.emulator import TensorSpec, run
-from nki_kernels.emulator.cost import profile
+from nki_kernels.emulator.cost import KernelProfile, profile, profile_range
 from nki_kernels.kv_cache import kv_cache_slide_kernel, kv_cache_write_kernel
 from nki_kernels.rope3d import rope3d_kernel, rope3d_naive_kernel
 from perf.neuron_measure import (
@@ -92,13 +99,45 @@ def _spec(*shape: int, dtype: str = "bfloat16") -> TensorSpec:
     return TensorSpec(shape, dtype)
 
 
+USE_EVENTS = True  # record the event log for the dependency-aware schedule (main's --bound-only clears it)
+
+
+def _trace(kernel: Any, args: tuple, lnc: int) -> Any:
+    """Trace-only run; with the event log when :data:`USE_EVENTS`."""
+    return run(kernel, *args, lnc=lnc, trace_only=True, keep_events=USE_EVENTS)[1]
+
+
+def _scaled_us(prof: KernelProfile, ns: float, scale: float) -> float:
+    """``ns`` of a traced launch scaled to the full launch: the work part x ``scale``, the fixed per-kernel
+    time once (one launch processes every head)."""
+    return round(((ns - prof.fixed_ns) * scale + prof.fixed_ns) / 1e3, 2)
+
+
+def _v2(tr: Any, lnc: int, scale: float = 1.0) -> tuple[KernelProfile, dict[str, Any]]:
+    """Nominal profile plus the v2 extras: latency at both ends of every unmeasured parameter, model,
+    bounds, critical path (work x ``scale``, fixed time once; see :func:`_scaled_us`)."""
+    p = profile(tr, cores=lnc)
+    lo, hi = profile_range(tr, cores=lnc)
+    return p, {
+        "latency_us_low": _scaled_us(lo, lo.latency_ns, scale),
+        "latency_us_high": _scaled_us(hi, hi.latency_ns, scale),
+        "model": p.model,
+        "bound_us": _scaled_us(p, p.bound_ns, scale),
+        "serial_us": _scaled_us(p, p.serial_ns, scale),
+        "fixed_us": round(p.fixed_ns / 1e3, 2),
+        "critical_engines": list(p.critical_engines),
+        "notes": list(p.notes),
+    }
+
+
 def _prof(
     kernel: Any, args: tuple, lnc: int, hbm_min: int, extra: dict[str, Any]
 ) -> Callable[[], dict[str, Any]]:
     def fn() -> dict[str, Any]:
-        _, tr = run(kernel, *args, lnc=lnc, trace_only=True)
-        p = profile(tr, cores=lnc)
+        tr = _trace(kernel, args, lnc)
+        p, v2 = _v2(tr, lnc)
         figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
+        figs["extra"].update(v2)
         figs["extra"].update(
             {
                 "dma_bound_ratio": round(p.latency_ns / p.dma_bound_ns, 3) if p.dma_bound_ns else None,
@@ -117,16 +156,18 @@ def _attention_fn(
     kernel: Any, args: tuple, lnc: int, heads_total: int, hbm_min: int, extra: dict, heads_per_core: int = 1
 ) -> Callable:
     def fn() -> dict[str, Any]:
-        _, tr = run(kernel, *args, lnc=lnc, trace_only=True)
-        p = profile(tr, cores=lnc)
-        per_head_us = p.latency_ns / 1e3 / heads_per_core  # heads_per_core traced heads on each core
+        tr = _trace(kernel, args, lnc)
+        p, v2 = _v2(tr, lnc, scale=heads_total / lnc / heads_per_core)  # low/high per layer, like latency
+        # heads_per_core traced heads on each core; the fixed per-kernel time is paid once per launch
+        per_head_us = (p.latency_ns - p.fixed_ns) / 1e3 / heads_per_core
         figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
-        figs["latency_us"] = per_head_us * heads_total / lnc
+        figs["latency_us"] = per_head_us * heads_total / lnc + p.fixed_ns / 1e3
+        figs["extra"].update(v2)
         figs["extra"].update(
             {
                 "per_head_us": round(per_head_us, 1),
-                "per_layer_us": round(per_head_us * heads_total / lnc, 1),
-                "latency_is": f"per layer = per_head x {heads_total} heads / {lnc} cores",
+                "per_layer_us": round(per_head_us * heads_total / lnc + p.fixed_ns / 1e3, 1),
+                "latency_is": f"per layer = per_head x {heads_total} heads / {lnc} cores + fixed per kernel",
                 "engine_busy_us_per_head": {k: round(v / 1e3, 1) for k, v in p.engine_busy_ns.items()},
                 "transpose_passes_over_hbm": sum(
                     n for r, n in tr.entries() if r.engine == "dma" and r.direction == "hbm->hbm"
@@ -303,9 +344,12 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes (seconds) instead of Wan shapes")
     ap.add_argument("--no-save", action="store_true", help="print only, do not append to perf/results")
+    ap.add_argument("--bound-only", action="store_true", help="no event log: the v2 bound model (faster)")
     add_measure_args(ap)
     a = ap.parse_args(argv)
     check_measure_args(ap, a)
+    global USE_EVENTS
+    USE_EVENTS = not a.bound_only
     shapes = QUICK if a.quick else WAN
     name = "bench_kernels_quick" if a.quick else "bench_kernels"
     if a.measure:
@@ -326,6 +370,9 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     for r in rows:
         ex = r.extra
         keys = (
+            "latency_us_low",
+            "latency_us_high",
+            "model",
             "dma_bound_ratio",
             "per_head_us",
             "per_layer_us",

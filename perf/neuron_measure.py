@@ -328,14 +328,9 @@ def modelled_launch_us(call: KernelCall, model: ModelFn | None = None) -> tuple[
     trace-only emulator run of ``call.kernel`` on ``call.args`` with ``call.lnc``, modelled by ``model``
     (default :func:`cost_model_v1`) on ``lnc`` cores. The event log is recorded when the emulator offers
     it (``keep_events``, for a dependency-aware schedule)."""
-    import inspect
-
     from nki_kernels.emulator import run
 
-    opts: dict[str, Any] = {"lnc": call.lnc, "trace_only": True}
-    if "keep_events" in inspect.signature(run).parameters:
-        opts["keep_events"] = True
-    _, trace = run(call.kernel, *call.args, **opts)
+    _, trace = run(call.kernel, *call.args, lnc=call.lnc, trace_only=True, keep_events=True)
     ns, bottleneck = (model or cost_model_v1)(trace, call.lnc)
     return ns / 1e3, bottleneck
 

@@ -4,7 +4,6 @@ and the published traffic of the matmul re-implementations."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 
@@ -162,26 +161,26 @@ def test_capture_trace_is_cached_and_keep_events_plumbed() -> None:
     t1 = harness.capture_trace(run)
     assert harness.capture_trace(run) is t1
     assert t1.count(engine="dma") == 3 and t1.count(op="tensor_tensor") == 1
-    if "keep_events" in inspect.signature(emu.run).parameters:
-        assert harness.capture_trace(run, keep_events=True).events_available
-    else:
-        with pytest.raises(NotImplementedError, match="keep_events"):
-            harness.capture_trace(run, keep_events=True)
+    with_events = harness.capture_trace(run, keep_events=True)
+    assert with_events.events_available and not t1.events_available
+    assert sum(1 for _ in with_events.iter_events()) == with_events.num_instructions == t1.num_instructions
     with pytest.raises(KeyError, match="unknown kernel"):
         harness.capture_trace(KernelRun("nope", ()))
 
 
-def test_cheap_point_full_shape_isolates_dma_costs_v1() -> None:
-    """The dma_pairs point at full shape through cost model v1: the slope per DMA is the v1 issue price
-    (hwdge_issue_ns / hwdge_blocks) and the intercept the v1 exposed latency (2 x dma_latency_ns): the
-    methods isolate exactly the quantity they name."""
+def test_cheap_point_full_shape_isolates_dma_costs() -> None:
+    """The dma_pairs point at full shape through cost model v2's bound model (no event log): the slope
+    per DMA is the v2 issue price (dma_issue_ns / dma_issue_lanes) and the intercept the fixed per-kernel
+    time plus the exposed first load and last store issue (kernel_fixed_ns + 2 x (dma_issue_ns +
+    dma_completion_ns)): the methods isolate exactly the quantity they name."""
     p = cost.Trn2CostParams()
     pts = {q.name: q for q in POINTS}
     issue_us, bn = harness.modelled_us(pts["dma_issue"])
     fixed_us, _ = harness.modelled_us(pts["fixed_idle"])
     assert bn == "dma"
-    assert issue_us == pytest.approx(p.hwdge_issue_ns / p.hwdge_blocks / 1e3, rel=1e-9)
-    assert fixed_us == pytest.approx(2 * p.dma_latency_ns / 1e3, rel=1e-9)
+    assert issue_us == pytest.approx(p.dma_issue_ns / p.dma_issue_lanes / 1e3, rel=1e-9)
+    exposed = 2 * (p.dma_issue_ns + p.dma_completion_ns)
+    assert fixed_us == pytest.approx((p.kernel_fixed_ns + exposed) / 1e3, rel=1e-9)
 
 
 class _FakeTrace:

@@ -199,7 +199,7 @@ def test_measured_rows_schema_and_scaling(tmp_path: Path) -> None:
             assert row.extra["modelled_kernel_us"] == pytest.approx(mod.latency_us)
             assert row.extra["modelled_bottleneck"] == mod.extra["bottleneck"] and call.layer_scale == 1
         else:  # modelled rows report a layer; the partner is the traced launch, recomputed here
-            _, tr = emu_run(call.kernel, *call.args, lnc=call.lnc, trace_only=True)
+            _, tr = emu_run(call.kernel, *call.args, lnc=call.lnc, trace_only=True, keep_events=True)
             assert row.extra["modelled_kernel_us"] == pytest.approx(
                 profile(tr, cores=call.lnc).latency_ns / 1e3
             )

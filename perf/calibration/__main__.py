@@ -30,7 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="POINT",
         help=f"subset of points: {' '.join(point_names())}",
     )
+    ap.add_argument(
+        "--bound-only",
+        action="store_true",
+        help="no event log: the v2 bound model instead of the dependency-aware schedule (faster)",
+    )
     a = ap.parse_args(argv)
+    from nki_kernels.emulator.cost import Trn2CostParams
+    from perf.calibration.harness import geo_stats
     from perf.calibration.points import POINTS
 
     points = POINTS
@@ -40,18 +47,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--only: unknown points {unknown}; known: {', '.join(point_names())}")
         points = tuple(p for p in POINTS if p.name in a.only)
     t0 = time.perf_counter()
-    rows = calibration_rows(points=points)
+    events = not a.bound_only
+    rows = calibration_rows(points=points, keep_events=events)
+    ends = {
+        end: calibration_rows(params, points=points, keep_events=events)
+        for end, params in (("low", Trn2CostParams.low()), ("high", Trn2CostParams.high()))
+    }
     wall = time.perf_counter() - t0
-    print("trn2 calibration: measured = PUBLISHED trn2 measurement (not run here); modelled = cost model v1")
+    model = "cost model v2, " + (
+        "bound model (no event log)" if a.bound_only else "dependency-aware schedule"
+    )
+    print(f"trn2 calibration: measured = PUBLISHED trn2 measurement (not run here); modelled = {model}")
     print(format_rows(rows))
     for line in summary_lines(rows):
         print(line)
+    for end, end_rows in ends.items():
+        gm, gsd = geo_stats([r.ratio for r in end_rows])
+        print(
+            f"every unmeasured parameter at its {end} end: geometric mean {gm:.3f}, geometric SD x{gsd:.3f}, "
+            f"ratios {min(r.ratio for r in end_rows):.2f}-{max(r.ratio for r in end_rows):.2f} (modelled)"
+        )
     print(
         f"measured CPU wall time: {wall:.2f} s total, {trace_wall_s():.2f} s tracing "
         "(trace-only, cached per run)"
     )
     if not a.no_write:
-        out = append_rows(to_bench_rows(rows, "v1 (nki_kernels.emulator.cost.profile)", wall), "calibration",
+        out = append_rows(to_bench_rows(rows, model, wall), "calibration",
                           results_dir=a.results_dir)  # fmt: skip
         png = write_png(rows, Path(a.results_dir) / "calibration.png")
         print(f"rows appended to {out}; plot {png}")

@@ -4,9 +4,10 @@ compare with the published trn2 measurement.
 * :func:`capture_trace` is the only place a calibration kernel is traced (trace-only, emulator); it is
   cached per :class:`~perf.calibration.points.KernelRun` within the process and passes
   ``keep_events=True`` to the emulator when asked (the v2 dependency-aware schedule needs the ordered
-  event log; until the emulator's ``run`` accepts the flag, asking for it raises).
+  event log).
 * :func:`model_latency_ns` is the only place the cost model is called: ``(trace, params) -> (ns,
-  bottleneck)``; today it calls ``nki_kernels.emulator.cost.profile`` (model v1).
+  bottleneck)``; it calls ``nki_kernels.emulator.cost.profile`` (cost model v2: the dependency-aware
+  schedule when the trace has its event log, else the bound model).
 * :func:`calibration_rows` returns one :class:`CalibrationRow` per published point; it accepts another
   ``model`` callable of the same signature, so a new cost model can be calibrated without editing here.
 
@@ -16,7 +17,6 @@ All modelled figures are **modelled**; all ``measured`` figures are **published 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -95,9 +95,8 @@ def capture_trace(run: KernelRun, *, keep_events: bool = False) -> Any:
     """Trace-only emulator run of ``run`` (cached per ``(run, keep_events)`` in this process).
 
     ``keep_events=True`` records the ordered event log the dependency-aware schedule needs
-    (``nki_kernels.emulator.run(..., keep_events=True)``); raises ``NotImplementedError`` naming the flag
-    while the emulator's ``run`` does not take it.  ``run.sbuf_check=False`` traces with the emulator's
-    SBUF capacity check off (see the point's note).
+    (``nki_kernels.emulator.run(..., keep_events=True)``).  ``run.sbuf_check=False`` traces with the
+    emulator's SBUF capacity check off (see the point's note).
     """
     if not isinstance(run, KernelRun):
         raise TypeError(f"capture_trace: run must be a KernelRun, got {type(run).__name__}")
@@ -111,11 +110,6 @@ def capture_trace(run: KernelRun, *, keep_events: bool = False) -> Any:
 
     opts: dict[str, Any] = {"trace_only": True}
     if keep_events:
-        if "keep_events" not in inspect.signature(emu.run).parameters:
-            raise NotImplementedError(
-                "capture_trace(keep_events=True): nki_kernels.emulator.run does not take keep_events yet "
-                "(the ordered event log of the interface contract)"
-            )
         opts["keep_events"] = True
     if not run.sbuf_check:
         opts["hw"] = dataclasses.replace(TRN2, check_sbuf_capacity=False)
@@ -129,7 +123,7 @@ def capture_trace(run: KernelRun, *, keep_events: bool = False) -> Any:
 
 def model_latency_ns(trace: Any, params: Any = None) -> tuple[float, str]:
     """THE cost-model adapter: modelled latency (ns) of one traced launch on one trn2 core and its
-    bottleneck engine.  Today: ``nki_kernels.emulator.cost.profile`` (model v1)."""
+    bottleneck engine.  ``nki_kernels.emulator.cost.profile`` (cost model v2)."""
     from nki_kernels.emulator import cost
 
     prof = cost.profile(trace, params) if params is not None else cost.profile(trace)
@@ -193,7 +187,7 @@ def calibration_rows(
     keep_events: bool = False,
 ) -> list[CalibrationRow]:
     """One row per published point (default: every point of :data:`~perf.calibration.points.POINTS`),
-    modelled with ``model(trace, params)`` (default :func:`model_latency_ns`, cost model v1).  Traces are
+    modelled with ``model(trace, params)`` (default :func:`model_latency_ns`, cost model v2).  Traces are
     cached per run within the process, so calling this for several ``params`` traces once."""
     rows = []
     for p in POINTS if points is None else points:
