@@ -1,6 +1,6 @@
 PY ?= python
 
-.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream
+.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate
 
 test:
 	$(PY) -m pytest -q
@@ -31,3 +31,7 @@ bench-pipeline:
 
 bench-long-stream:
 	$(PY) -m perf.bench_long_stream
+
+# Mutation check (not in CI): curated mutants in tools/mutants.py, each in a scratch copy of HEAD.
+mutate:
+	$(PY) -m tools.mutate

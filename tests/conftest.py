@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
     "ci",
@@ -15,6 +15,13 @@ settings.register_profile(
     derandomize=True,
 )
 settings.register_profile("dev", max_examples=40, deadline=None)
+# tools/mutate.py: the CI examples, but a failing example is reported as found (no shrinking, no database)
+settings.register_profile(
+    "mutate",
+    parent=settings.get_profile("ci"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    database=None,
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from nki_kernels.neuron_probe import probe
-from tests.numerics import assert_within, reference_error
+from tests.numerics import assert_within, reference_error, worst_of
 
 SKIP_PREFIX = "neuron tier not run"
 """Every skip of the tier starts with this, followed by what is missing."""
@@ -98,5 +98,5 @@ def check_against_reference(
         assert o.dtype == dt and tuple(o.shape) == tuple(b.shape), (
             f"{what}[{i}]: got {o.dtype} {tuple(o.shape)}, expected {dt} {tuple(b.shape)}"
         )
-        worst = max(worst, assert_within(o, b, dtype, ref_err, what=f"{what}[{i}] on device"))
+        worst = worst_of(worst, assert_within(o, b, dtype, ref_err, what=f"{what}[{i}] on device"))
     return worst

@@ -30,6 +30,16 @@ Output of that run::
 FLOORS are twice the larger maximum, rounded up to a power of two: float32 2**-19 (~1.9e-06),
 bfloat16 2**-7 (~7.8e-03, one bf16 ulp in [1, 2)).
 
+Non-finite values (every reduction here, issue 17). An error is never allowed to hide a NaN or an inf:
+
+* a NaN in the result or in the baseline is an *infinite* error, also when both hold NaN at the same place
+  (a baseline that is NaN is itself a broken comparison: no kernel-vs-reference test here has a reference
+  that legitimately produces NaN, so "both NaN" would only let a bug in both slip through);
+* an inf is matched only by an inf of the same sign at the same place (error 0 there); an inf against a
+  finite value or against the opposite inf is an infinite error;
+* every fold of several errors uses :func:`worst_of`, which treats NaN as +inf (Python's ``max(0.0, nan)``
+  is ``0.0``, which is how an all-NaN output once passed ``assert_within`` with error 0).
+
 Two fp32 constants for comparisons that are not kernel-vs-reference (see each docstring):
 :data:`FP32_ISSUE_BOUND` (mandated by issues 4/5/6, not measured) and :data:`FP32_MATMUL_ATOL` (2 x the
 fp32 matmul baseline measured by :func:`measure_fp32_matmul`, printed by the same command)::
@@ -39,7 +49,8 @@ fp32 matmul baseline measured by :func:`measure_fp32_matmul`, printed by the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -75,8 +86,8 @@ def tolerance(dtype: torch.dtype, ref_err: float) -> float:
     """``K * ref_err + FLOORS[dtype]`` (K = 2). ``ref_err`` from :func:`reference_error`."""
     if dtype not in FLOORS:
         raise ValueError(f"dtype {dtype} has no recorded floor; known: {list(FLOORS)}")
-    if ref_err < 0 or ref_err != ref_err:
-        raise ValueError(f"ref_err must be a non-negative number, got {ref_err}")
+    if not math.isfinite(ref_err) or ref_err < 0:
+        raise ValueError(f"ref_err must be a finite non-negative number, got {ref_err}")
     return K * float(ref_err) + FLOORS[dtype]
 
 
@@ -88,17 +99,48 @@ def _flat(x: Any) -> list[torch.Tensor]:
     raise TypeError(f"expected a tensor or a tuple/list of tensors, got {type(x).__name__}")
 
 
+def worst_of(*values: float | Iterable[float]) -> float:
+    """The largest of ``values`` (numbers or iterables of numbers), with NaN counted as ``+inf``.
+
+    Use it instead of ``max()`` to fold errors: ``max(0.0, nan) == 0.0`` would hide a NaN error. Empty
+    input gives 0.0 (no error).
+    """
+    worst = 0.0
+    for v in values:
+        for x in (v,) if isinstance(v, (int, float)) else v:
+            x = float(x)
+            if math.isnan(x):
+                return math.inf
+            worst = x if x > worst else worst
+    return worst
+
+
+def abs_err(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Elementwise ``|actual - expected|`` in float64 with the module's non-finite rule: NaN on either side
+    is ``inf``; an inf matched by the same inf is 0; any other inf mismatch is ``inf``. Shapes must match.
+    """
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise ValueError(f"shape mismatch {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    x, y = actual.double(), expected.double()
+    d = (x - y).abs()
+    d = torch.where(torch.isinf(x) & (x == y), torch.zeros_like(d), d)
+    return torch.where(torch.isnan(x) | torch.isnan(y), torch.full_like(d, math.inf), d)
+
+
 def max_abs_err(actual: Any, expected: Any) -> float:
-    """Max absolute difference over a tensor or matching tuples of tensors (compared in float64)."""
+    """Max absolute difference over a tensor or matching tuples of tensors (compared in float64).
+
+    Non-finite values follow the module rule (:func:`abs_err`): the result is ``inf``, never NaN and never
+    smaller, when a NaN or an unmatched inf is present.
+    """
     a, e = _flat(actual), _flat(expected)
     if len(a) != len(e):
         raise ValueError(f"got {len(a)} tensors, expected {len(e)}")
     worst = 0.0
     for x, y in zip(a, e):
-        if tuple(x.shape) != tuple(y.shape):
-            raise ValueError(f"shape mismatch {tuple(x.shape)} vs {tuple(y.shape)}")
-        if x.numel():
-            worst = max(worst, (x.double() - y.double()).abs().max().item())
+        d = abs_err(x, y)
+        if d.numel():
+            worst = worst_of(worst, d.max().item())
     return worst
 
 
@@ -130,10 +172,13 @@ def reference_error(
 def assert_within(
     actual: Any, baseline: Any, dtype: torch.dtype, ref_err: float, what: str = "result"
 ) -> float:
-    """Assert ``max_abs_err(actual, baseline) <= tolerance(dtype, ref_err)``; return the error."""
+    """Assert ``max_abs_err(actual, baseline) <= tolerance(dtype, ref_err)``; return the error.
+
+    Fails on any NaN (result or baseline) and on any inf not matched by the same inf (module rule).
+    """
     err = max_abs_err(actual, baseline)
     tol = tolerance(dtype, ref_err)
-    assert err <= tol, (
+    assert math.isfinite(err) and err <= tol, (
         f"{what}: max abs error {err:.3e} > tolerance {tol:.3e} "
         f"(= {K} x reference {dtype} error {ref_err:.3e} + floor {FLOORS[dtype]:.3e})"
     )
@@ -162,7 +207,7 @@ def measure_floors(seeds: Sequence[int] = tuple(range(8))) -> dict[torch.dtype, 
                         o, lse = attention(q, k[:, lo:hi], v[:, lo:hi], return_lse=True)
                         outs.append(o)
                         lses.append(lse)
-                    att = max(att, max_abs_err(merge_attention(outs, lses)[0], full))
+                    att = worst_of(att, max_abs_err(merge_attention(outs, lses)[0], full))
             for d in (64, 128):
                 grid = (2, 5, 7)
                 x = torch.randn(2, 70, 3, d, generator=g).to(dtype)
@@ -171,7 +216,7 @@ def measure_floors(seeds: Sequence[int] = tuple(range(8))) -> dict[torch.dtype, 
                 xe, xo = x.float()[..., 0::2], x.float()[..., 1::2]
                 c, s = cos[None, :, None, :], sin[None, :, None, :]
                 alt = torch.stack([xe * c - xo * s, xe * s + xo * c], dim=-1).flatten(-2).to(dtype)
-                rope = max(rope, max_abs_err(alt, ref))
+                rope = worst_of(rope, max_abs_err(alt, ref))
         result[dtype] = {"attention split/merge": att, "rope tables": rope}
     return result
 
@@ -187,7 +232,7 @@ def measure_fp32_matmul(seeds: Sequence[int] = tuple(range(8))) -> float:
         a = rng.standard_normal((256, 128)).astype(np.float32)
         b = rng.standard_normal((256, 512)).astype(np.float32)
         ref = a.astype(np.float64).T @ b.astype(np.float64)
-        worst = max(worst, float(np.abs((a.T @ b).astype(np.float64) - ref).max()))
+        worst = worst_of(worst, float(np.abs((a.T @ b).astype(np.float64) - ref).max()))
     return worst
 
 

@@ -7,10 +7,13 @@ shifting) in frame units, compared for every window of streams of many lengths (
 
 from __future__ import annotations
 
+import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rolling_forcing.config import PipelineConfig
+from rolling_forcing.cache import RollingKVCache
+from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.schedule import num_windows, segments, slot_of, window_plan, window_range
 
 P = PipelineConfig()
@@ -155,3 +158,27 @@ def test_schedule_equals_original_bookkeeping(nb: int) -> None:
         ring[plan.write_slot] = window_range(P, nb, w)[0]
         for k in plan.update.cache_keys:
             assert ring[k.slot] == k.block
+
+
+def test_rolling_kv_cache_slots_views_and_reset() -> None:
+    """The buffers behind the schedule: a written slot reads back through its k and v views, other slots
+    stay untouched, and reset zeroes k and v of every layer and drops the text cache."""
+    m, p = get_preset("tiny"), PipelineConfig()
+    cache = RollingKVCache(m, p, batch=2, dtype=torch.float32)
+    t = p.tokens_per_block(m)
+    assert len(cache.layers) == m.num_layers and cache.layers[0].num_slots == p.buffer_slots
+    assert cache.nbytes == m.num_layers * 2 * 2 * p.buffer_tokens(m) * m.num_heads * m.head_dim * 4
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(2, t, m.num_heads, m.head_dim, generator=g) for _ in range(2))
+    layer = cache.layers[1]
+    layer.write(2, k, v, backend="reference")
+    bk, bv = layer.block(2)
+    assert torch.equal(bk, k) and torch.equal(bv, v)
+    assert not layer.k[:, : 2 * t].any() and not layer.v[:, 3 * t :].any()
+    with pytest.raises(ValueError, match="slot must be in"):
+        layer.write(p.buffer_slots, k, v, backend="reference")
+    cache.set_text([(k, v)] * m.num_layers)
+    cache.reset()
+    assert all(not la.k.any() and not la.v.any() for la in cache.layers)
+    with pytest.raises(RuntimeError, match="call set_text first"):
+        cache.text_kv()

@@ -501,7 +501,7 @@ def test_profile_of_an_emulated_kernel() -> None:
     b = rng.random((128, 512), dtype=np.float32)
     out, trace = run(mm, a, b)
     # Same fp32 products, different accumulation order (128 terms of [0, 1)): rtol 1e-5 is ~84 fp32 ulps.
-    np.testing.assert_allclose(out, a.T @ b, rtol=1e-5)
+    np.testing.assert_allclose(out, a.T @ b, rtol=1e-5, equal_nan=False)
     prof = profile(trace, schedule=False)
     data = (128 * desc_ns(512) + 2 * 128 * desc_ns(2048)) / 16
     tensor = (4 * 512 + 10) / 2.4  # fp32 matmul: 4x

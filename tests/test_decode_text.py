@@ -24,7 +24,15 @@ from rolling_forcing.text import (
 )
 from rolling_forcing.video import VideoWriter, read_video
 
-diffusers = pytest.importorskip("diffusers", reason="diffusers provides AutoencoderKLWan")
+try:  # the `test` extra installs diffusers and transformers: without them these tests fail, never skip
+    import diffusers
+    import tokenizers
+    import transformers
+except ImportError as exc:
+    raise ImportError(
+        "tests/test_decode_text.py needs diffusers (AutoencoderKLWan) and transformers/tokenizers "
+        "(UMT5EncoderModel): pip install -e '.[test]'"
+    ) from exc
 
 
 def _tiny_vae() -> torch.nn.Module:
@@ -161,8 +169,6 @@ def test_latency_report_figures(tmp_path) -> None:
 def test_umt5_encoder_from_local_dir_pads_and_zeroes(tmp_path) -> None:
     """A tiny random umT5 + word-level tokenizer saved locally: RF's padding rule, checked against the
     encoder run directly on the unpadded ids (independent of our tokenisation and masking code)."""
-    tokenizers = pytest.importorskip("tokenizers", reason="builds a local tokenizer")
-    transformers = pytest.importorskip("transformers", reason="UMT5EncoderModel")
     from rolling_forcing.text import UMT5TextEncoder
 
     words = ["<pad>", "</s>", "<unk>", "a", "red", "fox", "runs", "in", "snow"]

@@ -52,11 +52,13 @@ def test_bn_stats_and_bn_aggr_give_mean_and_population_variance() -> None:
     for t, lo in ((0, 0), (1, 500)):
         for half, col in ((x64[:, lo : lo + 500 : 2], 0), (x64[:, lo + 1 : lo + 500 : 2], 3)):
             assert (stats[:, t, col] == half.shape[1]).all()
-            np.testing.assert_allclose(stats[:, t, col + 1], half.mean(1), rtol=FP32_TOL * 100, atol=1e-6)
+            np.testing.assert_allclose(
+                stats[:, t, col + 1], half.mean(1), rtol=FP32_TOL * 100, atol=1e-6, equal_nan=False
+            )
             m2 = ((half - half.mean(1, keepdims=True)) ** 2).sum(1)
-            np.testing.assert_allclose(stats[:, t, col + 2], m2, rtol=1e-5)
-    np.testing.assert_allclose(mv[:, 0], x64.mean(1), rtol=1e-5)
-    np.testing.assert_allclose(mv[:, 1], x64.var(1), rtol=1e-5)
+            np.testing.assert_allclose(stats[:, t, col + 2], m2, rtol=1e-5, equal_nan=False)
+    np.testing.assert_allclose(mv[:, 0], x64.mean(1), rtol=1e-5, equal_nan=False)
+    np.testing.assert_allclose(mv[:, 1], x64.var(1), rtol=1e-5, equal_nan=False)
     assert _engine(tr, "bn_stats") == _engine(tr, "bn_aggr") == "vector"
 
 
@@ -106,7 +108,7 @@ def test_tensor_tensor_scan_matches_the_docstring_loop(reverse0: bool, reverse1:
     for i in range(40):
         prev = op1(op0(a[:, i].astype(np.float64), prev), b[:, i])
         ref[:, i] = prev
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5, equal_nan=False)
     assert _engine(tr, "tensor_tensor_scan") == "vector"
 
 
@@ -292,16 +294,16 @@ def test_tensor_scalar_cumulative_follows_the_pseudocode() -> None:
     (a, b, c), tr = run(k, x, start)
     x64 = x.astype(np.float64)
     ref_a = np.cumsum(2 * x64, axis=1)
-    np.testing.assert_allclose(a, ref_a, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-5, atol=1e-5, equal_nan=False)
     # reduce: carries the register left by the previous instruction (the last running sum)
     ref_b = np.maximum.accumulate(np.concatenate([ref_a[:, -1:], x64 + 0.5], axis=1), axis=1)[:, 1:]
-    np.testing.assert_allclose(b, ref_b, rtol=1e-6)
+    np.testing.assert_allclose(b, ref_b, rtol=1e-6, equal_nan=False)
     reg = start[:, 0].astype(np.float64)  # load_reduce: starts from imm1; reg = (x - 0.25) - reg
     ref_c = np.empty_like(x64)
     for i in range(30):
         reg = (x64[:, i] - 0.25) - reg
         ref_c[:, i] = reg
-    np.testing.assert_allclose(c, ref_c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c, ref_c, rtol=1e-5, atol=1e-5, equal_nan=False)
     assert _engine(tr, "tensor_scalar_cumulative") == "vector"
 
 

@@ -69,7 +69,7 @@ def test_matmul_kernel_matches_numpy() -> None:
     out = matmul_kernel(a, b)
     ref = a.astype(np.float64).T @ b.astype(np.float64)
     # measured 3.3e-05; FP32_MATMUL_ATOL = 2 x the fp32 matmul baseline (numpy, K=256) vs float64
-    np.testing.assert_allclose(out, ref, rtol=0, atol=FP32_MATMUL_ATOL)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=FP32_MATMUL_ATOL, equal_nan=False)
 
 
 def test_matmul_kernel_bf16_inputs() -> None:
@@ -78,7 +78,9 @@ def test_matmul_kernel_bf16_inputs() -> None:
     b = rng.standard_normal((128, 256)).astype(ml_dtypes.bfloat16)
     out = matmul_kernel(a, b)
     ref = a.astype(np.float64).T @ b.astype(np.float64)  # exact products of the bf16 inputs
-    np.testing.assert_allclose(out, ref, rtol=0, atol=FP32_MATMUL_ATOL)  # fp32 accumulation; measured 6.9e-06
+    np.testing.assert_allclose(
+        out, ref, rtol=0, atol=FP32_MATMUL_ATOL, equal_nan=False
+    )  # fp32 accumulation; measured 6.9e-06
 
 
 def test_softmax_kernel_matches_numpy() -> None:
@@ -88,7 +90,7 @@ def test_softmax_kernel_matches_numpy() -> None:
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     ref = e / e.sum(axis=1, keepdims=True)
     # fp32 exp/sum/reciprocal vs float64: measured 1.7e-07 abs, 1.2e-06 rel (~10 ulps); rtol 1e-5 ~84 ulps
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7, equal_nan=False)
 
 
 def test_torch_in_torch_out_bf16() -> None:

@@ -153,11 +153,13 @@ def test_activation(p, f, dt, op, seed, red):
     # bf16/fp16). fp32 measured 1.8e-07 abs (<= 6% of the allowance) over 20 hypothesis examples
     tol = {"float32": 1e-6, "bfloat16": 2**-8, "float16": 2**-11}[dt]
     g = got[0] if red else got
-    np.testing.assert_allclose(g.astype(np.float64), y, rtol=tol, atol=1e-6)
+    np.testing.assert_allclose(g.astype(np.float64), y, rtol=tol, atol=1e-6, equal_nan=False)
     if red:
         # fp32 row sum of <= 512 terms vs float64-summed rows: measured 1.5e-05 abs at |sum| <= 113 (8e-06
         # rel, reordered fp32 sum); rtol 1e-5 is the fp32 reordering allowance, atol 1e-5 for sums near 0
-        np.testing.assert_allclose(got[1][:, 0], y.astype(np.float32).sum(axis=1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            got[1][:, 0], y.astype(np.float32).sum(axis=1), rtol=1e-5, atol=1e-5, equal_nan=False
+        )
     assert tr.count(op="activation", engine="scalar") == 1
 
 
@@ -175,7 +177,9 @@ def test_activation_reduce_cmd_accumulates_across_calls():
         return out_of(rr)
 
     got, _ = run(k, a)
-    np.testing.assert_allclose(got[:, 0], 2 * a.sum(axis=1), rtol=1e-6)  # measured 0.0 (same fp32 sums)
+    np.testing.assert_allclose(
+        got[:, 0], 2 * a.sum(axis=1), rtol=1e-6, equal_nan=False
+    )  # measured 0.0 (same fp32 sums)
 
 
 @SETTINGS
@@ -199,7 +203,7 @@ def test_tensor_reduce(p, f1, f2, dt, op, both, neg, seed):
     got, _ = run(k, a)
     want = npop(a.astype(np.float64), axis=axis).reshape(shape) * (-1 if neg else 1)
     # fp32 reduction of <= 128 terms in [0.5, 1.5] vs float64: measured 1.4e-07 rel (20 examples)
-    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, equal_nan=False)
 
 
 @SETTINGS
@@ -220,7 +224,7 @@ def test_nc_matmul(k_, m, n, dt, seed):
     got, tr = run(k, a, b)
     want = a.astype(np.float64).T @ b.astype(np.float64)
     # fp32 accumulation, K <= 128: measured 2.8e-05 abs (20 examples), within FP32_MATMUL_ATOL alone
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=FP32_MATMUL_ATOL)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=FP32_MATMUL_ATOL, equal_nan=False)
     ((rec, _),) = tr.select(op="nc_matmul")
     assert rec.meta_dict()["K"] == k_ and rec.meta_dict()["M"] == m and rec.meta_dict()["N"] == n
     assert rec.flops == 2 * k_ * m * n and rec.engine == "tensor"
@@ -253,11 +257,11 @@ def test_nc_matmul_accumulate_semantics():
     want = 2 * ab
     want[:, :8] += ab[:, :8]
     # the three checks below measured 0.0 (the same fp32 products accumulated in the same order)
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=False)
     got, _ = run(k, a, b, "false")
-    np.testing.assert_allclose(got, ab, rtol=1e-6)
+    np.testing.assert_allclose(got, ab, rtol=1e-6, equal_nan=False)
     got, _ = run(k, a, b, "reset")
-    np.testing.assert_allclose(got, ab, rtol=1e-6)
+    np.testing.assert_allclose(got, ab, rtol=1e-6, equal_nan=False)
 
 
 def test_nc_matmul_accumulate_true_on_unwritten_psum_warns():
@@ -547,7 +551,7 @@ def test_nl_wrappers(p, f, seed):
     # fp32 ops vs float64 formulas, a few fp32 ulps: measured 3.2e-06 abs on |out| <= 33, i.e. <= 53% of
     # the allowance (20 examples); rtol 2e-6 ~ 17 ulps
     for g, w in zip(outs, wants):
-        np.testing.assert_allclose(g.astype(np.float64), w, rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(g.astype(np.float64), w, rtol=2e-6, atol=1e-6, equal_nan=False)
 
 
 @SETTINGS
@@ -566,7 +570,9 @@ def test_nl_matmul_and_transpose(k_, m, n, seed):
 
     (g, gt), _ = run(k, a, b)
     # fp32 accumulation, K <= 128: measured 2.5e-05 abs (20 examples)
-    np.testing.assert_allclose(g, a.astype(np.float64).T @ b, rtol=1e-5, atol=FP32_MATMUL_ATOL)
+    np.testing.assert_allclose(
+        g, a.astype(np.float64).T @ b, rtol=1e-5, atol=FP32_MATMUL_ATOL, equal_nan=False
+    )
     np.testing.assert_array_equal(gt, a.T)
 
 

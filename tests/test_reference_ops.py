@@ -108,7 +108,7 @@ def test_rope_against_numpy_real_formula(dtype: torch.dtype, d: int) -> None:
         expect = numpy_rope(x.float().numpy(), grid, tp)
         if dtype == torch.float32:
             # reference rounds the float64 result to fp32 once: within 1 fp32 ulp of |x| <= ~6
-            np.testing.assert_allclose(xr.numpy(), expect, rtol=0, atol=2e-6)
+            np.testing.assert_allclose(xr.numpy(), expect, rtol=0, atol=2e-6, equal_nan=False)
         else:
             exp_bf16 = torch.from_numpy(expect).float().to(torch.bfloat16).float()
             # same float64 value rounded the same way; allow 1 bf16 ulp where numpy and torch
@@ -133,7 +133,7 @@ def test_rope3d_tables_against_numpy_real_formula(table_dtype: torch.dtype) -> N
         # float64 tables: one fp32 rounding of the float64 result (<= 1 ulp of |x| <= ~6, as above);
         # float32 tables add each factor's fp32 rounding: |x| * 2 * 2^-24 <= ~1e-6 more
         atol = 2e-6 if table_dtype == torch.float64 else 3e-6
-        np.testing.assert_allclose(xr.numpy(), expect, rtol=0, atol=atol)
+        np.testing.assert_allclose(xr.numpy(), expect, rtol=0, atol=atol, equal_nan=False)
     if table_dtype == torch.float64:  # the exact factors: bitwise the per-call reference
         assert torch.equal(qr, rope3d(q, k, grid, frame_positions=tp)[0])
     with pytest.raises(ValueError, match="cos must be"):
@@ -269,8 +269,8 @@ def test_attention_against_naive_float64(dtype: torch.dtype, scale: float | None
     )
     exp_out, exp_lse = naive_attention(q, k, v, 1 / math.sqrt(16) if scale is None else scale)
     out_tol = 2e-6 if dtype == torch.float32 else 2**-8 * 4  # fp32 arithmetic / one bf16 output rounding
-    np.testing.assert_allclose(out.double().numpy(), exp_out, atol=out_tol, rtol=0)
-    np.testing.assert_allclose(lse.double().numpy(), exp_lse, atol=2e-6, rtol=0)
+    np.testing.assert_allclose(out.double().numpy(), exp_out, atol=out_tol, rtol=0, equal_nan=False)
+    np.testing.assert_allclose(lse.double().numpy(), exp_lse, atol=2e-6, rtol=0, equal_nan=False)
     plain = attention(q, k, v, scale=scale)
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, out)
 

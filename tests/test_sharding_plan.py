@@ -79,6 +79,14 @@ def test_comm_bytes_match_hand_count() -> None:
     assert p.comm_time_s == pytest.approx(expect, rel=1e-12)
 
 
+def test_comm_bytes_of_the_busiest_rank_when_tokens_do_not_divide() -> None:
+    # 23,401 queries on 8 ranks: rank 0 holds 2,926 tokens (the others 2,925); 32,761 keys on 2 SP shards:
+    # the larger shard has 16,381. Bytes are the busiest rank's, so the larger shards count.
+    p = plan(12, 8, tp=4, shape=AttentionShape(num_queries=23_401, num_keys=32_761))
+    assert p.comm.all_to_all_bytes == 4 * 2926 * 3 * 3 * 128 * 2
+    assert p.comm.all_gather_bytes == 2 * 1 * 16_381 * 3 * 128 * 2
+
+
 def test_single_core_has_no_communication() -> None:
     p = plan(12, 1)
     assert (p.tp, p.sp) == (1, 1) and p.comm.total_bytes == 0 and p.comm_time_s == 0.0
@@ -122,3 +130,45 @@ def test_plan_table_and_cli(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--heads", "12", "--cores", "3"])
     assert "illegal collective group size" in capsys.readouterr().err
+
+
+LAYOUTS = [(12, 8, 4), (12, 8, 2), (12, 8, 1), (12, 4, 4), (12, 4, 2), (16, 16, 4), (40, 8, 8), (6, 2, 2)]
+
+
+@pytest.mark.parametrize(("heads", "cores", "tp"), LAYOUTS)
+def test_every_rank_of_several_layouts_matches_the_definition(heads: int, cores: int, tp: int) -> None:
+    """Every rank's head group, query shard, groups, heads and token ranges against the layout written out
+    from its definition (module docstring): the world is cut into TP groups of ``tp`` consecutive ranks;
+    a rank's query shard is the index of its TP group, its head group its position inside it; an SP group
+    collects the ranks at one position of every TP group. Tokens: contiguous near-equal shards per rank,
+    the first ``n % world`` one token longer (enumerated here, not computed with a closed formula)."""
+    from sharding.attention import local_heads, local_tokens, query_shard_tokens
+
+    n_tok = 37
+    p = plan(heads, cores, tp=tp, shape=AttentionShape(num_queries=n_tok, num_keys=n_tok))
+    assert (p.tp, p.world_size) == (tp, cores)
+    tp_groups = [list(range(cores))[i : i + tp] for i in range(0, cores, tp)]  # consecutive runs
+    assert len(tp_groups) == p.sp
+    per_core = heads // tp
+    # token shards by dealing one token at a time to ranks in a cycle, then making them contiguous
+    counts = [0] * cores
+    for i in range(n_tok):
+        counts[i % cores] += 1
+    owner = [r for r in range(cores) for _ in range(counts[r])]  # owner[token] = rank
+    for rank in range(cores):
+        shard = next(i for i, grp in enumerate(tp_groups) if rank in grp)
+        pos = tp_groups[shard].index(rank)
+        assert p.query_shard(rank) == shard, (rank, p.name)
+        assert p.head_group(rank) == pos, (rank, p.name)
+        assert p.tp_group_ranks(shard) == tuple(tp_groups[shard])
+        assert p.sp_group_ranks(pos) == tuple(grp[pos] for grp in tp_groups)
+        assert local_heads(p, rank) == slice(pos * per_core, (pos + 1) * per_core)
+        mine = [t for t in range(n_tok) if owner[t] == rank]
+        lt = local_tokens(n_tok, p, rank)
+        assert list(range(lt.start, lt.stop)) == mine, (rank, p.name)
+        group_tokens = [t for t in range(n_tok) if owner[t] in tp_groups[shard]]
+        qs = query_shard_tokens(n_tok, p, rank)
+        assert list(range(qs.start, qs.stop)) == group_tokens, (rank, p.name)
+    for bad in (-1, cores):
+        with pytest.raises(ValueError, match="rank must be in"):
+            p.query_shard(bad)
