@@ -64,9 +64,12 @@ class RollingKVCache:
     ) -> None:
         """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count);
         ``pipe_cfg`` (or a sequential ``StreamMethod``) gives the block and buffer sizes."""
-        if dtype is None and not isinstance(pipe_cfg, PipelineConfig):
+        if dtype is not None:
+            dt = dtype
+        elif isinstance(pipe_cfg, PipelineConfig):
+            dt = pipe_cfg.torch_dtype
+        else:
             raise ValueError("dtype is required when the sizes come from a StreamMethod")
-        dt = pipe_cfg.torch_dtype if dtype is None else dtype
         h = model_cfg.num_heads if num_heads is None else num_heads
         t = pipe_cfg.tokens_per_block(model_cfg)
         s = pipe_cfg.buffer_tokens(model_cfg)
