@@ -44,6 +44,13 @@ class Positions(str, Enum):
     relative = "relative"
 
 
+class Method(str, Enum):
+    rolling_forcing = "rolling-forcing"
+    self_forcing = "self-forcing"
+    causvid = "causvid"
+    longlive = "longlive"
+
+
 class DType(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -74,6 +81,7 @@ class GenerateOptions:
     cores: int = 1
     merged: bool | None = None
     compile: bool = False
+    method: str = "rolling-forcing"
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -99,6 +107,7 @@ def command_line(opts: GenerateOptions) -> str:
     parts += ["--cores", str(opts.cores)] if opts.cores != 1 else []
     parts += [] if opts.merged is None else ["--merged" if opts.merged else "--two-pass"]
     parts += ["--compile"] if opts.compile else []
+    parts += ["--method", opts.method] if opts.method != "rolling-forcing" else []
     return shlex.join(parts)
 
 
@@ -149,6 +158,23 @@ def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any) -> tuple[An
     return dec_p, "preview decoder (fixed linear latent->RGB, not a trained VAE)"
 
 
+def _check_sequential(opts: GenerateOptions, method: Any, num_blocks: int) -> None:
+    """Refuse what a sequential method (Self-Forcing, CausVid, LongLive) cannot run, before any build."""
+    from rolling_forcing.sequential import check_length
+
+    if opts.cores != 1:
+        raise ValueError(
+            f"--cores {opts.cores}: the sharded stream serves --method rolling-forcing only so far; "
+            f"use --cores 1 with --method {method.name}"
+        )
+    if opts.merged or opts.compile:
+        raise ValueError(
+            f"--merged/--compile: the merged forward exists for --method rolling-forcing only; "
+            f"use --two-pass (the default) with --method {method.name}"
+        )
+    check_length(method, num_blocks, opts.positions)
+
+
 def run_generate(opts: GenerateOptions, *, echo: Any = print) -> dict[str, Any]:
     """Stream a video to ``opts.out`` and return the JSON report dict (also written to ``report_json``).
 
@@ -171,6 +197,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     from rolling_forcing.checkpoint import load_checkpoint
     from rolling_forcing.config import PipelineConfig, get_preset
     from rolling_forcing.decode import to_uint8_frames
+    from rolling_forcing.methods import get_method
     from rolling_forcing.model import CausalWanModel
     from rolling_forcing.pipeline import RollingForcingPipeline
     from rolling_forcing.report import ChunkTimer, deadline_s
@@ -186,6 +213,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     # Other processes on the machine distort wall-clock figures: record the load next to them.
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     model_cfg = get_preset(opts.preset)
+    method = get_method(opts.method)  # every check below runs before any model is built
     pipe_cfg = PipelineConfig(dtype=opts.dtype, positions=opts.positions)
     spec = VideoSpec()
     num_blocks = (
@@ -193,7 +221,11 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         if opts.blocks is not None
         else spec.blocks_for_seconds(opts.seconds, pipe_cfg.frames_per_block)
     )
-    if num_blocks < pipe_cfg.window_blocks:
+    warm_blocks = pipe_cfg.window_blocks
+    if method.sequential:
+        _check_sequential(opts, method, num_blocks)
+        warm_blocks = 1
+    elif num_blocks < pipe_cfg.window_blocks:
         min_s = spec.video_frames(pipe_cfg.window_blocks, pipe_cfg.frames_per_block) / spec.fps
         raise ValueError(
             f"the stream needs at least window_blocks={pipe_cfg.window_blocks} blocks (Rolling Forcing's "
@@ -232,7 +264,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     else:
         pipe = RollingForcingPipeline(
             model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions,
-            merged=opts.merged, compile=True if opts.compile else None,
+            merged=opts.merged, compile=True if opts.compile else None, method=method,
         )  # fmt: skip
     generator = torch.Generator().manual_seed(opts.seed)
 
@@ -240,7 +272,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     echo(
         f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
         f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "
-        f"backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
+        f"method={method.name} backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
         f"  forward: {'merged (1 per chunk)' if getattr(pipe, 'merged', False) else 'two-pass'}"
         f"{', torch.compile' if opts.compile else ''}\n"
         f"  weights: {weights}\n  text: {text_src}\n  decoder: {dec_src}\n  out: {opts.out}"
@@ -252,12 +284,10 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         with torch.inference_mode():
             warm_gen = torch.Generator().manual_seed(opts.seed + 1)
-            for chunk in pipe.stream(
-                text_embeds.to(pipe_cfg.torch_dtype), pipe_cfg.window_blocks, generator=warm_gen
-            ):
+            for chunk in pipe.stream(text_embeds.to(pipe_cfg.torch_dtype), warm_blocks, generator=warm_gen):
                 decoder.decode(chunk.latents.float())
         echo(
-            f"warm-up stream ({pipe_cfg.window_blocks} blocks, not in the report): measured "
+            f"warm-up stream ({warm_blocks} blocks, not in the report): measured "
             f"{time.perf_counter() - t0:.2f} s wall clock"
         )
     decoder.reset()
@@ -288,6 +318,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     meta = {
         "command": command_line(opts),
         "preset": opts.preset,
+        "method": method.name,
         "num_blocks": num_blocks,
         "backend": opts.backend,
         "positions": opts.positions,
@@ -368,6 +399,9 @@ def generate(
     compile: Annotated[
         bool, typer.Option(help="torch.compile(fullgraph=True) the merged forward (inductor; merged only)")
     ] = False,
+    method: Annotated[
+        Method, typer.Option(help="streaming loop (docs/methods.md); the sequential ones need --cores 1")
+    ] = Method.rolling_forcing,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -392,6 +426,7 @@ def generate(
         cores=cores,
         merged=merged,
         compile=compile,
+        method=method.value,
     )
     try:
         run_generate(opts, echo=typer.echo)
