@@ -82,6 +82,7 @@ class GenerateOptions:
     merged: bool | None = None
     compile: bool = False
     method: str = "rolling-forcing"
+    lora: Path | None = None
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -99,6 +100,7 @@ def command_line(opts: GenerateOptions) -> str:
         ("--prompt-embeds", opts.prompt_embeds),
         ("--report-json", opts.report_json),
         ("--threads", opts.threads),
+        ("--lora", opts.lora),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -232,6 +234,8 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
             f"window schedule breaks with fewer); got {num_blocks} blocks - ask for --seconds >= {min_s:g} "
             f"or --blocks >= {pipe_cfg.window_blocks}"
         )
+    if opts.lora is not None and opts.checkpoint is None:
+        raise ValueError("--lora needs --checkpoint (the base weights the LoRA is merged into)")
     if opts.checkpoint is None and opts.preset != "tiny":
         raise ValueError(
             f"preset {opts.preset!r} needs --checkpoint (random weights only for the tiny preset)"
@@ -241,8 +245,9 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     model = CausalWanModel(model_cfg)
     weights = f"random (torch.manual_seed({opts.seed}))"
     if opts.checkpoint is not None:
-        fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema)
+        fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema, lora=opts.lora)
         weights = f"{opts.checkpoint} ({fmt} key layout{', EMA' if opts.use_ema else ''})"
+        weights += f" + LoRA {opts.lora} merged" if opts.lora is not None else ""
     model = model.to(pipe_cfg.torch_dtype).eval()
 
     text_embeds, text_src = _build_text(opts, model_cfg)
@@ -402,6 +407,9 @@ def generate(
     method: Annotated[
         Method, typer.Option(help="streaming loop (docs/methods.md); the sequential ones need --cores 1")
     ] = Method.rolling_forcing,
+    lora: Annotated[
+        Path | None, typer.Option(help="PEFT LoRA file merged into --checkpoint at load (LongLive's lora.pt)")
+    ] = None,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -427,6 +435,7 @@ def generate(
         merged=merged,
         compile=compile,
         method=method.value,
+        lora=lora,
     )
     try:
         run_generate(opts, echo=typer.echo)

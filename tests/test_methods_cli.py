@@ -76,3 +76,42 @@ def test_command_line_records_the_method(tmp_path) -> None:
     assert "--method" not in command_line(GenerateOptions(out=tmp_path / "a.mp4", blocks=5))
     cmd = command_line(GenerateOptions(out=tmp_path / "a.mp4", blocks=5, method="longlive"))
     assert cmd.endswith("--method longlive")
+
+
+def test_generate_longlive_base_plus_lora(tmp_path) -> None:
+    """--checkpoint longlive_base.pt --lora lora.pt: the merged weights stream (and change the video)."""
+    import torch
+
+    from rolling_forcing.config import get_preset
+    from rolling_forcing.model import CausalWanModel
+    from tests.test_method_checkpoints import _peft_lora
+
+    model = CausalWanModel(get_preset("tiny")).init_random(1)
+    base, lora = tmp_path / "longlive_base.pt", tmp_path / "lora.pt"
+    torch.save({"generator": {f"model.{k}": v for k, v in model.state_dict().items()}}, base)
+    torch.save({"generator_lora": _peft_lora(model)}, lora)
+    vids, reps = [], []
+    for extra in ([], ["--lora", str(lora)]):
+        out, rep = tmp_path / f"v{len(extra)}.mp4", tmp_path / f"r{len(extra)}.json"
+        args = [
+            "generate",
+            "--blocks",
+            "5",
+            "--method",
+            "longlive",
+            "--checkpoint",
+            str(base),
+            "--out",
+            str(out),
+        ]
+        r = runner.invoke(app, [*args, "--report-json", str(rep), "--no-progress", "--no-warmup", *extra])
+        assert r.exit_code == 0, r.output
+        vids.append(read_video(out).astype(float))
+        reps.append(json.loads(rep.read_text())["meta"])
+    assert "LoRA" in reps[1]["weights"] and "LoRA" not in reps[0]["weights"]
+    assert reps[1]["command"].count("--lora") == 1
+    assert float(abs(vids[0] - vids[1]).mean()) > 1.0  # H.264 noise of equal streams < 0.5 (test_cli.py)
+    r = runner.invoke(
+        app, ["generate", "--blocks", "5", "--lora", str(lora), "--out", str(tmp_path / "x.mp4")]
+    )
+    assert r.exit_code == 2 and "--lora needs --checkpoint" in r.output
