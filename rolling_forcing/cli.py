@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -83,6 +83,8 @@ class GenerateOptions:
     compile: bool = False
     method: str = "rolling-forcing"
     lora: Path | None = None
+    prompt_schedule: Path | None = None
+    switch_frames: str | None = None
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -101,6 +103,8 @@ def command_line(opts: GenerateOptions) -> str:
         ("--report-json", opts.report_json),
         ("--threads", opts.threads),
         ("--lora", opts.lora),
+        ("--prompt-schedule", opts.prompt_schedule),
+        ("--switch-frames", opts.switch_frames),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -158,6 +162,22 @@ def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any) -> tuple[An
         seed=opts.seed,
     )
     return dec_p, "preview decoder (fixed linear latent->RGB, not a trained VAE)"
+
+
+def _read_schedule(opts: GenerateOptions) -> Any:
+    """The --prompt-schedule of ``opts`` (None without one), checked before any model is built."""
+    from rolling_forcing.prompts import parse_switch_frames, read_prompt_schedule
+
+    if opts.prompt_schedule is None:
+        if opts.switch_frames is not None:
+            raise ValueError("--switch-frames needs --prompt-schedule")
+        return None
+    if opts.prompt_embeds is not None:
+        raise ValueError("--prompt-schedule encodes its prompts: it cannot be combined with --prompt-embeds")
+    if opts.cores != 1:
+        raise ValueError("--prompt-schedule needs --cores 1 (the sharded stream takes its switches up front)")
+    sw = None if opts.switch_frames is None else parse_switch_frames(opts.switch_frames)
+    return read_prompt_schedule(opts.prompt_schedule, sw)
 
 
 def _check_sequential(opts: GenerateOptions, method: Any, num_blocks: int) -> None:
@@ -234,6 +254,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
             f"window schedule breaks with fewer); got {num_blocks} blocks - ask for --seconds >= {min_s:g} "
             f"or --blocks >= {pipe_cfg.window_blocks}"
         )
+    schedule = _read_schedule(opts)
     if opts.lora is not None and opts.checkpoint is None:
         raise ValueError("--lora needs --checkpoint (the base weights the LoRA is merged into)")
     if opts.checkpoint is None and opts.preset != "tiny":
@@ -251,6 +272,13 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     model = model.to(pipe_cfg.torch_dtype).eval()
 
     text_embeds, text_src = _build_text(opts, model_cfg)
+    switches: dict[int, Any] = {}  # block -> embeddings of the prompt that starts there
+    if schedule is not None:
+        segs = schedule.segments(pipe_cfg.frames_per_block, num_blocks)
+        switches = {b: _build_text(replace(opts, prompt=p), model_cfg)[0] for b, p in segs[1:]}
+        text_embeds = _build_text(replace(opts, prompt=segs[0][1]), model_cfg)[0]
+        starts = [b for b, _ in segs]
+        text_src += f"; prompt schedule {opts.prompt_schedule}: segments start at blocks {starts}"
     decoder, dec_src = _build_decoder(opts, model_cfg, spec)
     pipe: Any
     if opts.cores != 1 and opts.compile:
@@ -316,6 +344,9 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
                 write_s=t_wr - t_dec,
             )
             bar.update(1)
+            if chunk.block + 1 in switches:  # LongLive re-caches; the others switch the text k/v
+                emb = switches[chunk.block + 1].to(pipe_cfg.torch_dtype)
+                pipe.set_prompt(emb, recache=method.recache == "window")
             t_prev = time.perf_counter()
     bar.close()
     if writer.frames_written != total_frames:
@@ -410,6 +441,13 @@ def generate(
     lora: Annotated[
         Path | None, typer.Option(help="PEFT LoRA file merged into --checkpoint at load (LongLive's lora.pt)")
     ] = None,
+    prompt_schedule: Annotated[
+        Path | None,
+        typer.Option(help='LongLive prompt JSONL ({"prompts": [...]} per line; the first line is used)'),
+    ] = None,
+    switch_frames: Annotated[
+        str | None, typer.Option(help="latent frames where prompts 2.. start, e.g. '40,80' (LongLive's)")
+    ] = None,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -436,6 +474,8 @@ def generate(
         compile=compile,
         method=method.value,
         lora=lora,
+        prompt_schedule=prompt_schedule,
+        switch_frames=switch_frames,
     )
     try:
         run_generate(opts, echo=typer.echo)
