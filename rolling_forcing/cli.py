@@ -184,11 +184,6 @@ def _check_sequential(opts: GenerateOptions, method: Any, num_blocks: int) -> No
     """Refuse what a sequential method (Self-Forcing, CausVid, LongLive) cannot run, before any build."""
     from rolling_forcing.sequential import check_length
 
-    if opts.cores != 1:
-        raise ValueError(
-            f"--cores {opts.cores}: the sharded stream serves --method rolling-forcing only so far; "
-            f"use --cores 1 with --method {method.name}"
-        )
     if opts.merged or opts.compile:
         raise ValueError(
             f"--merged/--compile: the merged forward exists for --method rolling-forcing only; "
@@ -291,7 +286,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
 
         pipe = ShardedRollingForcingPipeline(
             model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend, positions=opts.positions,
-            merged=opts.merged,
+            merged=opts.merged, method=method,
         )  # fmt: skip
         echo(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
     else:
@@ -436,7 +431,7 @@ def generate(
         bool, typer.Option(help="torch.compile(fullgraph=True) the merged forward (inductor; merged only)")
     ] = False,
     method: Annotated[
-        Method, typer.Option(help="streaming loop (docs/methods.md); the sequential ones need --cores 1")
+        Method, typer.Option(help="streaming loop (docs/methods.md); the sequential ones run two-pass")
     ] = Method.rolling_forcing,
     lora: Annotated[
         Path | None, typer.Option(help="PEFT LoRA file merged into --checkpoint at load (LongLive's lora.pt)")

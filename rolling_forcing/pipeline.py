@@ -78,6 +78,43 @@ def check_stream_args(
         schedule.check_positions(pipe_cfg, num_blocks, "absolute")
 
 
+def check_method_stream(
+    model: CausalWanModel,
+    method: StreamMethod,
+    pipe_cfg: PipelineConfig,
+    text_embeds: torch.Tensor,
+    num_blocks: int,
+    positions: str,
+) -> None:
+    """Validate a stream of any method before any work (a sequential method's length, or
+    :func:`check_stream_args` for Rolling Forcing)."""
+    if method.sequential:
+        model._check_context(text_embeds)
+        sequential.check_length(method, num_blocks, positions)
+    else:
+        check_stream_args(model, pipe_cfg, text_embeds, num_blocks, positions)
+
+
+def stream_plans(
+    method: StreamMethod, pipe_cfg: PipelineConfig, num_blocks: int, positions: str
+) -> Iterator[WindowPlan | StepPlan]:
+    """The calls of a stream in order: Rolling Forcing windows (``pipe_cfg``), or a sequential method's
+    steps; ``plan.index`` numbers them from 0."""
+    if method.sequential:
+        for i in range(sequential.num_steps(method, num_blocks)):
+            yield sequential.step_plan(method, num_blocks, i, positions)
+    else:
+        for w in range(schedule.num_windows(pipe_cfg, num_blocks)):
+            yield schedule.window_plan(pipe_cfg, num_blocks, w, positions)
+
+
+def num_calls(method: StreamMethod, pipe_cfg: PipelineConfig, num_blocks: int) -> int:
+    """Number of plans :func:`stream_plans` yields."""
+    if method.sequential:
+        return sequential.num_steps(method, num_blocks)
+    return schedule.num_windows(pipe_cfg, num_blocks)
+
+
 def window_input(
     pipe_cfg: Timing,
     plan: WindowPlan | StepPlan,
@@ -227,12 +264,7 @@ class RollingForcingPipeline:
                 :class:`NoiseSource`; None draws it from ``generator`` in the original order.
         """
         cfg, mcfg = self.pipe_cfg, self.model_cfg
-        meth = self.method
-        if meth.sequential:
-            self.model._check_context(text_embeds)
-            sequential.check_length(meth, num_blocks, self.positions)
-        else:
-            check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)
+        check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
         fpb = self._timing.frames_per_block
         bsz = text_embeds.shape[0]
         dtype = cfg.torch_dtype
@@ -253,19 +285,10 @@ class RollingForcingPipeline:
         if self.merged:
             yield from self._merged_windows(st)
         else:
-            yield from self._run_steps(st, self._plans(num_blocks))
+            yield from self._run_steps(st, stream_plans(self.method, cfg, num_blocks, self.positions))
         self.state = None
 
     # ---- internals -----------------------------------------------------------------------------
-    def _plans(self, num_blocks: int) -> Iterator[WindowPlan | StepPlan]:
-        """The calls of the stream: Rolling Forcing windows, or a sequential method's steps."""
-        if self.method.sequential:
-            for i in range(sequential.num_steps(self.method, num_blocks)):
-                yield sequential.step_plan(self.method, num_blocks, i, self.positions)
-        else:
-            for w in range(schedule.num_windows(self.pipe_cfg, num_blocks)):
-                yield schedule.window_plan(self.pipe_cfg, num_blocks, w, self.positions)
-
     def _window_input(
         self, st: StreamState, plan: WindowPlan | StepPlan
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -489,8 +512,11 @@ __all__ = [
     "NoiseSource",
     "RollingForcingPipeline",
     "StreamState",
+    "check_method_stream",
     "check_stream_args",
+    "num_calls",
     "renoise_window",
     "resolve_positions",
+    "stream_plans",
     "window_input",
 ]
