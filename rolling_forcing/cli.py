@@ -184,11 +184,13 @@ def _check_sequential(opts: GenerateOptions, method: Any, num_blocks: int) -> No
     """Refuse what a sequential method (Self-Forcing, CausVid, LongLive) cannot run, before any build."""
     from rolling_forcing.sequential import check_length
 
-    if opts.merged or opts.compile:
+    if opts.compile:
         raise ValueError(
-            f"--merged/--compile: the merged forward exists for --method rolling-forcing only; "
-            f"use --two-pass (the default) with --method {method.name}"
+            f"--compile: the compiled merged forward exists for --method rolling-forcing only; drop it "
+            f"with --method {method.name} (--merged batches each block's cache update instead)"
         )
+    if opts.merged and opts.cores != 1:
+        raise ValueError(f"--merged with --method {method.name} runs on one core only (--cores 1)")
     check_length(method, num_blocks, opts.positions)
 
 

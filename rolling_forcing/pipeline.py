@@ -29,7 +29,7 @@ import torch
 
 from nki_kernels import ops
 from rolling_forcing import schedule, sequential
-from rolling_forcing.attend import attend_cache, copy_tables
+from rolling_forcing.attend import PassTables, attend_cache, batched_update_attn
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
 from rolling_forcing.merged import (
@@ -198,10 +198,6 @@ class RollingForcingPipeline:
         mode = resolve_positions(pipe_cfg, positions)
         if merged is not None and not isinstance(merged, bool):
             raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
-        if meth.sequential and merged:
-            raise NotImplementedError(
-                f"merged=True: the merged forward exists for Rolling Forcing only, not method={meth.name!r}"
-            )
         if (
             not meth.sequential
             and method is not None
@@ -211,14 +207,17 @@ class RollingForcingPipeline:
         self.method = meth
         self._timing: Timing = meth if meth.sequential else pipe_cfg
         supported = ops.has_kernel("attention_block_table", backend) and not meth.sequential
-        if merged and not supported:
+        if merged and not supported and not meth.sequential:
             raise NotImplementedError(
                 f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement "
                 "yet (no NKI kernel); use merged=False (two passes) or backend='reference'"
             )
         self.merged = supported if merged is None else merged
-        if compile not in (None, False) and not self.merged:
-            raise ValueError("compile= applies to the merged forward only; it needs merged=True")
+        if compile not in (None, False) and (not self.merged or meth.sequential):
+            raise ValueError(
+                "compile= applies to Rolling Forcing's merged forward only; it needs merged=True "
+                "and method='rolling-forcing'"
+            )
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend = backend
         self.positions = mode
@@ -227,7 +226,8 @@ class RollingForcingPipeline:
         self.state: StreamState | None = None
         self.stats = ForwardStats()
         self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
-        self._merged_fwd = MergedForward(model, self._layout, backend, compile) if self.merged else None
+        rf_merged = self.merged and not meth.sequential
+        self._merged_fwd = MergedForward(model, self._layout, backend, compile) if rf_merged else None
 
     # ---- public API ----------------------------------------------------------------------------
     def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
@@ -282,7 +282,7 @@ class RollingForcingPipeline:
         st = StreamState(num_blocks, cache, src)
         self.state = st
         self.stats = ForwardStats()
-        if self.merged:
+        if self.merged and not self.method.sequential:
             yield from self._merged_windows(st)
         else:
             yield from self._run_steps(st, stream_plans(self.method, cfg, num_blocks, self.positions))
@@ -340,26 +340,67 @@ class RollingForcingPipeline:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
 
     def _run_steps(self, st: StreamState, plans: Iterator[WindowPlan | StepPlan]) -> Iterator[Chunk]:
-        """The originals' order per call: denoise forward, re-noise, cache-update forward (if any)."""
+        """The originals' order per call: denoise forward, re-noise, cache-update forward (if any).
+
+        Merged sequential mode (``merged=True`` with a sequential method): a block's cache update is
+        held back and batched with the next block's first denoise call in one forward
+        (:func:`rolling_forcing.attend.batched_update_attn`); before a prompt switch it runs alone, and the
+        last block's update (never read) is not run."""
         cache = st.cache
         fpb = self._timing.frames_per_block
+        batch_updates = self.merged and self.method.sequential
+        pending: tuple[StepPlan | WindowPlan, PassPlan, torch.Tensor] | None = None
         for plan in plans:
             w = plan.index
             st.window = w
             if self._pending_prompt is not None and plan.prompt_boundary:
+                if pending is not None:  # the held-back update belongs to the old prompt
+                    self._update(st, pending[1], pending[0], pending[2], cache.text_kv())
+                    pending = None
                 self._apply_prompt(st, plan.start_block)
             x_in, t_in = self._window_input(st, plan)
-            self.stats.log("denoise", x_in, t_in)
-            flow = self.model.forward_with(
-                x_in, t_in, cache.text_kv(), self._denoise_attn(plan), backend=self.backend
-            )
+            if pending is not None:
+                flow = self._batched_forward(st, pending, plan, x_in, t_in)
+                pending = None
+            else:
+                self.stats.log("denoise", x_in, t_in)
+                flow = self.model.forward_with(
+                    x_in, t_in, cache.text_kv(), self._denoise_attn(plan), backend=self.backend
+                )
             x0 = flow_to_x0(flow, x_in, t_in, self._table)
             self._renoise(st, plan, x0)
             clean = x0[:, :fpb].contiguous()
-            if plan.update is not None:
+            if plan.update is not None and batch_updates:
+                pending = (plan, plan.update, clean)
+            elif plan.update is not None:
                 self._update(st, plan.update, plan, clean, cache.text_kv())
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
+
+    def _batched_forward(
+        self,
+        st: StreamState,
+        prev: tuple[StepPlan | WindowPlan, PassPlan, torch.Tensor],
+        plan: StepPlan | WindowPlan,
+        x_in: torch.Tensor,
+        t_in: torch.Tensor,
+    ) -> torch.Tensor:
+        """One forward: the held-back cache update ``prev = (plan, update pass, clean x0)`` at t =
+        context_noise + ``plan``'s denoise; returns the denoise frames' flow."""
+        pplan, upd, clean = prev
+        fpb = clean.shape[1]
+        x = torch.cat([clean, x_in], dim=1)
+        t0 = torch.full((clean.shape[0], fpb), float(self._timing.context_noise), dtype=torch.float32)
+        t = torch.cat([t0, t_in], dim=1)
+        self.stats.log("batched", x, t)
+        attn = batched_update_attn(
+            st.cache.layers, upd, pplan.write_slot, pplan.store_roped, plan.denoise, backend=self.backend
+        )
+        flow = self.model.forward_with(
+            x, t, st.cache.text_kv(), attn, backend=self.backend, context_frames=fpb
+        )
+        self._record_clean(st, pplan.start_block, clean)
+        return flow
 
     def _update(
         self,
@@ -428,7 +469,7 @@ class RollingForcingPipeline:
         x = torch.cat([st.clean[b] for b in rp.blocks], dim=1)
         t0 = torch.full(x.shape[:2], float(self.method.context_noise), dtype=torch.float32)
         tpb = cache.layers[0].tokens_per_block
-        tables = _PassTables(rp.pass_, tpb)
+        tables = PassTables(rp.pass_, tpb)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             lc = cache.layers[layer]
@@ -451,7 +492,7 @@ class RollingForcingPipeline:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
         p = plan.denoise
-        tables = _PassTables(p, cache.layers[0].tokens_per_block)
+        tables = PassTables(p, cache.layers[0].tokens_per_block)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             cos, sin, ctab = tables.get(grid, q.shape[3], q.device)
@@ -465,7 +506,7 @@ class RollingForcingPipeline:
     def _update_attn(self, p: PassPlan, slot: int, store_roped: bool) -> SelfAttnFn:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
-        tables = _PassTables(p, cache.layers[0].tokens_per_block)
+        tables = PassTables(p, cache.layers[0].tokens_per_block)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             lc = cache.layers[layer]
@@ -480,30 +521,6 @@ class RollingForcingPipeline:
             return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend, copy_tables=ctab)
 
         return attn
-
-
-class _PassTables:
-    """RoPE tables of one pass, built on first use and shared by every layer (the angles depend on the
-    pass's positions and grid, never on the layer): the pass's own tokens from ``query_position`` and the
-    roped copies of its cache keys. float64, so the reference backend is bitwise per-layer ``rope3d``."""
-
-    def __init__(self, p: PassPlan, tokens_per_block: int) -> None:
-        self.p, self.tokens_per_block = p, tokens_per_block
-        self._built: dict[
-            Grid, tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]
-        ] = {}
-
-    def get(
-        self, grid: Grid, head_dim: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        if grid not in self._built:
-            f64 = torch.float64
-            cos, sin = ops.rope_tables(grid, head_dim, self.p.query_position, dtype=f64, device=device)
-            ctab = copy_tables(
-                self.tokens_per_block, self.p.cache_keys, grid, head_dim, dtype=f64, device=device
-            )
-            self._built[grid] = (cos, sin, ctab)
-        return self._built[grid]
 
 
 __all__ = [

@@ -58,8 +58,8 @@ def test_bad_method_options_fail_before_the_model_is_built(tmp_path, monkeypatch
     base = ["generate", "--out", str(tmp_path / "x.mp4"), "--no-progress"]
     cases = [
         (["--method", "self-forcing", "--blocks", "8"], "at most 7 blocks"),
-        (["--method", "causvid", "--blocks", "5", "--compile"], "--two-pass"),
-        (["--method", "longlive", "--blocks", "5", "--merged"], "--two-pass"),
+        (["--method", "causvid", "--blocks", "5", "--compile"], "--compile"),
+        (["--method", "longlive", "--blocks", "5", "--merged", "--cores", "2"], "--cores 1"),
     ]
     for extra, msg in cases:
         r = runner.invoke(app, [*base, *extra])
