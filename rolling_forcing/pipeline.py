@@ -213,10 +213,11 @@ class RollingForcingPipeline:
                 "yet (no NKI kernel); use merged=False (two passes) or backend='reference'"
             )
         self.merged = supported if merged is None else merged
-        if compile not in (None, False) and (not self.merged or meth.sequential):
+        if compile not in (None, False) and not self.merged:
+            raise ValueError("compile= applies to the merged forward only; it needs merged=True")
+        if compile not in (None, False) and meth.sequential:
             raise ValueError(
-                "compile= applies to Rolling Forcing's merged forward only; it needs merged=True "
-                "and method='rolling-forcing'"
+                f"compile= applies to Rolling Forcing's merged forward only, not method={meth.name!r}"
             )
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend = backend

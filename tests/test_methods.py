@@ -193,7 +193,9 @@ def test_sequential_key_sets() -> None:
 def test_bad_method_input(model: CausalWanModel) -> None:
     with pytest.raises(ValueError, match="method must be one of"):
         get_method("diffusion-forcing")
-    with pytest.raises(ValueError, match="compile= applies to Rolling Forcing"):
+    with pytest.raises(
+        ValueError, match="compile= applies to Rolling Forcing's merged forward only, not method='longlive'"
+    ):
         RollingForcingPipeline(model, M, P, method="longlive", merged=True, compile=True)
     with pytest.raises(ValueError, match="at most 7 blocks"):
         next(RollingForcingPipeline(model, M, P, method="self-forcing").stream(text_embeds(), 8))
