@@ -16,6 +16,7 @@ from perf.e2e.plots import write_plots
 from perf.e2e.report import headline_lines, render_report
 from perf.e2e.run import E2EResult, run_model
 from perf.matmul_model import AnalyticMatmulProvider
+from rolling_forcing.methods import METHOD_NAMES
 
 __all__ = ["main", "result_rows"]
 
@@ -173,7 +174,10 @@ def _methods_main(a: Any, out: Path, params: E2EParams, kernels: Any, matmul: An
     vae = vae_probe(m.latent_height, m.latent_width, 3)
     kernels = kernels or default_kernel_provider(params)
     matmul = matmul or default_matmul_provider()
-    rows = method_rows(m, cores=a.cores, vae=vae, kernels=kernels, matmul=matmul, params=params)
+    names = tuple(a.method) if a.method else tuple(METHOD_NAMES)
+    rows = method_rows(
+        m, cores=a.cores, vae=vae, kernels=kernels, matmul=matmul, params=params, methods=names
+    )
     print(
         f"per-method steady state, {m.name} at {a.height}x{a.width}, {a.cores} cores "
         f"(kernels: {kernels.name})"
@@ -208,7 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only the per-method table (rolling-forcing, self-forcing, causvid, longlive; "
         "results/e2e_methods.jsonl); REPORT.md is left alone",
     )
+    ap.add_argument(
+        "--method",
+        action="append",
+        choices=list(METHOD_NAMES),
+        default=None,
+        help="with --methods (implied): only these methods (repeatable)",
+    )
     a = ap.parse_args(argv)
+    if a.method:
+        a.methods = True
     if a.quick:
         a.preset, a.height, a.width = "tiny", 64, 64
     out = Path(a.out_dir) if a.out_dir else Path(__file__).resolve().parent.parent

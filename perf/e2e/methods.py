@@ -55,14 +55,20 @@ PUBLISHED_GPU: dict[str, tuple[str, str]] = {
 }
 
 
-def method_forwards(m: ModelConfig, method: StreamMethod) -> list[Forward]:
-    """The forwards of one steady-state block of ``method`` (chip-wide token counts)."""
+def method_forwards(m: ModelConfig, method: StreamMethod, *, batched: bool = False) -> list[Forward]:
+    """The forwards of one steady-state block of ``method`` (chip-wide token counts).
+
+    ``batched`` (sequential methods): the block's cache update rides with the next block's first denoise
+    call in one 6-frame forward (``merged=True`` of the driver), one forward fewer per block.
+    """
     if not method.sequential:
         return steady_forwards(m, method.pipeline_config(dtype="bfloat16"), "merged")
     blk = method.tokens_per_block(m)
     keys = method.attention_frames * m.tokens_per_frame
     fwds = [Forward(f"step{k}", blk, (("denoise", blk, keys),)) for k in range(method.steps)]
-    if method.cache_update:
+    if method.cache_update and batched:
+        fwds[0] = Forward("batched", 2 * blk, (("update", blk, keys), ("denoise", blk, keys)))
+    elif method.cache_update:
         fwds.append(Forward("update", blk, (("update", blk, keys),)))
     return fwds
 
@@ -80,7 +86,8 @@ def method_hbm_bytes(m: ModelConfig, method: StreamMethod, tp: int, sp: int, vae
 
 @dataclass(frozen=True)
 class MethodRow:
-    """One method: its steady-state chunk at each end, forwards per block, persistent HBM, published fps."""
+    """One method (``method``, or ``method+batched`` for the batched cache update): its steady-state
+    chunk at each end, forwards per block, persistent HBM, published fps."""
 
     method: str
     forwards_per_block: int
@@ -99,47 +106,40 @@ def method_rows(
     matmul: Any,
     params: E2EParams,
     methods: tuple[str, ...] = tuple(METHODS),
+    batched: bool = True,
 ) -> list[MethodRow]:
-    """Modelled rows of ``methods`` on ``cores`` cores (see the module docstring)."""
+    """Modelled rows of ``methods`` on ``cores`` cores (see the module docstring); ``batched`` adds a
+    ``<method>+batched`` row per sequential method (:func:`method_forwards` with ``batched=True``)."""
     rows = []
     p = PipelineConfig(dtype="bfloat16")
+    kw: dict[str, Any] = {"vae": vae, "kernels": kernels, "matmul": matmul, "params": params}
     for name in methods:
         meth = METHODS[name]
-        fwds = method_forwards(m, meth)
-        chunks = {
-            end: chunk_model(
-                m,
-                p,
-                cores=cores,
-                variant=name,
-                vae=vae,
-                kernels=kernels,
-                matmul=matmul,
-                params=params,
-                end=end,
-                forwards=fwds,
-            )  # fmt: skip
-            for end in ENDS
-        }
-        cm = chunks[ENDS[0]]
-        pub, src = PUBLISHED_GPU[name]
-        rows.append(
-            MethodRow(name, len(fwds), chunks, method_hbm_bytes(m, meth, cm.tp, cm.sp, vae), pub, src)
-        )
+        for b in (False, True) if batched and meth.sequential else (False,):
+            fwds = method_forwards(m, meth, batched=b)
+            label = f"{name}+batched" if b else name
+            chunks = {
+                end: chunk_model(m, p, cores=cores, variant=label, end=end, forwards=fwds, **kw)
+                for end in ENDS
+            }
+            cm = chunks[ENDS[0]]
+            pub, src = PUBLISHED_GPU[name]
+            hbm = method_hbm_bytes(m, meth, cm.tp, cm.sp, vae)
+            rows.append(MethodRow(label, len(fwds), chunks, hbm, pub, src))
     return rows
 
 
 def method_table(rows: list[MethodRow]) -> str:
     """Plain-text table: modelled fps at both ends, DiT TFLOP per block, HBM, published GPU figure."""
     head = (
-        f"{'method':<16} {'fwd/blk':>7} {'TFLOP/blk':>9} {'fps opt':>8} {'fps pess':>8} {'HBM GB':>7}  "
+        f"{'method':<22} {'fwd/blk':>7} {'TFLOP/blk':>9} {'fps opt':>8} {'fps pess':>8} {'HBM GB':>7}  "
         "published GPU figure (not trn2)"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         opt, pess = r.chunks["optimistic"], r.chunks["pessimistic"]
         lines.append(
-            f"{r.method:<16} {r.forwards_per_block:>7} {opt.dit_flops / 1e12:>9.1f} {opt.fps:>8.1f} "
+            f"{r.method:<22} {r.forwards_per_block:>7} {opt.dit_flops / 1e12:>9.1f} {opt.fps:>8.1f} "
             f"{pess.fps:>8.1f} {r.hbm_bytes / 1e9:>7.2f}  {r.published}"
         )
     lines.append("fps and HBM: modelled (trn2, one chip); published figures: GPU, from each method's source")
