@@ -238,9 +238,17 @@ class RollingForcingPipeline:
         still pending (the stream it was meant for has no next window).
 
         The text k/v cache is recomputed for ``text_embeds`` ``[B, L<=text_len, text_dim]``. With
-        ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt
-        (LongLive's KV re-cache), oldest first, each attending to the cached blocks before it.
+        ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt:
+        Rolling Forcing oldest first, each attending to the cached blocks before it (this project's
+        adaptation of LongLive's KV re-cache); LongLive as the original (one pass, sink protected). A
+        sequential method takes the switch at its next block. ``recache=True`` with a method whose
+        original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``.
         """
+        if recache and self.method.recache == "none":
+            raise ValueError(
+                f"recache=True: method {self.method.name!r} has no KV re-cache in its original (LongLive's "
+                "re-cache is method='longlive'); switch with recache=False"
+            )
         self.model._check_context(text_embeds)
         self._pending_prompt = (text_embeds, bool(recache))
 

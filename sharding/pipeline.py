@@ -156,6 +156,8 @@ def check_prompts(
             raise TypeError(f"prompt switch window must be an int, got {type(w).__name__}")
         if not 0 <= w < nw:
             raise ValueError(f"prompt switch window={w} is outside the stream's windows [0, {nw})")
+        if recache is True and meth.recache == "none":
+            raise ValueError(f"recache=True at window {w}: method {meth.name!r} has no KV re-cache")
         if meth.sequential and w % meth.steps:
             raise ValueError(
                 f"prompt switch window={w} falls inside a block of method {meth.name!r}: switches start a "

@@ -201,6 +201,8 @@ def test_bad_method_input(model: CausalWanModel) -> None:
         next(RollingForcingPipeline(model, M, P, method="self-forcing").stream(text_embeds(), 8))
     with pytest.raises(ValueError, match="does not match pipe_cfg"):
         RollingForcingPipeline(model, M, PipelineConfig(context_blocks=2), method="rolling-forcing")
+    with pytest.raises(ValueError, match="has no KV re-cache"):
+        RollingForcingPipeline(model, M, P, method="causvid").set_prompt(text_embeds(9), recache=True)
     with pytest.raises(ValueError, match="sink_positions"):
         StreamMethod("x", 3, (1000,), 5.0, True, 1, 1, "none", 4)
     assert set(METHOD_NAMES) == {"rolling-forcing", "self-forcing", "causvid", "longlive"}
