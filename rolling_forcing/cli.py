@@ -186,8 +186,9 @@ def _check_sequential(opts: GenerateOptions, method: Any, num_blocks: int) -> No
 
     if opts.compile:
         raise ValueError(
-            f"--compile: the compiled merged forward exists for --method rolling-forcing only; drop it "
-            f"with --method {method.name} (--merged batches each block's cache update instead)"
+            f"--compile: generate compiles --method rolling-forcing only; drop it with --method "
+            f"{method.name} (--merged batches each block's cache update; the static, compilable sequential "
+            "forward is RollingForcingPipeline(static=True))"
         )
     if opts.merged and opts.cores != 1:
         raise ValueError(f"--merged with --method {method.name} runs on one core only (--cores 1)")

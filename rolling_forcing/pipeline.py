@@ -193,6 +193,7 @@ class RollingForcingPipeline:
         merged: bool | None = None,
         compile: CompileSpec = None,
         method: str | StreamMethod | None = None,
+        static: bool = False,
     ) -> None:
         meth = get_method("rolling-forcing" if method is None else method)
         mode = resolve_positions(pipe_cfg, positions)
@@ -213,9 +214,17 @@ class RollingForcingPipeline:
                 "yet (no NKI kernel); use merged=False (two passes) or backend='reference'"
             )
         self.merged = supported if merged is None else merged
+        if static and not meth.sequential:
+            raise ValueError(
+                "static=True is for sequential methods (Rolling Forcing's merged forward is static)"
+            )
+        if static and merged is False:
+            raise ValueError("static=True batches the cache updates: it needs merged=True or None")
+        self.static = bool(static)
+        self.merged = self.merged or self.static
         if compile not in (None, False) and not self.merged:
             raise ValueError("compile= applies to the merged forward only; it needs merged=True")
-        if compile not in (None, False) and meth.sequential:
+        if compile not in (None, False) and meth.sequential and not self.static:
             raise ValueError(
                 f"compile= applies to Rolling Forcing's merged forward only, not method={meth.name!r}"
             )
@@ -227,8 +236,13 @@ class RollingForcingPipeline:
         self.state: StreamState | None = None
         self.stats = ForwardStats()
         self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
-        rf_merged = self.merged and not meth.sequential
-        self._merged_fwd = MergedForward(model, self._layout, backend, compile) if rf_merged else None
+        if self.static:
+            lay = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
+            self._merged_fwd: MergedForward | None = MergedForward(model, lay, backend, compile)
+        elif self.merged and not meth.sequential:
+            self._merged_fwd = MergedForward(model, self._layout, backend, compile)
+        else:
+            self._merged_fwd = None
 
     # ---- public API ----------------------------------------------------------------------------
     def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
@@ -368,7 +382,10 @@ class RollingForcingPipeline:
                     pending = None
                 self._apply_prompt(st, plan.start_block)
             x_in, t_in = self._window_input(st, plan)
-            if pending is not None:
+            if self.static:
+                flow = self._static_forward(st, pending, plan, x_in, t_in)
+                pending = None
+            elif pending is not None:
                 flow = self._batched_forward(st, pending, plan, x_in, t_in)
                 pending = None
             else:
@@ -385,6 +402,31 @@ class RollingForcingPipeline:
                 self._update(st, plan.update, plan, clean, cache.text_kv())
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
+
+    def _static_forward(
+        self,
+        st: StreamState,
+        pending: tuple[StepPlan | WindowPlan, PassPlan, torch.Tensor] | None,
+        plan: StepPlan | WindowPlan,
+        x_in: torch.Tensor,
+        t_in: torch.Tensor,
+    ) -> torch.Tensor:
+        """``static=True``: one :func:`rolling_forcing.merged.merged_forward` (static shapes, one graph
+        per stream) of the held-back cache update (masked when none) + this call's block to denoise."""
+        assert self._merged_fwd is not None
+        lay = self._merged_fwd.layout
+        upd_step = pending[0].index if pending is not None else None
+        step = sequential.static_step(self.method, lay, st.num_blocks, plan.index, self.positions, upd_step)
+        upd = pending[2] if pending is not None else torch.zeros_like(x_in)
+        x = torch.cat([upd, x_in], dim=1)
+        t = torch.cat([torch.full_like(t_in, float(self._timing.context_noise)), t_in], dim=1)
+        idx = MergedIndex.from_step(step, lay, x.device)
+        self.stats.log("static", x, t, *idx.tensors())
+        ks, vs = [la.k for la in st.cache.layers], [la.v for la in st.cache.layers]
+        flow = self._merged_fwd(x, t, st.cache.text_kv(), ks, vs, idx)
+        if pending is not None:
+            self._record_clean(st, pending[0].start_block, pending[2])
+        return flow
 
     def _batched_forward(
         self,

@@ -27,6 +27,7 @@ schedule.KeyBlock`, :class:`~rolling_forcing.schedule.PassPlan`) so one driver r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rolling_forcing.methods import StreamMethod
 from rolling_forcing.schedule import KeyBlock, PassPlan
@@ -176,6 +177,79 @@ def recache_plan(method: StreamMethod, block: int, positions: str) -> RecachePla
     )
 
 
+def static_layout(method: StreamMethod, tokens_per_block: int, positions: str) -> Any:
+    """The :class:`~rolling_forcing.merged.MergedLayout` of a sequential method's static forward.
+
+    Every call is one forward of ``2 * frames_per_block`` frames: the previous block's held-back cache
+    update (masked when there is none) and one block to denoise; table rows of ``attention_blocks``
+    entries; roped copies: none needed in ``"absolute"`` (one unused block keeps the shapes non-empty),
+    ``2 * attention_blocks - 1`` in ``"relative"`` (the update group's keys and the denoise group's
+    cached keys).
+    """
+    from rolling_forcing.merged import MergedLayout
+
+    copies = 1 if positions == "absolute" else 2 * method.attention_blocks - 1
+    return MergedLayout(method.frames_per_block, 1, tokens_per_block, method.attention_blocks, copies)
+
+
+def static_step(
+    method: StreamMethod,
+    layout: Any,
+    num_blocks: int,
+    step: int,
+    positions: str,
+    update_step: int | None,
+) -> Any:
+    """The :class:`~rolling_forcing.merged.MergedStep` of call ``step`` carrying the cache update of
+    ``update_step`` (the previous block's last step, or None: masked), from the same plans as the
+    two-pass stream (:func:`step_plan`): ring entries read in place, other keys as roped copies."""
+    from rolling_forcing.merged import EMPTY, SRC_COPY, SRC_FRESH, SRC_RING, MergedStep
+
+    fpb = method.frames_per_block
+    copies: list[tuple[int, int]] = []
+
+    def entry(kb: KeyBlock) -> tuple[int, int]:
+        if kb.roped_in_cache:
+            return SRC_RING, kb.slot
+        copies.append((kb.slot, kb.position))
+        return SRC_COPY, len(copies) - 1
+
+    upd_entries: list[tuple[int, int]] = []
+    upd_positions = [0] * fpb
+    write_slot, store_roped, update_block = 0, False, None
+    if update_step is not None:
+        up = step_plan(method, num_blocks, update_step, positions)
+        if (
+            up.update is None
+            or update_step // method.steps + 1 != step // method.steps
+            or step % method.steps
+        ):
+            raise ValueError(
+                f"update_step={update_step} must be the last step of the block before step {step}'s block, "
+                f"and step {step} the first of its block"
+            )
+        upd_entries = [entry(kb) for kb in up.update.cache_keys]
+        upd_positions = [up.update.query_position + i for i in range(fpb)]
+        write_slot, store_roped, update_block = up.write_slot, up.store_roped, up.start_block
+    dp = step_plan(method, num_blocks, step, positions)
+    den_entries = [entry(kb) for kb in dp.denoise.cache_keys] + [(SRC_FRESH, 1)]
+    pad = [(EMPTY, 0)] * layout.table_blocks
+    if max(len(upd_entries), len(den_entries)) > layout.table_blocks or len(copies) > layout.copy_blocks:
+        raise RuntimeError(f"step {step}: the key sets do not fit the static layout {layout}")
+    return MergedStep(
+        window=step,
+        update_window=update_step,
+        update_block=update_block,
+        window_frames=fpb,
+        frame_positions=tuple(upd_positions + [dp.denoise.query_position + i for i in range(fpb)]),
+        write_slot=write_slot,
+        store_roped=store_roped,
+        write_valid=update_step is not None,
+        copies=tuple(copies + [(0, 0)] * (layout.copy_blocks - len(copies))),
+        table=(tuple(upd_entries + pad[len(upd_entries) :]), tuple(den_entries + pad[len(den_entries) :])),
+    )
+
+
 __all__ = [
     "RecachePlan",
     "StepPlan",
@@ -184,5 +258,7 @@ __all__ = [
     "num_steps",
     "recache_plan",
     "slot_of",
+    "static_layout",
+    "static_step",
     "step_plan",
 ]

@@ -36,8 +36,9 @@ def _drive(
     switch_after: int | None = None,
     merged: bool | None = None,
     stats: dict | None = None,
+    **kw: object,
 ) -> torch.Tensor:
-    pipe = RollingForcingPipeline(model, M, P, method=method, positions=positions, merged=merged)
+    pipe = RollingForcingPipeline(model, M, P, method=method, positions=positions, merged=merged, **kw)  # type: ignore[arg-type]
     out = []
     for c in pipe.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7)):
         assert c.final and c.block == len(out)
@@ -46,6 +47,8 @@ def _drive(
             pipe.set_prompt(text_embeds(99), recache=True)
     if stats is not None:
         stats.update(pipe.stats.forwards)
+        stats["_signatures"] = {k for k, _ in pipe.stats.signatures.elements()}
+        stats["_n_signatures"] = len(pipe.stats.signatures)
     return torch.cat(out, dim=1)
 
 
@@ -119,9 +122,53 @@ def test_batched_update_equals_two_pass(
     err = float((two - one).abs().max())
     assert err <= FP32_ISSUE_BOUND, err
     steps, n_sw = METHODS[method].steps, int(switch is not None)
+    two_stats.pop("_signatures"), two_stats.pop("_n_signatures")
     assert two_stats == {"denoise": nb * steps, "update": nb, **({"recache": 1} if n_sw else {})}
     assert one_stats.get("batched") == nb - 1 - n_sw and one_stats.get("update", 0) == n_sw
     assert one_stats["denoise"] == nb * steps - (nb - 1 - n_sw)
+
+
+@pytest.mark.parametrize(
+    ("method", "positions", "nb", "switch"),
+    [("self-forcing", "absolute", 7, None), ("causvid", "relative", 9, None), ("longlive", "relative", 8, 4)],
+)
+def test_static_stream_one_signature_equals_two_pass(
+    model: CausalWanModel, method: str, positions: str, nb: int, switch: int | None
+) -> None:
+    """static=True: every call is one rolling_forcing.merged.merged_forward of [held-back update (masked
+    when none) + the block to denoise] with index tensors: one input signature for the whole stream
+    (a switch adds its eager update-alone and re-cache passes), equal to the two-pass stream within
+    issue 5's bound (measured <= 1.9e-6)."""
+    two = _drive(model, method, nb, positions, switch, merged=False)
+    st: dict = {}
+    one = _drive(model, method, nb, positions, switch, stats=st, static=True)
+    assert float((two - one).abs().max()) <= FP32_ISSUE_BOUND
+    n_sw = int(switch is not None)
+    assert st["static"] == nb * METHODS[method].steps
+    assert st.get("update", 0) == n_sw and st.get("recache", 0) == n_sw
+    assert st["_n_signatures"] == 1 + 2 * n_sw  # one static signature (+ the switch's two passes)
+
+
+def test_static_stream_compiles_to_one_graph(model: CausalWanModel) -> None:
+    """LongLive static (relative, 8 blocks, eviction): torch.compile(fullgraph=True) captures one graph,
+    no graph break, no recompilation across the stream (a counting backend runs the captured graph)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    compiles: list[int] = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        compiles.append(len(gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = _drive(model, "longlive", 8, "relative", static=True, compile=counting_backend)
+    assert len(compiles) == 1, compiles
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert not counters["recompiles"], dict(counters["recompiles"])
+    assert float((got - _drive(model, "longlive", 8, "relative")).abs().max()) <= FP32_ISSUE_BOUND
 
 
 def test_longlive_switch_changes_the_stream(model: CausalWanModel) -> None:
@@ -201,6 +248,10 @@ def test_bad_method_input(model: CausalWanModel) -> None:
         next(RollingForcingPipeline(model, M, P, method="self-forcing").stream(text_embeds(), 8))
     with pytest.raises(ValueError, match="does not match pipe_cfg"):
         RollingForcingPipeline(model, M, PipelineConfig(context_blocks=2), method="rolling-forcing")
+    with pytest.raises(ValueError, match="static=True is for sequential methods"):
+        RollingForcingPipeline(model, M, P, static=True)
+    with pytest.raises(ValueError, match="needs merged=True or None"):
+        RollingForcingPipeline(model, M, P, method="causvid", static=True, merged=False)
     with pytest.raises(ValueError, match="has no KV re-cache"):
         RollingForcingPipeline(model, M, P, method="causvid").set_prompt(text_embeds(9), recache=True)
     with pytest.raises(ValueError, match="sink_positions"):
