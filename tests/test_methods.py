@@ -185,7 +185,9 @@ def test_longlive_switch_changes_the_stream(model: CausalWanModel) -> None:
 
 # sha256 of the fp32 latents of 9-block Rolling Forcing streams (tiny preset, model seed 0, prompt seed 1,
 # generator seed 7, one thread), recorded from the code before the method driver (commit c83b89a);
-# "switch": set_prompt(text seed 99, recache=True) after block 2. Any change of a stream's bits fails.
+# "switch": set_prompt(text seed 99, recache=True) after block 2. Any change of a stream's bits fails. A
+# deliberate numerics change of the shared ops (reference attention, RoPE) must re-record them: print
+# the digest this test computes for each key on the new code and say why in the commit.
 RF_PINS = {
     ("absolute", False, False): "65d00fecd268035ff7aadab9c34514316d02a3febc89cce37553a7318a506f8e",
     ("absolute", False, True): "20240617c62cac6d4b5a7624d4963a2ada19fcd60b6d315c7eadb0680c1a0aae",
