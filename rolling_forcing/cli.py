@@ -174,8 +174,6 @@ def _read_schedule(opts: GenerateOptions) -> Any:
         return None
     if opts.prompt_embeds is not None:
         raise ValueError("--prompt-schedule encodes its prompts: it cannot be combined with --prompt-embeds")
-    if opts.cores != 1:
-        raise ValueError("--prompt-schedule needs --cores 1 (the sharded stream takes its switches up front)")
     sw = None if opts.switch_frames is None else parse_switch_frames(opts.switch_frames)
     return read_prompt_schedule(opts.prompt_schedule, sw)
 
@@ -325,6 +323,10 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     timer = ChunkTimer()
     bar = tqdm(total=num_blocks, unit="chunk", desc="streaming", disable=not opts.progress, file=sys.stderr)
     with torch.inference_mode(), VideoWriter(opts.out, spec.fps) as writer:
+        if opts.cores != 1:  # the sharded stream takes its switches up front, at the window they act
+            for b, emb in switches.items():
+                w = b * method.steps if method.sequential else b + pipe_cfg.window_blocks - 1
+                pipe.set_prompt(emb.to(pipe_cfg.torch_dtype), method.recache == "window", window=w)
         stream = pipe.stream(text_embeds.to(pipe_cfg.torch_dtype), num_blocks, generator=generator)
         t_prev = time.perf_counter()
         for chunk in stream:
@@ -342,7 +344,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
                 write_s=t_wr - t_dec,
             )
             bar.update(1)
-            if chunk.block + 1 in switches:  # LongLive re-caches; the others switch the text k/v
+            if opts.cores == 1 and chunk.block + 1 in switches:  # LongLive re-caches; others: text k/v
                 emb = switches[chunk.block + 1].to(pipe_cfg.torch_dtype)
                 pipe.set_prompt(emb, recache=method.recache == "window")
             t_prev = time.perf_counter()

@@ -76,3 +76,20 @@ def test_generate_with_a_prompt_schedule(tmp_path) -> None:
     assert same < 0.5 < 2.0 < diff, (same, diff)  # H.264 noise of equal streams < 0.5 (test_cli.py)
     r = runner.invoke(app, ["generate", "--switch-frames", "3", "--out", str(tmp_path / "x.mp4")])
     assert r.exit_code == 2 and "--switch-frames needs --prompt-schedule" in r.output
+
+
+@pytest.mark.parametrize("method", ["longlive", "rolling-forcing"])
+def test_prompt_schedule_on_2_cores_equals_1_core(tmp_path, method: str) -> None:
+    """The sharded stream takes the schedule up front at the windows where the one-core stream's
+    set_prompt acts: the same video (H.264 noise of equal streams < 0.5 grey levels, test_cli.py)."""
+    sched = tmp_path / "p.jsonl"
+    sched.write_text(json.dumps({"prompts": ["a red fox", "a blue whale"]}) + "\n")
+    vids = []
+    for cores in ("1", "2"):
+        out = tmp_path / f"c{cores}.mp4"
+        args = ["generate", "--blocks", "6", "--method", method, "--out", str(out), "--cores", cores]
+        extra = ["--prompt-schedule", str(sched), "--switch-frames", "9", "--two-pass"]
+        r = runner.invoke(app, [*args, *extra, "--no-progress", "--no-warmup"])
+        assert r.exit_code == 0, r.output
+        vids.append(read_video(out).astype(float))
+    assert float(abs(vids[0] - vids[1]).mean()) < 0.5
