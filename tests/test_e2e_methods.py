@@ -40,6 +40,7 @@ def test_forwards_and_flops(rows) -> None:
     assert {n: r.forwards_per_block for n, r in by.items()} == {
         "rolling-forcing": 1, "self-forcing": 5, "causvid": 4, "longlive": 5,
         "self-forcing+batched": 4, "causvid+batched": 3, "longlive+batched": 4,
+        "self-forcing+static": 4, "causvid+static": 3, "longlive+static": 4,
     }  # fmt: skip
     want = {
         "self-forcing": _flops_per_block(m, 3, 21, 5),
@@ -52,6 +53,10 @@ def test_forwards_and_flops(rows) -> None:
         assert got == pytest.approx(f, rel=1e-3), name
         if name != "rolling-forcing":  # batching moves the update into another forward: same FLOPs
             assert by[f"{name}+batched"].chunks["optimistic"].dit_flops == pytest.approx(got, rel=1e-9)
+            # static: the masked update blocks of steps 2..S add their linear and cross-attention work
+            steps = METHODS[name].steps
+            extra = (steps - 1) * (_flops_per_block(m, 3, 0, 1))
+            assert by[f"{name}+static"].chunks["optimistic"].dit_flops == pytest.approx(got + extra, rel=1e-3)
     # the same arithmetic at Wan2.1-1.3B, 480x832 gives the public per-block TFLOP: SF 202.0, LongLive
     # 141.5, RF 242.4 (what `python -m perf.e2e --methods` prints)
     w = _model("wan2.1-1.3b", 480, 832)
@@ -77,6 +82,6 @@ def test_table_and_bench_rows(rows) -> None:
     text = method_table(rs)
     assert all(name in text for name in METHODS) and "modelled" in text and "20.7 fps" in text
     brows = method_bench_rows(rs, m, 480, 832)
-    assert len(brows) == 2 * len(rs) == 2 * (2 * len(METHODS) - 1)
+    assert len(brows) == 2 * len(rs) == 2 * (3 * len(METHODS) - 2)
     assert all(b.kind == "modelled" for b in brows)
     assert len(method_forwards(m, METHODS["longlive"])) == 5

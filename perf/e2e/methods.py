@@ -55,18 +55,24 @@ PUBLISHED_GPU: dict[str, tuple[str, str]] = {
 }
 
 
-def method_forwards(m: ModelConfig, method: StreamMethod, *, batched: bool = False) -> list[Forward]:
+def method_forwards(
+    m: ModelConfig, method: StreamMethod, *, batched: bool = False, static: bool = False
+) -> list[Forward]:
     """The forwards of one steady-state block of ``method`` (chip-wide token counts).
 
     ``batched`` (sequential methods): the block's cache update rides with the next block's first denoise
     call in one 6-frame forward (``merged=True`` of the driver), one forward fewer per block.
+    ``static`` (``static=True`` of the driver): every call is that 6-frame forward; the calls without an
+    update carry a masked update block (its tokens go through every linear layer; its query group has no
+    keys, so no attention).
     """
     if not method.sequential:
         return steady_forwards(m, method.pipeline_config(dtype="bfloat16"), "merged")
     blk = method.tokens_per_block(m)
     keys = method.attention_frames * m.tokens_per_frame
-    fwds = [Forward(f"step{k}", blk, (("denoise", blk, keys),)) for k in range(method.steps)]
-    if method.cache_update and batched:
+    tok = 2 * blk if static else blk
+    fwds = [Forward(f"step{k}", tok, (("denoise", blk, keys),)) for k in range(method.steps)]
+    if method.cache_update and (batched or static):
         fwds[0] = Forward("batched", 2 * blk, (("update", blk, keys), ("denoise", blk, keys)))
     elif method.cache_update:
         fwds.append(Forward("update", blk, (("update", blk, keys),)))
@@ -108,16 +114,16 @@ def method_rows(
     methods: tuple[str, ...] = tuple(METHODS),
     batched: bool = True,
 ) -> list[MethodRow]:
-    """Modelled rows of ``methods`` on ``cores`` cores (see the module docstring); ``batched`` adds a
-    ``<method>+batched`` row per sequential method (:func:`method_forwards` with ``batched=True``)."""
+    """Modelled rows of ``methods`` on ``cores`` cores (see the module docstring); ``batched`` adds the
+    ``<method>+batched`` and ``<method>+static`` rows per sequential method (:func:`method_forwards`)."""
     rows = []
     p = PipelineConfig(dtype="bfloat16")
     kw: dict[str, Any] = {"vae": vae, "kernels": kernels, "matmul": matmul, "params": params}
     for name in methods:
         meth = METHODS[name]
-        for b in (False, True) if batched and meth.sequential else (False,):
-            fwds = method_forwards(m, meth, batched=b)
-            label = f"{name}+batched" if b else name
+        for var in ("", "batched", "static") if batched and meth.sequential else ("",):
+            fwds = method_forwards(m, meth, batched=var == "batched", static=var == "static")
+            label = f"{name}+{var}" if var else name
             chunks = {
                 end: chunk_model(m, p, cores=cores, variant=label, end=end, forwards=fwds, **kw)
                 for end in ENDS
