@@ -13,7 +13,7 @@ their log-sum-exp.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -21,9 +21,17 @@ from nki_kernels import ops
 from rolling_forcing import schedule
 from rolling_forcing.cache import LayerKVCache
 from rolling_forcing.model import Grid
-from rolling_forcing.schedule import KeyBlock
+from rolling_forcing.schedule import KeyBlock, PassPlan
 
-__all__ = ["attend_cache", "copy_positions", "copy_tables", "merge_partials", "rope_cache_copies"]
+__all__ = [
+    "PassTables",
+    "attend_cache",
+    "batched_update_attn",
+    "copy_positions",
+    "copy_tables",
+    "merge_partials",
+    "rope_cache_copies",
+]
 
 
 def merge_partials(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -187,3 +195,71 @@ def attend_cache(
         assert isinstance(res2, tuple)
         parts.append(res2)
     return merge_partials(parts)
+
+
+class PassTables:
+    """RoPE tables of one pass, built on first use and shared by every layer (the angles depend on the
+    pass's positions and grid, never on the layer): the pass's own tokens from ``query_position`` and the
+    roped copies of its cache keys. float64, so the reference backend is bitwise per-layer ``rope3d``."""
+
+    def __init__(self, p: PassPlan, tokens_per_block: int) -> None:
+        self.p, self.tokens_per_block = p, tokens_per_block
+        self._built: dict[
+            Grid, tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]
+        ] = {}
+
+    def get(
+        self, grid: Grid, head_dim: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        if grid not in self._built:
+            f64 = torch.float64
+            cos, sin = ops.rope_tables(grid, head_dim, self.p.query_position, dtype=f64, device=device)
+            ctab = copy_tables(
+                self.tokens_per_block, self.p.cache_keys, grid, head_dim, dtype=f64, device=device
+            )
+            self._built[grid] = (cos, sin, ctab)
+        return self._built[grid]
+
+
+def batched_update_attn(
+    layers: Sequence[LayerKVCache],
+    upd: PassPlan,
+    slot: int,
+    store_roped: bool,
+    den: PassPlan,
+    *,
+    backend: str | None = None,
+) -> Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, Grid], torch.Tensor]:
+    """Self-attention of one forward that batches a block's cache update with the next call's denoise.
+
+    The forward holds ``2 * fpb`` frames: the previous block's clean x0 (update pass ``upd``, written to
+    ``slot``; keys roped first when ``store_roped``) then one block to denoise (pass ``den``). Per layer:
+    the update block's k/v are written first, so the denoise queries read them from the cache as their
+    newest cached block, exactly as after a separate update forward; the update queries attend to
+    ``upd.cache_keys`` (itself read back), the denoise queries to ``den.cache_keys`` + their own keys.
+    When called with only the denoise queries (the last layer of ``forward_with(context_frames=fpb)``)
+    the update queries are skipped. q ``[B, Lq, H, D]`` (Lq = 2T or T), k, v ``[B, 2T, H, D]``; returns
+    ``[B, Lq, H, D]``.
+    """
+    t = layers[0].tokens_per_block
+    tab_u, tab_d = PassTables(upd, t), PassTables(den, t)
+
+    def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+        lc = layers[layer]
+        gb: Grid = (grid[0] // 2, grid[1], grid[2])
+        cos_u, sin_u, ctab_u = tab_u.get(gb, k.shape[3], k.device)
+        cos_d, sin_d, ctab_d = tab_d.get(gb, k.shape[3], k.device)
+        ku, kd = k[:, :t].contiguous(), k[:, t:].contiguous()
+        qu_in = q[:, :t].contiguous() if q.shape[1] == 2 * t else ku
+        qur, kur = ops.rope3d_tables(qu_in, ku, cos_u, sin_u, backend=backend)
+        lc.write(slot, kur if store_roped else ku, v[:, :t], backend=backend)
+        qdr, kdr = ops.rope3d_tables(q[:, -t:].contiguous(), kd, cos_d, sin_d, backend=backend)
+        out_d = attend_cache(
+            lc, qdr, den.cache_keys, (kdr, v[:, t:]), gb, backend=backend, copy_tables=ctab_d
+        )
+        if q.shape[1] == t:
+            return out_d
+        out_u = attend_cache(lc, qur, upd.cache_keys, None, gb, backend=backend, copy_tables=ctab_u)
+        return torch.cat([out_u, out_d], dim=1)
+
+    return attn

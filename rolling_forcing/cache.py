@@ -10,11 +10,15 @@ position and the contents' meaning live in the pipeline's state, not here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from nki_kernels import ops
 from rolling_forcing.config import ModelConfig, PipelineConfig
+
+if TYPE_CHECKING:
+    from rolling_forcing.methods import StreamMethod
 
 
 @dataclass
@@ -51,15 +55,21 @@ class RollingKVCache:
     def __init__(
         self,
         model_cfg: ModelConfig,
-        pipe_cfg: PipelineConfig,
+        pipe_cfg: PipelineConfig | StreamMethod,
         batch: int,
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         num_heads: int | None = None,
     ) -> None:
-        """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count)."""
-        dt = pipe_cfg.torch_dtype if dtype is None else dtype
+        """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count);
+        ``pipe_cfg`` (or a sequential ``StreamMethod``) gives the block and buffer sizes."""
+        if dtype is not None:
+            dt = dtype
+        elif isinstance(pipe_cfg, PipelineConfig):
+            dt = pipe_cfg.torch_dtype
+        else:
+            raise ValueError("dtype is required when the sizes come from a StreamMethod")
         h = model_cfg.num_heads if num_heads is None else num_heads
         t = pipe_cfg.tokens_per_block(model_cfg)
         s = pipe_cfg.buffer_tokens(model_cfg)

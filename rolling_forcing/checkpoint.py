@@ -214,7 +214,8 @@ def unwrap_checkpoint(obj: object, *, use_ema: bool = False) -> dict[str, torch.
                 state = {k[len(prefix) :]: v for k, v in state.items()}
                 changed = True
                 break
-    return state
+    # FSDP-gathered EMA weights (LongLive's longlive_base.pt) carry the wrapper inside the names
+    return {k.replace("_fsdp_wrapped_module.", ""): v for k, v in state.items()}
 
 
 def _torch_load_weights_only(path: Path) -> object:
@@ -306,15 +307,30 @@ def load_into(
     return report
 
 
-def load_checkpoint(model: torch.nn.Module, path: str | Path, *, use_ema: bool = False) -> KeyFormat:
+def load_checkpoint(
+    model: torch.nn.Module,
+    path: str | Path,
+    *,
+    use_ema: bool = False,
+    lora: str | Path | None = None,
+    lora_alpha: float | None = None,
+) -> KeyFormat:
     """Load weights for ``model`` (Wan2.1 key names) from a local file; returns the detected layout.
 
     Args:
         model: a module whose ``state_dict()`` uses the Wan2.1 names (``CausalWanModel``).
-        path: ``.safetensors`` file (preferred), a directory of shards, or a weights-only pickle.
-        use_ema: for RF training checkpoints, take ``generator_ema`` instead of ``generator``.
+        path: ``.safetensors`` file (preferred), a directory of shards, or a weights-only pickle. The
+            Rolling Forcing, Self-Forcing, CausVid and LongLive training files (``{"generator": ...,
+            "generator_ema": ...}`` with a ``model.`` prefix) are unwrapped.
+        use_ema: for training checkpoints, take ``generator_ema`` instead of ``generator``.
+        lora: a PEFT LoRA file (LongLive's ``lora.pt``) merged into the weights at load
+            (:mod:`rolling_forcing.lora`); ``lora_alpha`` None = its rank (LongLive's alpha = rank).
     """
     state, fmt = load_wan_state_dict(path, use_ema=use_ema)
+    if lora is not None:
+        from rolling_forcing.lora import load_lora, merge_lora
+
+        state = merge_lora(state, load_lora(lora), alpha=lora_alpha)
     load_into(model, state, source=f"checkpoint {str(path)!r} ({fmt} layout)")
     return fmt
 

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,6 +42,13 @@ class Backend(str, Enum):
 class Positions(str, Enum):
     absolute = "absolute"
     relative = "relative"
+
+
+class Method(str, Enum):
+    rolling_forcing = "rolling-forcing"
+    self_forcing = "self-forcing"
+    causvid = "causvid"
+    longlive = "longlive"
 
 
 class DType(str, Enum):
@@ -74,6 +81,10 @@ class GenerateOptions:
     cores: int = 1
     merged: bool | None = None
     compile: bool = False
+    method: str = "rolling-forcing"
+    lora: Path | None = None
+    prompt_schedule: Path | None = None
+    switch_frames: str | None = None
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -91,6 +102,9 @@ def command_line(opts: GenerateOptions) -> str:
         ("--prompt-embeds", opts.prompt_embeds),
         ("--report-json", opts.report_json),
         ("--threads", opts.threads),
+        ("--lora", opts.lora),
+        ("--prompt-schedule", opts.prompt_schedule),
+        ("--switch-frames", opts.switch_frames),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -99,6 +113,7 @@ def command_line(opts: GenerateOptions) -> str:
     parts += ["--cores", str(opts.cores)] if opts.cores != 1 else []
     parts += [] if opts.merged is None else ["--merged" if opts.merged else "--two-pass"]
     parts += ["--compile"] if opts.compile else []
+    parts += ["--method", opts.method] if opts.method != "rolling-forcing" else []
     return shlex.join(parts)
 
 
@@ -149,6 +164,35 @@ def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any) -> tuple[An
     return dec_p, "preview decoder (fixed linear latent->RGB, not a trained VAE)"
 
 
+def _read_schedule(opts: GenerateOptions) -> Any:
+    """The --prompt-schedule of ``opts`` (None without one), checked before any model is built."""
+    from rolling_forcing.prompts import parse_switch_frames, read_prompt_schedule
+
+    if opts.prompt_schedule is None:
+        if opts.switch_frames is not None:
+            raise ValueError("--switch-frames needs --prompt-schedule")
+        return None
+    if opts.prompt_embeds is not None:
+        raise ValueError("--prompt-schedule encodes its prompts: it cannot be combined with --prompt-embeds")
+    sw = None if opts.switch_frames is None else parse_switch_frames(opts.switch_frames)
+    return read_prompt_schedule(opts.prompt_schedule, sw)
+
+
+def _check_sequential(opts: GenerateOptions, method: Any, num_blocks: int) -> None:
+    """Refuse what a sequential method (Self-Forcing, CausVid, LongLive) cannot run, before any build."""
+    from rolling_forcing.sequential import check_length
+
+    if opts.compile:
+        raise ValueError(
+            f"--compile: generate compiles --method rolling-forcing only; drop it with --method "
+            f"{method.name} (--merged batches each block's cache update; the static, compilable sequential "
+            "forward is RollingForcingPipeline(static=True))"
+        )
+    if opts.merged and opts.cores != 1:
+        raise ValueError(f"--merged with --method {method.name} runs on one core only (--cores 1)")
+    check_length(method, num_blocks, opts.positions)
+
+
 def run_generate(opts: GenerateOptions, *, echo: Any = print) -> dict[str, Any]:
     """Stream a video to ``opts.out`` and return the JSON report dict (also written to ``report_json``).
 
@@ -171,6 +215,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     from rolling_forcing.checkpoint import load_checkpoint
     from rolling_forcing.config import PipelineConfig, get_preset
     from rolling_forcing.decode import to_uint8_frames
+    from rolling_forcing.methods import get_method
     from rolling_forcing.model import CausalWanModel
     from rolling_forcing.pipeline import RollingForcingPipeline
     from rolling_forcing.report import ChunkTimer, deadline_s
@@ -186,6 +231,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     # Other processes on the machine distort wall-clock figures: record the load next to them.
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     model_cfg = get_preset(opts.preset)
+    method = get_method(opts.method)  # every check below runs before any model is built
     pipe_cfg = PipelineConfig(dtype=opts.dtype, positions=opts.positions)
     spec = VideoSpec()
     num_blocks = (
@@ -193,13 +239,20 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         if opts.blocks is not None
         else spec.blocks_for_seconds(opts.seconds, pipe_cfg.frames_per_block)
     )
-    if num_blocks < pipe_cfg.window_blocks:
+    warm_blocks = pipe_cfg.window_blocks
+    if method.sequential:
+        _check_sequential(opts, method, num_blocks)
+        warm_blocks = 1
+    elif num_blocks < pipe_cfg.window_blocks:
         min_s = spec.video_frames(pipe_cfg.window_blocks, pipe_cfg.frames_per_block) / spec.fps
         raise ValueError(
             f"the stream needs at least window_blocks={pipe_cfg.window_blocks} blocks (Rolling Forcing's "
             f"window schedule breaks with fewer); got {num_blocks} blocks - ask for --seconds >= {min_s:g} "
             f"or --blocks >= {pipe_cfg.window_blocks}"
         )
+    schedule = _read_schedule(opts)
+    if opts.lora is not None and opts.checkpoint is None:
+        raise ValueError("--lora needs --checkpoint (the base weights the LoRA is merged into)")
     if opts.checkpoint is None and opts.preset != "tiny":
         raise ValueError(
             f"preset {opts.preset!r} needs --checkpoint (random weights only for the tiny preset)"
@@ -209,11 +262,19 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     model = CausalWanModel(model_cfg)
     weights = f"random (torch.manual_seed({opts.seed}))"
     if opts.checkpoint is not None:
-        fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema)
+        fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema, lora=opts.lora)
         weights = f"{opts.checkpoint} ({fmt} key layout{', EMA' if opts.use_ema else ''})"
+        weights += f" + LoRA {opts.lora} merged" if opts.lora is not None else ""
     model = model.to(pipe_cfg.torch_dtype).eval()
 
     text_embeds, text_src = _build_text(opts, model_cfg)
+    switches: dict[int, Any] = {}  # block -> embeddings of the prompt that starts there
+    if schedule is not None:
+        segs = schedule.segments(pipe_cfg.frames_per_block, num_blocks)
+        switches = {b: _build_text(replace(opts, prompt=p), model_cfg)[0] for b, p in segs[1:]}
+        text_embeds = _build_text(replace(opts, prompt=segs[0][1]), model_cfg)[0]
+        starts = [b for b, _ in segs]
+        text_src += f"; prompt schedule {opts.prompt_schedule}: segments start at blocks {starts}"
     decoder, dec_src = _build_decoder(opts, model_cfg, spec)
     pipe: Any
     if opts.cores != 1 and opts.compile:
@@ -226,13 +287,13 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
 
         pipe = ShardedRollingForcingPipeline(
             model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend, positions=opts.positions,
-            merged=opts.merged,
+            merged=opts.merged, method=method,
         )  # fmt: skip
         echo(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
     else:
         pipe = RollingForcingPipeline(
             model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions,
-            merged=opts.merged, compile=True if opts.compile else None,
+            merged=opts.merged, compile=True if opts.compile else None, method=method,
         )  # fmt: skip
     generator = torch.Generator().manual_seed(opts.seed)
 
@@ -240,7 +301,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     echo(
         f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
         f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "
-        f"backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
+        f"method={method.name} backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
         f"  forward: {'merged (1 per chunk)' if getattr(pipe, 'merged', False) else 'two-pass'}"
         f"{', torch.compile' if opts.compile else ''}\n"
         f"  weights: {weights}\n  text: {text_src}\n  decoder: {dec_src}\n  out: {opts.out}"
@@ -252,18 +313,20 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         with torch.inference_mode():
             warm_gen = torch.Generator().manual_seed(opts.seed + 1)
-            for chunk in pipe.stream(
-                text_embeds.to(pipe_cfg.torch_dtype), pipe_cfg.window_blocks, generator=warm_gen
-            ):
+            for chunk in pipe.stream(text_embeds.to(pipe_cfg.torch_dtype), warm_blocks, generator=warm_gen):
                 decoder.decode(chunk.latents.float())
         echo(
-            f"warm-up stream ({pipe_cfg.window_blocks} blocks, not in the report): measured "
+            f"warm-up stream ({warm_blocks} blocks, not in the report): measured "
             f"{time.perf_counter() - t0:.2f} s wall clock"
         )
     decoder.reset()
     timer = ChunkTimer()
     bar = tqdm(total=num_blocks, unit="chunk", desc="streaming", disable=not opts.progress, file=sys.stderr)
     with torch.inference_mode(), VideoWriter(opts.out, spec.fps) as writer:
+        if opts.cores != 1:  # the sharded stream takes its switches up front, at the window they act
+            for b, emb in switches.items():
+                w = b * method.steps if method.sequential else b + pipe_cfg.window_blocks - 1
+                pipe.set_prompt(emb.to(pipe_cfg.torch_dtype), method.recache == "window", window=w)
         stream = pipe.stream(text_embeds.to(pipe_cfg.torch_dtype), num_blocks, generator=generator)
         t_prev = time.perf_counter()
         for chunk in stream:
@@ -281,6 +344,9 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
                 write_s=t_wr - t_dec,
             )
             bar.update(1)
+            if opts.cores == 1 and chunk.block + 1 in switches:  # LongLive re-caches; others: text k/v
+                emb = switches[chunk.block + 1].to(pipe_cfg.torch_dtype)
+                pipe.set_prompt(emb, recache=method.recache == "window")
             t_prev = time.perf_counter()
     bar.close()
     if writer.frames_written != total_frames:
@@ -288,6 +354,7 @@ def _run_generate(opts: GenerateOptions, echo: Any) -> dict[str, Any]:
     meta = {
         "command": command_line(opts),
         "preset": opts.preset,
+        "method": method.name,
         "num_blocks": num_blocks,
         "backend": opts.backend,
         "positions": opts.positions,
@@ -368,6 +435,19 @@ def generate(
     compile: Annotated[
         bool, typer.Option(help="torch.compile(fullgraph=True) the merged forward (inductor; merged only)")
     ] = False,
+    method: Annotated[
+        Method, typer.Option(help="streaming loop (docs/methods.md); the sequential ones run two-pass")
+    ] = Method.rolling_forcing,
+    lora: Annotated[
+        Path | None, typer.Option(help="PEFT LoRA file merged into --checkpoint at load (LongLive's lora.pt)")
+    ] = None,
+    prompt_schedule: Annotated[
+        Path | None,
+        typer.Option(help='LongLive prompt JSONL ({"prompts": [...]} per line; the first line is used)'),
+    ] = None,
+    switch_frames: Annotated[
+        str | None, typer.Option(help="latent frames where prompts 2.. start, e.g. '40,80' (LongLive's)")
+    ] = None,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -392,6 +472,10 @@ def generate(
         cores=cores,
         merged=merged,
         compile=compile,
+        method=method.value,
+        lora=lora,
+        prompt_schedule=prompt_schedule,
+        switch_frames=switch_frames,
     )
     try:
         run_generate(opts, echo=typer.echo)

@@ -23,15 +23,13 @@ Partial attentions over disjoint key sets are merged exactly with their log-sum-
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from nki_kernels import ops
-from rolling_forcing import schedule
-from rolling_forcing.attend import attend_cache, copy_tables
+from rolling_forcing import schedule, sequential
+from rolling_forcing.attend import PassTables, attend_cache, batched_update_attn
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
 from rolling_forcing.merged import (
@@ -40,113 +38,15 @@ from rolling_forcing.merged import (
     MergedIndex,
     MergedLayout,
     merged_step,
-    tensor_signature,
 )
+from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, add_noise, flow_to_x0
 from rolling_forcing.schedule import PassPlan, WindowPlan
+from rolling_forcing.sequential import StepPlan
+from rolling_forcing.stream import Chunk, ForwardStats, NoiseSource, StreamState
 
-
-@dataclass(frozen=True)
-class Chunk:
-    """One finished block of the stream.
-
-    Attributes:
-        block: block index (0-based); latent frames ``[block*fpb, (block+1)*fpb)``.
-        latents: final x0 latents ``[B, frames_per_block, C, H, W]`` in the pipeline dtype.
-        final: True: these latents never change again (every yielded chunk is final).
-        last: True for the stream's last block.
-        window: the window after which the block was finished.
-    """
-
-    block: int
-    latents: torch.Tensor
-    final: bool
-    last: bool
-    window: int
-
-
-class NoiseSource:
-    """Noise of a stream in the original's RNG order.
-
-    ``initial(block)``: the block's pure-noise input ``[B, fpb, C, H, W]``. With ``initial_noise`` given
-    (``[B, F, C, H, W]``, as the original draws up front) it is sliced from it; otherwise all of it is
-    drawn up front from ``generator`` when ``upfront=True`` (the original's order) or per block when it
-    enters the window (``upfront=False``: constant memory for endless streams; a different RNG order).
-    ``renoise(shape)``: a fresh sample over the whole window ``[B*n_frames, C, H, W]`` (the caller uses one
-    block's slice), drawn from ``generator`` (the global RNG when None).
-    """
-
-    def __init__(
-        self,
-        batch: int,
-        frame_shape: tuple[int, int, int],
-        frames_per_block: int,
-        num_blocks: int,
-        dtype: torch.dtype,
-        *,
-        generator: torch.Generator | None = None,
-        initial_noise: torch.Tensor | None = None,
-        upfront: bool = True,
-    ) -> None:
-        self.batch, self.frame_shape, self.fpb, self.dtype = batch, frame_shape, frames_per_block, dtype
-        self.generator = generator
-        shape = (batch, num_blocks * frames_per_block, *frame_shape)
-        if initial_noise is not None:
-            if not isinstance(initial_noise, torch.Tensor):
-                raise TypeError(
-                    f"noise must be a torch.Tensor or NoiseSource, got {type(initial_noise).__name__}"
-                )
-            if tuple(initial_noise.shape) != shape:
-                raise ValueError(
-                    f"noise latents must be [B, F, C, H, W] = {shape} (F = num_blocks * frames_per_block), "
-                    f"got {tuple(initial_noise.shape)}"
-                )
-            self._initial: torch.Tensor | None = initial_noise.to(dtype)
-        elif upfront:
-            self._initial = self._randn(shape)
-        else:
-            self._initial = None
-
-    def _randn(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.randn(shape, generator=self.generator, dtype=self.dtype)
-
-    def initial(self, block: int) -> torch.Tensor:
-        """Pure-noise input of ``block``: ``[B, fpb, C, H, W]`` in ``dtype``."""
-        if self._initial is None:
-            return self._randn((self.batch, self.fpb, *self.frame_shape))
-        return self._initial[:, block * self.fpb : (block + 1) * self.fpb]
-
-    def renoise(self, num_frames: int) -> torch.Tensor:
-        """Fresh noise ``[B * num_frames, C, H, W]`` in ``dtype`` drawn from ``generator``."""
-        return self._randn((self.batch * num_frames, *self.frame_shape))
-
-
-@dataclass
-class StreamState:
-    """Runtime state of one stream (owned by the pipeline; never global)."""
-
-    num_blocks: int
-    cache: RollingKVCache
-    noise: NoiseSource
-    window: int = 0
-    noisy: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> current noisy input
-    clean: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> x0 last cached (recache)
-
-
-@dataclass
-class ForwardStats:
-    """Measured counts of one stream: model forwards by kind and their distinct input signatures."""
-
-    forwards: Counter[str] = field(default_factory=Counter)
-    signatures: Counter[tuple[object, ...]] = field(default_factory=Counter)
-
-    def log(self, kind: str, *tensors: torch.Tensor) -> None:
-        self.forwards[kind] += 1
-        self.signatures[(kind, tensor_signature(*tensors))] += 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.forwards.values())
+Timing = PipelineConfig | StreamMethod
+"""What the step functions read: ``frames_per_block``, ``timesteps`` (a PipelineConfig or a method)."""
 
 
 def resolve_positions(pipe_cfg: PipelineConfig, positions: str | None) -> str:
@@ -178,9 +78,46 @@ def check_stream_args(
         schedule.check_positions(pipe_cfg, num_blocks, "absolute")
 
 
-def window_input(
+def check_method_stream(
+    model: CausalWanModel,
+    method: StreamMethod,
     pipe_cfg: PipelineConfig,
-    plan: WindowPlan,
+    text_embeds: torch.Tensor,
+    num_blocks: int,
+    positions: str,
+) -> None:
+    """Validate a stream of any method before any work (a sequential method's length, or
+    :func:`check_stream_args` for Rolling Forcing)."""
+    if method.sequential:
+        model._check_context(text_embeds)
+        sequential.check_length(method, num_blocks, positions)
+    else:
+        check_stream_args(model, pipe_cfg, text_embeds, num_blocks, positions)
+
+
+def stream_plans(
+    method: StreamMethod, pipe_cfg: PipelineConfig, num_blocks: int, positions: str
+) -> Iterator[WindowPlan | StepPlan]:
+    """The calls of a stream in order: Rolling Forcing windows (``pipe_cfg``), or a sequential method's
+    steps; ``plan.index`` numbers them from 0."""
+    if method.sequential:
+        for i in range(sequential.num_steps(method, num_blocks)):
+            yield sequential.step_plan(method, num_blocks, i, positions)
+    else:
+        for w in range(schedule.num_windows(pipe_cfg, num_blocks)):
+            yield schedule.window_plan(pipe_cfg, num_blocks, w, positions)
+
+
+def num_calls(method: StreamMethod, pipe_cfg: PipelineConfig, num_blocks: int) -> int:
+    """Number of plans :func:`stream_plans` yields."""
+    if method.sequential:
+        return sequential.num_steps(method, num_blocks)
+    return schedule.num_windows(pipe_cfg, num_blocks)
+
+
+def window_input(
+    pipe_cfg: Timing,
+    plan: WindowPlan | StepPlan,
     noise: NoiseSource,
     noisy: dict[int, torch.Tensor],
     device: torch.device,
@@ -199,9 +136,9 @@ def window_input(
 
 
 def renoise_window(
-    pipe_cfg: PipelineConfig,
+    pipe_cfg: Timing,
     table: tuple[torch.Tensor, torch.Tensor],
-    plan: WindowPlan,
+    plan: WindowPlan | StepPlan,
     x0: torch.Tensor,
     noise: NoiseSource,
     noisy: dict[int, torch.Tensor],
@@ -220,11 +157,18 @@ def renoise_window(
 
 
 class RollingForcingPipeline:
-    """Streaming Rolling Forcing on a :class:`~rolling_forcing.model.CausalWanModel`.
+    """The streaming driver of every method (:mod:`rolling_forcing.methods`) on a ``CausalWanModel``.
+
+    Rolling Forcing (the default) runs as described in the module docstring; a sequential method
+    (Self-Forcing, CausVid, LongLive) runs its per-block calls (:mod:`rolling_forcing.sequential`) through
+    the same two-pass loop, cache, attention and forward.
 
     Args:
         model: the DiT (weights in the dtype of ``pipe_cfg.dtype``).
-        model_cfg, pipe_cfg: configurations.
+        model_cfg, pipe_cfg: configurations (a sequential method reads only ``dtype`` and ``positions``
+            from ``pipe_cfg``).
+        method: a name of :data:`~rolling_forcing.methods.METHOD_NAMES` or a ``StreamMethod``; None =
+            ``"rolling-forcing"`` with ``pipe_cfg``'s window, steps and sink.
         backend: ``nki_kernels.ops`` backend of every RoPE / attention / cache call (None: env/default).
         positions: ``"absolute"`` (the original; at most ``rope_table_size`` latent frames) or
             ``"relative"`` (positions re-based every pass; any length). None: ``pipe_cfg.positions``.
@@ -232,7 +176,8 @@ class RollingForcingPipeline:
             :mod:`rolling_forcing.merged`); False: the two passes separately. None (default): merged when
             the backend implements ``ops.attention_block_table`` (the reference backend does; the kernel
             backends once an NKI kernel exists), else two-pass; ``self.merged`` tells which. Explicit
-            ``merged=True`` on a backend without that kernel raises ``NotImplementedError``.
+            ``merged=True`` on a backend without that kernel raises ``NotImplementedError``. Sequential
+            methods run two-pass (None -> False; True raises ``NotImplementedError``).
         compile: merged mode only: ``torch.compile(fullgraph=True)`` the merged forward (True, or a
             dynamo backend name/callable); None: eager.
     """
@@ -247,28 +192,57 @@ class RollingForcingPipeline:
         positions: str | None = None,
         merged: bool | None = None,
         compile: CompileSpec = None,
+        method: str | StreamMethod | None = None,
+        static: bool = False,
     ) -> None:
+        meth = get_method("rolling-forcing" if method is None else method)
         mode = resolve_positions(pipe_cfg, positions)
         if merged is not None and not isinstance(merged, bool):
             raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
-        supported = ops.has_kernel("attention_block_table", backend)
-        if merged and not supported:
+        if (
+            not meth.sequential
+            and method is not None
+            and meth.pipeline_config(pipe_cfg.dtype, pipe_cfg.positions) != pipe_cfg
+        ):
+            raise ValueError(f"method={meth.name!r} does not match pipe_cfg {pipe_cfg}")
+        self.method = meth
+        self._timing: Timing = meth if meth.sequential else pipe_cfg
+        supported = ops.has_kernel("attention_block_table", backend) and not meth.sequential
+        if merged and not supported and not meth.sequential:
             raise NotImplementedError(
                 f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement "
                 "yet (no NKI kernel); use merged=False (two passes) or backend='reference'"
             )
         self.merged = supported if merged is None else merged
+        if static and not meth.sequential:
+            raise ValueError(
+                "static=True is for sequential methods (Rolling Forcing's merged forward is static)"
+            )
+        if static and merged is False:
+            raise ValueError("static=True batches the cache updates: it needs merged=True or None")
+        self.static = bool(static)
+        self.merged = self.merged or self.static
         if compile not in (None, False) and not self.merged:
             raise ValueError("compile= applies to the merged forward only; it needs merged=True")
+        if compile not in (None, False) and meth.sequential and not self.static:
+            raise ValueError(
+                f"compile= applies to Rolling Forcing's merged forward only, not method={meth.name!r}"
+            )
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend = backend
         self.positions = mode
-        self._table = pipe_cfg.scheduler_table()
+        self._table = self._timing.scheduler_table()
         self._pending_prompt: tuple[torch.Tensor, bool] | None = None
         self.state: StreamState | None = None
         self.stats = ForwardStats()
         self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
-        self._merged_fwd = MergedForward(model, self._layout, backend, compile) if self.merged else None
+        if self.static:
+            lay = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
+            self._merged_fwd: MergedForward | None = MergedForward(model, lay, backend, compile)
+        elif self.merged and not meth.sequential:
+            self._merged_fwd = MergedForward(model, self._layout, backend, compile)
+        else:
+            self._merged_fwd = None
 
     # ---- public API ----------------------------------------------------------------------------
     def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
@@ -278,9 +252,17 @@ class RollingForcingPipeline:
         still pending (the stream it was meant for has no next window).
 
         The text k/v cache is recomputed for ``text_embeds`` ``[B, L<=text_len, text_dim]``. With
-        ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt
-        (LongLive's KV re-cache), oldest first, each attending to the cached blocks before it.
+        ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt:
+        Rolling Forcing oldest first, each attending to the cached blocks before it (this project's
+        adaptation of LongLive's KV re-cache); LongLive as the original (one pass, sink protected). A
+        sequential method takes the switch at its next block. ``recache=True`` with a method whose
+        original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``.
         """
+        if recache and self.method.recache == "none":
+            raise ValueError(
+                f"recache=True: method {self.method.name!r} has no KV re-cache in its original (LongLive's "
+                "re-cache is method='longlive'); switch with recache=False"
+            )
         self.model._check_context(text_embeds)
         self._pending_prompt = (text_embeds, bool(recache))
 
@@ -297,14 +279,16 @@ class RollingForcingPipeline:
 
         Args:
             text_embeds: ``[B, L<=text_len, text_dim]`` prompt embeddings.
-            num_blocks: blocks to generate (>= ``window_blocks``; in ``"absolute"`` mode at most
-                ``rope_table_size // frames_per_block``).
+            num_blocks: blocks to generate (Rolling Forcing: >= ``window_blocks``; in ``"absolute"`` mode
+                at most ``StreamMethod.max_blocks``: the RoPE table, or Self-Forcing's and CausVid's
+                21-frame cache).
             generator: RNG of all noise draws (global RNG when None).
             noise: initial noise ``[B, num_blocks*fpb, C, H, W]`` (the original's ``noise`` argument), or a
                 :class:`NoiseSource`; None draws it from ``generator`` in the original order.
         """
         cfg, mcfg = self.pipe_cfg, self.model_cfg
-        check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)
+        check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
+        fpb = self._timing.frames_per_block
         bsz = text_embeds.shape[0]
         dtype = cfg.torch_dtype
         device = self.model.patch_embedding.weight.device
@@ -312,25 +296,30 @@ class RollingForcingPipeline:
             src = noise
         else:
             src = NoiseSource(
-                bsz, mcfg.latent_frame_shape(), cfg.frames_per_block, num_blocks, dtype,
+                bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype,
                 generator=generator, initial_noise=noise,
             )  # fmt: skip
-        cache = RollingKVCache(mcfg, cfg, bsz, device=device, dtype=dtype)
+        cache = RollingKVCache(mcfg, self._timing, bsz, device=device, dtype=dtype)
         cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
         self._pending_prompt = None
         st = StreamState(num_blocks, cache, src)
         self.state = st
         self.stats = ForwardStats()
-        yield from (self._merged_windows(st) if self.merged else self._two_pass_windows(st))
+        if self.merged and not self.method.sequential:
+            yield from self._merged_windows(st)
+        else:
+            yield from self._run_steps(st, stream_plans(self.method, cfg, num_blocks, self.positions))
         self.state = None
 
     # ---- internals -----------------------------------------------------------------------------
-    def _window_input(self, st: StreamState, plan: WindowPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def _window_input(
+        self, st: StreamState, plan: WindowPlan | StepPlan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.model.patch_embedding.weight.device
-        return window_input(self.pipe_cfg, plan, st.noise, st.noisy, device)
+        return window_input(self._timing, plan, st.noise, st.noisy, device)
 
-    def _renoise(self, st: StreamState, plan: WindowPlan, x0: torch.Tensor) -> None:
-        renoise_window(self.pipe_cfg, self._table, plan, x0, st.noise, st.noisy)
+    def _renoise(self, st: StreamState, plan: WindowPlan | StepPlan, x0: torch.Tensor) -> None:
+        renoise_window(self._timing, self._table, plan, x0, st.noise, st.noisy)
 
     def _merged_windows(self, st: StreamState) -> Iterator[Chunk]:
         """One merged forward per window: update of the previous window + denoise of this one."""
@@ -346,9 +335,9 @@ class RollingForcingPipeline:
             st.window = w
             if self._pending_prompt is not None:
                 if pending is not None:  # the pending update belongs to the old prompt: run it alone
-                    self._update(st, pending[0], pending[1], cache.text_kv())
+                    self._update(st, pending[0].update, pending[0], pending[1], cache.text_kv())
                     pending = None
-                self._apply_prompt(st)
+                self._apply_prompt(st, w)
             plan = schedule.window_plan(cfg, st.num_blocks, w, self.positions)
             x_win, t_win = self._window_input(st, plan)
             bsz, nf = x_win.shape[:2]
@@ -373,39 +362,109 @@ class RollingForcingPipeline:
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
 
-    def _two_pass_windows(self, st: StreamState) -> Iterator[Chunk]:
-        """The original's order: denoise forward, re-noise, cache-update forward, per window."""
-        cfg = self.pipe_cfg
+    def _run_steps(self, st: StreamState, plans: Iterator[WindowPlan | StepPlan]) -> Iterator[Chunk]:
+        """The originals' order per call: denoise forward, re-noise, cache-update forward (if any).
+
+        Merged sequential mode (``merged=True`` with a sequential method): a block's cache update is
+        held back and batched with the next block's first denoise call in one forward
+        (:func:`rolling_forcing.attend.batched_update_attn`); before a prompt switch it runs alone, and the
+        last block's update (never read) is not run."""
         cache = st.cache
-        fpb = cfg.frames_per_block
-        for w in range(schedule.num_windows(cfg, st.num_blocks)):
+        fpb = self._timing.frames_per_block
+        batch_updates = self.merged and self.method.sequential
+        pending: tuple[StepPlan | WindowPlan, PassPlan, torch.Tensor] | None = None
+        for plan in plans:
+            w = plan.index
             st.window = w
-            if self._pending_prompt is not None:
-                self._apply_prompt(st)
-            plan = schedule.window_plan(cfg, st.num_blocks, w, self.positions)
+            if self._pending_prompt is not None and plan.prompt_boundary:
+                if pending is not None:  # the held-back update belongs to the old prompt
+                    self._update(st, pending[1], pending[0], pending[2], cache.text_kv())
+                    pending = None
+                self._apply_prompt(st, plan.start_block)
             x_in, t_in = self._window_input(st, plan)
-            self.stats.log("denoise", x_in, t_in)
-            flow = self.model.forward_with(
-                x_in, t_in, cache.text_kv(), self._denoise_attn(plan), backend=self.backend
-            )
+            if self.static:
+                flow = self._static_forward(st, pending, plan, x_in, t_in)
+                pending = None
+            elif pending is not None:
+                flow = self._batched_forward(st, pending, plan, x_in, t_in)
+                pending = None
+            else:
+                self.stats.log("denoise", x_in, t_in)
+                flow = self.model.forward_with(
+                    x_in, t_in, cache.text_kv(), self._denoise_attn(plan), backend=self.backend
+                )
             x0 = flow_to_x0(flow, x_in, t_in, self._table)
             self._renoise(st, plan, x0)
             clean = x0[:, :fpb].contiguous()
-            self._update(st, plan, clean, cache.text_kv())
+            if plan.update is not None and batch_updates:
+                pending = (plan, plan.update, clean)
+            elif plan.update is not None:
+                self._update(st, plan.update, plan, clean, cache.text_kv())
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == st.num_blocks - 1, w)
+
+    def _static_forward(
+        self,
+        st: StreamState,
+        pending: tuple[StepPlan | WindowPlan, PassPlan, torch.Tensor] | None,
+        plan: StepPlan | WindowPlan,
+        x_in: torch.Tensor,
+        t_in: torch.Tensor,
+    ) -> torch.Tensor:
+        """``static=True``: one :func:`rolling_forcing.merged.merged_forward` (static shapes, one graph
+        per stream) of the held-back cache update (masked when none) + this call's block to denoise."""
+        assert self._merged_fwd is not None
+        lay = self._merged_fwd.layout
+        upd_step = pending[0].index if pending is not None else None
+        step = sequential.static_step(self.method, lay, st.num_blocks, plan.index, self.positions, upd_step)
+        upd = pending[2] if pending is not None else torch.zeros_like(x_in)
+        x = torch.cat([upd, x_in], dim=1)
+        t = torch.cat([torch.full_like(t_in, float(self._timing.context_noise)), t_in], dim=1)
+        idx = MergedIndex.from_step(step, lay, x.device)
+        self.stats.log("static", x, t, *idx.tensors())
+        ks, vs = [la.k for la in st.cache.layers], [la.v for la in st.cache.layers]
+        flow = self._merged_fwd(x, t, st.cache.text_kv(), ks, vs, idx)
+        if pending is not None:
+            self._record_clean(st, pending[0].start_block, pending[2])
+        return flow
+
+    def _batched_forward(
+        self,
+        st: StreamState,
+        prev: tuple[StepPlan | WindowPlan, PassPlan, torch.Tensor],
+        plan: StepPlan | WindowPlan,
+        x_in: torch.Tensor,
+        t_in: torch.Tensor,
+    ) -> torch.Tensor:
+        """One forward: the held-back cache update ``prev = (plan, update pass, clean x0)`` at t =
+        context_noise + ``plan``'s denoise; returns the denoise frames' flow."""
+        pplan, upd, clean = prev
+        fpb = clean.shape[1]
+        x = torch.cat([clean, x_in], dim=1)
+        t0 = torch.full((clean.shape[0], fpb), float(self._timing.context_noise), dtype=torch.float32)
+        t = torch.cat([t0, t_in], dim=1)
+        self.stats.log("batched", x, t)
+        attn = batched_update_attn(
+            st.cache.layers, upd, pplan.write_slot, pplan.store_roped, plan.denoise, backend=self.backend
+        )
+        flow = self.model.forward_with(
+            x, t, st.cache.text_kv(), attn, backend=self.backend, context_frames=fpb
+        )
+        self._record_clean(st, pplan.start_block, clean)
+        return flow
 
     def _update(
         self,
         st: StreamState,
-        plan: WindowPlan,
+        upd: PassPlan,
+        plan: WindowPlan | StepPlan,
         clean: torch.Tensor,
         text_kv: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
-        cfg = self.pipe_cfg
+        cfg = self._timing
         bsz = clean.shape[0]
         t0 = torch.full((bsz, cfg.frames_per_block), float(cfg.context_noise), dtype=torch.float32)
-        attn = self._update_attn(plan.update, plan.write_slot, plan.store_roped)
+        attn = self._update_attn(upd, plan.write_slot, plan.store_roped)
         self.stats.log("update", clean, t0)
         # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
         self.model.forward_with(clean, t0, text_kv, attn, backend=self.backend, context_frames=clean.shape[1])
@@ -420,7 +479,8 @@ class RollingForcingPipeline:
         for b in [b for b in st.clean if b not in keep]:
             del st.clean[b]
 
-    def _apply_prompt(self, st: StreamState) -> None:
+    def _apply_prompt(self, st: StreamState, block: int) -> None:
+        """Install the pending prompt before the call of ``block`` (re-caching if asked)."""
         assert self._pending_prompt is not None
         emb, recache = self._pending_prompt
         self._pending_prompt = None
@@ -430,6 +490,9 @@ class RollingForcingPipeline:
             )
         st.cache.set_text(self.model.text_kv(emb.to(self.pipe_cfg.torch_dtype)))
         if not recache:
+            return
+        if self.method.sequential:
+            self._recache_window(st, block)
             return
         cfg = self.pipe_cfg
         present = sorted(st.clean)
@@ -447,11 +510,40 @@ class RollingForcingPipeline:
                 st.clean[b], t0, st.cache.text_kv(), attn, backend=self.backend, context_frames=t0.shape[1]
             )
 
-    def _denoise_attn(self, plan: WindowPlan) -> SelfAttnFn:
+    def _recache_window(self, st: StreamState, block: int) -> None:
+        """LongLive's re-cache before ``block``: one clean pass under the new prompt over the last blocks
+        (:func:`rolling_forcing.sequential.recache_plan`), writing their k/v (the sink protected)."""
+        rp = sequential.recache_plan(self.method, block, self.positions)
+        if rp is None:
+            return
+        cache = st.cache
+        x = torch.cat([st.clean[b] for b in rp.blocks], dim=1)
+        t0 = torch.full(x.shape[:2], float(self.method.context_noise), dtype=torch.float32)
+        tpb = cache.layers[0].tokens_per_block
+        tables = PassTables(rp.pass_, tpb)
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            lc = cache.layers[layer]
+            cos, sin, ctab = tables.get(grid, k.shape[3], k.device)
+            qr, kr = ops.rope3d_tables(k if q.shape[1] == 0 else q, k, cos, sin, backend=self.backend)
+            store = kr if rp.store_roped else k
+            for i, slot in enumerate(rp.slots):
+                sl = slice(i * tpb, (i + 1) * tpb)
+                lc.write(slot, store[:, sl], v[:, sl], backend=self.backend)
+            if q.shape[1] == 0:  # last layer: only the writes are needed
+                return q
+            return attend_cache(
+                lc, qr, rp.pass_.cache_keys, (kr, v), grid, backend=self.backend, copy_tables=ctab
+            )
+
+        self.stats.log("recache", x, t0)
+        self.model.forward_with(x, t0, cache.text_kv(), attn, backend=self.backend, context_frames=x.shape[1])
+
+    def _denoise_attn(self, plan: WindowPlan | StepPlan) -> SelfAttnFn:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
         p = plan.denoise
-        tables = _PassTables(p, cache.layers[0].tokens_per_block)
+        tables = PassTables(p, cache.layers[0].tokens_per_block)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             cos, sin, ctab = tables.get(grid, q.shape[3], q.device)
@@ -465,7 +557,7 @@ class RollingForcingPipeline:
     def _update_attn(self, p: PassPlan, slot: int, store_roped: bool) -> SelfAttnFn:
         cache = self.state.cache if self.state is not None else None
         assert cache is not None
-        tables = _PassTables(p, cache.layers[0].tokens_per_block)
+        tables = PassTables(p, cache.layers[0].tokens_per_block)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             lc = cache.layers[layer]
@@ -482,38 +574,17 @@ class RollingForcingPipeline:
         return attn
 
 
-class _PassTables:
-    """RoPE tables of one pass, built on first use and shared by every layer (the angles depend on the
-    pass's positions and grid, never on the layer): the pass's own tokens from ``query_position`` and the
-    roped copies of its cache keys. float64, so the reference backend is bitwise per-layer ``rope3d``."""
-
-    def __init__(self, p: PassPlan, tokens_per_block: int) -> None:
-        self.p, self.tokens_per_block = p, tokens_per_block
-        self._built: dict[
-            Grid, tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]
-        ] = {}
-
-    def get(
-        self, grid: Grid, head_dim: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        if grid not in self._built:
-            f64 = torch.float64
-            cos, sin = ops.rope_tables(grid, head_dim, self.p.query_position, dtype=f64, device=device)
-            ctab = copy_tables(
-                self.tokens_per_block, self.p.cache_keys, grid, head_dim, dtype=f64, device=device
-            )
-            self._built[grid] = (cos, sin, ctab)
-        return self._built[grid]
-
-
 __all__ = [
     "Chunk",
     "ForwardStats",
     "NoiseSource",
     "RollingForcingPipeline",
     "StreamState",
+    "check_method_stream",
     "check_stream_args",
+    "num_calls",
     "renoise_window",
     "resolve_positions",
+    "stream_plans",
     "window_input",
 ]

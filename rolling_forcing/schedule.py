@@ -34,8 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rolling_forcing.config import POSITION_MODES, PipelineConfig
+
+if TYPE_CHECKING:
+    from rolling_forcing.methods import StreamMethod
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,11 @@ class WindowPlan:
     def num_blocks(self) -> int:
         return self.end_block - self.start_block + 1
 
+    @property
+    def prompt_boundary(self) -> bool:
+        """A prompt switch may take effect before any window."""
+        return True
+
 
 def _check(cfg: PipelineConfig, num_blocks: int, window: int | None = None) -> None:
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
@@ -149,7 +158,7 @@ def block_levels(cfg: PipelineConfig, num_blocks: int, window: int) -> tuple[int
     return full[-n:] if kind == "warmup" else full[:n]
 
 
-def frame_timesteps(cfg: PipelineConfig, levels: Sequence[int]) -> tuple[float, ...]:
+def frame_timesteps(cfg: PipelineConfig | StreamMethod, levels: Sequence[int]) -> tuple[float, ...]:
     """Per-frame timesteps (float32 values) of blocks at ``levels``: each repeated ``frames_per_block``."""
     ts = cfg.timesteps
     return tuple(ts[lv] for lv in levels for _ in range(cfg.frames_per_block))

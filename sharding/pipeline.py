@@ -81,6 +81,7 @@ from rolling_forcing.attend import attend_cache
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.merged import MergedIndex, MergedLayout, merged_step
+from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import (
     CausalWanModel,
     Grid,
@@ -93,12 +94,16 @@ from rolling_forcing.pipeline import (
     Chunk,
     ForwardStats,
     NoiseSource,
-    check_stream_args,
+    Timing,
+    check_method_stream,
+    num_calls,
     renoise_window,
     resolve_positions,
+    stream_plans,
     window_input,
 )
-from rolling_forcing.schedule import PassPlan, WindowPlan
+from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
+from rolling_forcing.sequential import StepPlan, recache_plan
 from sharding.attention import (
     DEFAULT_TIMEOUT_S,
     ShardGroups,
@@ -128,19 +133,36 @@ PromptSchedule = Mapping[int, tuple[torch.Tensor, bool]]
 
 
 def check_prompts(
-    model: CausalWanModel, pipe_cfg: PipelineConfig, prompts: PromptSchedule, batch: int, num_blocks: int
+    model: CausalWanModel,
+    pipe_cfg: PipelineConfig,
+    prompts: PromptSchedule,
+    batch: int,
+    num_blocks: int,
+    method: StreamMethod | None = None,
 ) -> None:
     """Validate a prompt schedule for a stream of ``num_blocks`` blocks and batch ``batch``.
 
-    Raises ``ValueError`` naming the window for a window outside ``[0, num_windows)``, embeddings of the
-    wrong shape or batch, and ``TypeError`` for a window that is not an int or a recache that is not a bool.
+    Windows are the stream's calls (:func:`rolling_forcing.pipeline.stream_plans`); a sequential
+    ``method``'s switch must fall on the first step of a block (``window % steps == 0``).
+
+    Raises ``ValueError`` naming the window for a window outside ``[0, num_windows)`` or inside a block,
+    embeddings of the wrong shape or batch, and ``TypeError`` for a window that is not an int or a recache
+    that is not a bool.
     """
-    nw = schedule.num_windows(pipe_cfg, num_blocks)
+    meth = get_method("rolling-forcing" if method is None else method)
+    nw = num_calls(meth, pipe_cfg, num_blocks)
     for w, (emb, recache) in prompts.items():
         if isinstance(w, bool) or not isinstance(w, int):
             raise TypeError(f"prompt switch window must be an int, got {type(w).__name__}")
         if not 0 <= w < nw:
             raise ValueError(f"prompt switch window={w} is outside the stream's windows [0, {nw})")
+        if recache is True and meth.recache == "none":
+            raise ValueError(f"recache=True at window {w}: method {meth.name!r} has no KV re-cache")
+        if meth.sequential and w % meth.steps:
+            raise ValueError(
+                f"prompt switch window={w} falls inside a block of method {meth.name!r}: switches start a "
+                f"block (window = block x {meth.steps})"
+            )
         if not isinstance(recache, bool):
             raise TypeError(
                 f"recache of the switch at window {w} must be a bool, got {type(recache).__name__}"
@@ -216,18 +238,23 @@ class RankStream:
         positions: str | None = None,
         gather_group: Any = None,
         merged: bool = False,
+        method: str | StreamMethod | None = None,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         _check_plan(groups.plan, model_cfg, pipe_cfg)
         if not isinstance(merged, bool):
             raise TypeError(f"merged must be a bool, got {type(merged).__name__}")
+        self.method = get_method("rolling-forcing" if method is None else method)
+        if self.method.sequential and merged:
+            raise NotImplementedError(f"merged=True: Rolling Forcing only, not method={self.method.name!r}")
+        self._timing: Timing = self.method if self.method.sequential else pipe_cfg
         self.merged = merged
         self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.groups, self.plan, self.rank = groups, groups.plan, groups.rank
         self.backend, self.positions, self.gather_group = backend, mode, gather_group
         self.heads = local_heads(self.plan, self.rank)
-        self._table = pipe_cfg.scheduler_table()
+        self._table = self._timing.scheduler_table()
         self.cache: RollingKVCache | None = None
         self.cache_shape: tuple[int, ...] | None = None  # [B, S, H/tp, D] of the last stream's buffers
         self.stats = (
@@ -253,18 +280,18 @@ class RankStream:
         as the unsharded ``set_prompt(embeds, recache)`` called after the chunk of the window before
         (see :func:`check_prompts` for the errors). :attr:`stats` counts this stream's forwards.
         """
-        cfg, mcfg = self.pipe_cfg, self.model_cfg
-        check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)
-        bsz, dtype, fpb = text_embeds.shape[0], cfg.torch_dtype, cfg.frames_per_block
+        cfg, mcfg, tim = self.pipe_cfg, self.model_cfg, self._timing
+        check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
+        bsz, dtype, fpb = text_embeds.shape[0], cfg.torch_dtype, tim.frames_per_block
         sched: PromptSchedule = dict(prompts) if prompts is not None else {}
-        check_prompts(self.model, cfg, sched, bsz, num_blocks)
+        check_prompts(self.model, cfg, sched, bsz, num_blocks, self.method)
         self.stats = ForwardStats()
         device = self.model.patch_embedding.weight.device
         src = NoiseSource(
             bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype, generator=generator, initial_noise=noise
         )
         hpc = self.plan.heads_per_core
-        self.cache = cache = RollingKVCache(mcfg, cfg, bsz, dtype=dtype, num_heads=hpc)
+        self.cache = cache = RollingKVCache(mcfg, tim, bsz, dtype=dtype, num_heads=hpc)
         self.cache_shape = tuple(cache.layers[0].k.shape)
         text_kv = self.model.text_kv(text_embeds.to(dtype))  # all heads: cross-attention is token-sharded
         noisy: dict[int, torch.Tensor] = {}
@@ -275,16 +302,17 @@ class RankStream:
             )
             self.cache = None
             return
-        for w in range(schedule.num_windows(cfg, num_blocks)):
+        for plan in stream_plans(self.method, cfg, num_blocks, self.positions):
+            w = plan.index
             if w in sched:
-                text_kv = self._apply_prompt(cache, sched[w], clean_blocks, num_blocks)
-            plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
-            x_in, t_in = window_input(cfg, plan, src, noisy, device)
+                text_kv = self._apply_prompt(cache, sched[w], clean_blocks, num_blocks, plan.start_block)
+            x_in, t_in = window_input(tim, plan, src, noisy, device)
             flow = self.forward(x_in, t_in, text_kv, self._denoise_attn(cache, plan), kind="denoise")
             x0 = flow_to_x0(flow, x_in, t_in, self._table)
-            renoise_window(cfg, self._table, plan, x0, src, noisy)
+            renoise_window(tim, self._table, plan, x0, src, noisy)
             clean = x0[:, :fpb].contiguous()
-            self._update(cache, text_kv, plan, clean, clean_blocks)
+            if plan.update is not None:
+                self._update(cache, text_kv, plan, clean, clean_blocks)
             if plan.finished_block is not None:
                 yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
         self.cache = None
@@ -318,7 +346,7 @@ class RankStream:
                 if pending is not None:
                     self._update(cache, text_kv, pending[0], pending[1], clean_blocks)
                     pending = None
-                text_kv = self._apply_prompt(cache, prompts[w], clean_blocks, num_blocks)
+                text_kv = self._apply_prompt(cache, prompts[w], clean_blocks, num_blocks, w)
             plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
             x_win, t_win = window_input(cfg, plan, src, noisy, device)
             bsz, nf = x_win.shape[:2]
@@ -351,12 +379,12 @@ class RankStream:
         self,
         cache: RollingKVCache,
         text_kv: TextKV,
-        plan: WindowPlan,
+        plan: WindowPlan | StepPlan,
         clean: torch.Tensor,
         clean_blocks: dict[int, torch.Tensor],
     ) -> None:
         """The cache-update forward of ``plan``'s start block (x0 ``clean`` ``[B, fpb, C, H, W]``), t = 0."""
-        cfg = self.pipe_cfg
+        cfg = self._timing
         fpb = cfg.frames_per_block
         t0 = torch.full((clean.shape[0], fpb), float(cfg.context_noise), dtype=torch.float32)
         # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
@@ -378,8 +406,10 @@ class RankStream:
         switch: tuple[torch.Tensor, bool],
         clean_blocks: dict[int, torch.Tensor],
         num_blocks: int,
+        block: int,
     ) -> TextKV:
-        """Switch to ``switch = (embeds, recache)``; return the new text k/v (all heads, every rank).
+        """Switch to ``switch = (embeds, recache)`` before the call of ``block``; return the new text k/v
+        (all heads, every rank). A sequential method re-caches as the unsharded ``_recache_window``.
 
         ``recache``: the clean blocks still cached are re-encoded under the new prompt, oldest first,
         each attending to the cached blocks before it (keys of evicted blocks excluded), exactly as the
@@ -389,6 +419,9 @@ class RankStream:
         emb, recache = switch
         text_kv = self.model.text_kv(emb.to(cfg.torch_dtype))
         if not recache:
+            return text_kv
+        if self.method.sequential:
+            self._recache_window(cache, text_kv, clean_blocks, block)
             return text_kv
         present = sorted(clean_blocks)
         oldest_ring = min((b for b in present if b >= cfg.sink_blocks), default=0)
@@ -400,9 +433,30 @@ class RankStream:
             upd = PassPlan(plan.update.query_blocks, plan.update.query_position, keys, False)
             x = clean_blocks[b]
             t0 = torch.zeros(x.shape[:2], dtype=torch.float32)
-            attn = self._pass_attn(cache, upd, (plan.write_slot, plan.store_roped))
+            attn = self._pass_attn(cache, upd, ((plan.write_slot,), plan.store_roped))
             self.forward(x, t0, text_kv, attn, context_frames=x.shape[1], kind="update")
         return text_kv
+
+    def _recache_window(
+        self, cache: RollingKVCache, text_kv: TextKV, clean_blocks: dict[int, torch.Tensor], block: int
+    ) -> None:
+        """LongLive's re-cache before ``block`` (:func:`rolling_forcing.sequential.recache_plan`): the
+        written blocks' clean k/v under the new prompt; they attend to the protected sink + themselves
+        (read back from the cache after the write, like the update pass)."""
+        rp = recache_plan(self.method, block, self.positions)
+        if rp is None:
+            return
+        absolute = rp.store_roped
+        fpb = self.method.frames_per_block
+        own = tuple(
+            KeyBlock(b, s, rp.pass_.query_position + i * fpb, absolute)
+            for i, (b, s) in enumerate(zip(rp.blocks, rp.slots))
+        )
+        p = PassPlan(rp.blocks, rp.pass_.query_position, (*rp.pass_.cache_keys, *own), False)
+        x = torch.cat([clean_blocks[b] for b in rp.blocks], dim=1)
+        t0 = torch.full(x.shape[:2], float(self.method.context_noise), dtype=torch.float32)
+        attn = self._pass_attn(cache, p, (rp.slots, rp.store_roped))
+        self.forward(x, t0, text_kv, attn, context_frames=x.shape[1], kind="recache")
 
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
@@ -524,14 +578,18 @@ class RankStream:
         qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
         return qr[:, qsl].contiguous(), kr
 
-    def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
+    def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan | StepPlan) -> SelfAttnFn:
         return self._pass_attn(cache, plan.denoise, None)
 
-    def _update_attn(self, cache: RollingKVCache, plan: WindowPlan) -> SelfAttnFn:
-        return self._pass_attn(cache, plan.update, (plan.write_slot, plan.store_roped))
+    def _update_attn(self, cache: RollingKVCache, plan: WindowPlan | StepPlan) -> SelfAttnFn:
+        assert plan.update is not None
+        return self._pass_attn(cache, plan.update, ((plan.write_slot,), plan.store_roped))
 
-    def _pass_attn(self, cache: RollingKVCache, p: PassPlan, write: tuple[int, bool] | None) -> SelfAttnFn:
-        """Sharded self-attention of one pass; ``write = (slot, store_roped)`` for the update pass.
+    def _pass_attn(
+        self, cache: RollingKVCache, p: PassPlan, write: tuple[tuple[int, ...], bool] | None
+    ) -> SelfAttnFn:
+        """Sharded self-attention of one pass; ``write = (slots, store_roped)`` for a pass that writes its
+        blocks (the update pass: one slot; LongLive's re-cache: one per block, in frame order).
 
         A layer called with no queries (the last layer of ``forward(context_frames=F)``) only writes the
         pass's k/v. :func:`sharding.attention.sharded_attention` still regroups them to all keys of the
@@ -557,16 +615,16 @@ class RankStream:
             ) -> torch.Tensor:
                 if write_only:
                     assert write is not None
-                    slot, store_roped = write
+                    slots, store_roped = write
                     if store_roped:
                         _, k_all = ops.rope3d(k_all, k_all, grid, p.query_position, backend=self.backend)
-                    lc.write(slot, k_all, v_all, backend=self.backend)
+                    self._write_blocks(lc, slots, k_all, v_all)
                     return q_s.new_zeros(q_s.shape)
                 qr, kr = self._rope(q_s, k_all, grid, p.query_position)
                 if write is None:
                     return attend_cache(lc, qr, p.cache_keys, (kr, v_all), grid, backend=self.backend)
-                slot, store_roped = write
-                lc.write(slot, kr if store_roped else k_all, v_all, backend=self.backend)
+                slots, store_roped = write
+                self._write_blocks(lc, slots, kr if store_roped else k_all, v_all)
                 return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
 
             q_in, n_q = (k[:, :1], self.plan.world_size) if write_only else (q, n_tok)
@@ -578,6 +636,12 @@ class RankStream:
             return q if write_only else out
 
         return attn
+
+    def _write_blocks(self, lc: Any, slots: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k, v`` ``[B, len(slots) * T, H, D]`` block by block into ``slots`` of ``lc``."""
+        t = lc.tokens_per_block
+        for i, slot in enumerate(slots):
+            lc.write(slot, k[:, i * t : (i + 1) * t], v[:, i * t : (i + 1) * t], backend=self.backend)
 
     def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
         """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).
@@ -684,6 +748,7 @@ class _Job:
     return_latents: bool
     merged: bool
     prompts: tuple[tuple[int, torch.Tensor, bool], ...] = ()
+    method: StreamMethod | str = "rolling-forcing"
 
 
 def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
@@ -695,6 +760,7 @@ def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
     runner = RankStream(
         job.model, job.model_cfg, job.pipe_cfg, groups,
         backend=job.backend, positions=job.positions, gather_group=gather, merged=job.merged,
+        method=job.method,
     )  # fmt: skip
     gen = torch.Generator()
     gen.set_state(job.generator_state)
@@ -737,6 +803,9 @@ class ShardedRollingForcingPipeline:
             backend without that op raises ``NotImplementedError``.
         compile: not supported for the sharded stream (anything but None/False raises ``ValueError``:
             the ranks run eager forwards).
+        method: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` (a sequential method runs
+            two-pass: ``merged`` None -> False, True raises ``NotImplementedError``); its prompt switches
+            use ``window`` = the step index, a multiple of the method's steps (the block's first call).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
 
@@ -756,8 +825,12 @@ class ShardedRollingForcingPipeline:
         merged: bool | None = None,
         compile: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        method: str | StreamMethod | None = None,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
+        self.method = get_method("rolling-forcing" if method is None else method)
+        if self.method.sequential and merged:
+            raise NotImplementedError(f"merged=True: Rolling Forcing only, not method={self.method.name!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if merged is not None and not isinstance(merged, bool):
@@ -767,7 +840,7 @@ class ShardedRollingForcingPipeline:
                 "compile= is not supported by the sharded stream (the ranks run eager forwards; the "
                 "collectives inside attention would have to be traced too); use compile=None or cores=1"
             )
-        supported = ops.has_kernel("attention_block_table", backend)
+        supported = ops.has_kernel("attention_block_table", backend) and not self.method.sequential
         if merged and not supported:
             raise NotImplementedError(
                 f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement; "
@@ -835,15 +908,15 @@ class ShardedRollingForcingPipeline:
         Closing the generator early waits for the ranks to finish the stream.
         """
         cfg = self.pipe_cfg
-        check_stream_args(self.model, cfg, text_embeds, num_blocks, self.positions)  # before spawning
+        check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)  # first
         prompts, self._prompts = self._prompts, {}
-        check_prompts(self.model, cfg, prompts, text_embeds.shape[0], num_blocks)
+        check_prompts(self.model, cfg, prompts, text_embeds.shape[0], num_blocks, self.method)
         state = generator.get_state() if generator is not None else torch.get_rng_state()
         job = _Job(
             self.model, self.model_cfg, cfg, self.plan, self.backend, self.positions,
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
-            self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())),
+            self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())), self.method,
         )  # fmt: skip
         self._streaming = True
         try:
@@ -860,7 +933,7 @@ class ShardedRollingForcingPipeline:
         box: dict[str, Any] = {}
         # the launch deadline (2 * timeout + 30 s) must cover the whole stream; dead or stuck ranks are
         # caught by the collectives' own timeout_s (every group above is created with it)
-        launch_timeout = self.timeout_s * (schedule.num_windows(cfg, num_blocks) + 1)
+        launch_timeout = self.timeout_s * (num_calls(self.method, cfg, num_blocks) + 1)
 
         def run() -> None:
             try:

@@ -16,6 +16,7 @@ from perf.e2e.plots import write_plots
 from perf.e2e.report import headline_lines, render_report
 from perf.e2e.run import E2EResult, run_model
 from perf.matmul_model import AnalyticMatmulProvider
+from rolling_forcing.methods import METHOD_NAMES
 
 __all__ = ["main", "result_rows"]
 
@@ -160,6 +161,33 @@ def result_rows(r: E2EResult) -> list[Any]:
     return rows
 
 
+def _methods_main(a: Any, out: Path, params: E2EParams, kernels: Any, matmul: Any) -> int:
+    """``--methods``: the per-method steady-state table (:mod:`perf.e2e.methods`), all modelled."""
+    from perf.e2e.kernels import default_kernel_provider
+    from perf.e2e.methods import method_bench_rows, method_rows, method_table
+    from perf.e2e.run import _model
+    from perf.footprint import vae_probe
+    from perf.matmul_model import default_matmul_provider
+    from perf.runner import append_rows
+
+    m = _model(a.preset, a.height, a.width)
+    vae = vae_probe(m.latent_height, m.latent_width, 3)
+    kernels = kernels or default_kernel_provider(params)
+    matmul = matmul or default_matmul_provider()
+    names = tuple(a.method) if a.method else tuple(METHOD_NAMES)
+    rows = method_rows(
+        m, cores=a.cores, vae=vae, kernels=kernels, matmul=matmul, params=params, methods=names
+    )
+    print(
+        f"per-method steady state, {m.name} at {a.height}x{a.width}, {a.cores} cores "
+        f"(kernels: {kernels.name})"
+    )
+    print(method_table(rows))
+    stem = "e2e_methods_quick" if a.quick else "e2e_methods"
+    append_rows(method_bench_rows(rows, m, a.height, a.width), out / "results" / f"{stem}.jsonl")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m perf.e2e [--quick] [--analytic] [--no-peer] [--out-dir DIR] [--cores N] [--preset P]
     [--height H] [--width W]``."""
@@ -178,13 +206,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--analytic", action="store_true", help="force the analytic kernel/matmul providers")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer's configurations")
     ap.add_argument("--out-dir", default=None, help="where REPORT.md, results/ and PNGs go (default perf/)")
+    ap.add_argument(
+        "--methods",
+        action="store_true",
+        help="only the per-method table (rolling-forcing, self-forcing, causvid, longlive; "
+        "results/e2e_methods.jsonl); REPORT.md is left alone",
+    )
+    ap.add_argument(
+        "--method",
+        action="append",
+        choices=list(METHOD_NAMES),
+        default=None,
+        help="with --methods (implied): only these methods (repeatable)",
+    )
     a = ap.parse_args(argv)
+    if a.method:
+        a.methods = True
     if a.quick:
         a.preset, a.height, a.width = "tiny", 64, 64
     out = Path(a.out_dir) if a.out_dir else Path(__file__).resolve().parent.parent
     params = E2EParams()
     kernels = AnalyticKernels(params) if a.analytic else None
     matmul = AnalyticMatmulProvider() if a.analytic else None
+    if a.methods:
+        return _methods_main(a, out, params, kernels, matmul)
     r = run_model(
         a.preset,
         a.height,
