@@ -112,6 +112,15 @@ def test_bench_missing_module_is_a_clear_error(monkeypatch) -> None:
     assert r.exit_code == 2 and "perf.e2e is not available" in r.output
 
 
+def test_bench_e2e_without_diffusers_names_the_extra(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "diffusers" else real(n, *a))
+    r = runner.invoke(app, ["bench", "e2e"])
+    assert r.exit_code == 2 and "pip install -e '.[hf]'" in r.output and "Traceback" not in r.output
+
+
 def test_python_dash_m_entry_point() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "rolling_forcing", "--help"], capture_output=True, text=True, timeout=60
