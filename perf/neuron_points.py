@@ -1,7 +1,7 @@
 """Calibration points from measured kernel rows (``rolling-forcing bench kernels --backend neuron
 --measure``, :mod:`perf.neuron_measure`): each measured launch beside the cost model's figure for the same
-launch, as :class:`CalibrationPoint`, field for field the calibration suite's ``CalibrationRow``
-(``perf/calibration/harness.py``), group ``"N"``, so its statistics and table take them as they are.
+launch, as the calibration suite's ``CalibrationRow`` (``perf/calibration/harness.py``;
+alias :data:`CalibrationPoint`), group ``"N"``, so its statistics and table take them as they are.
 
 No row has been measured yet (no Neuron device in this repository's development): docs/neuron.md.
 """
@@ -9,12 +9,11 @@ No row has been measured yet (no Neuron device in this repository's development)
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from perf.calibration.harness import CalibrationRow
 from perf.neuron_measure import ModelFn, call_of, modelled_launch_us
 from perf.runner import BenchRow, read_rows
 
@@ -24,56 +23,10 @@ GROUP = "N"
 """Calibration group of device-measured project kernels (the calibration suite's groups: A, S, C, D, I)."""
 
 
-@dataclass(frozen=True)
-class CalibrationPoint:
-    """One project kernel measured on a trn2 beside the cost model's figure for the same launch.
-
-    Field for field the calibration suite's ``perf.calibration.harness.CalibrationRow`` (so its
-    ``geo_stats`` / ``worst_rows`` / table take these as they are; :meth:`to_calibration_row` converts
-    when that module is present). A device measurement has one value: ``measured_lo_us ==
-    measured_hi_us``; ``ratio`` = modelled / measured.
-
-    Attributes:
-        name: ``"neuron:<op>/<variant>"``. kernel: ``"nki-ardiff <op> (<variant>)"``. group: :data:`GROUP`.
-        source: timing source, git sha and timestamp of the measured row. source_url: the results file the
-            row came from (``""`` if not given).
-        shape: the row's config as JSON. quantity: what the figure is (``extra["latency_is"]``).
-        published: the measured time as recorded.
-        measured_lo_us, measured_hi_us: the row's ``latency_us`` (**measured**).
-        modelled_us: the cost model's time for the same launch (**modelled**).
-        ratio: modelled / measured. bottleneck: the modelled bottleneck engine (``""`` if unknown).
-        method: ``"latency"``.
-    """
-
-    name: str
-    kernel: str
-    group: str
-    source: str
-    source_url: str
-    shape: str
-    quantity: str
-    published: str
-    measured_lo_us: float
-    measured_hi_us: float
-    modelled_us: float
-    ratio: float
-    bottleneck: str
-    method: str = "latency"
-
-    @property
-    def measured_us(self) -> float:
-        return math.sqrt(self.measured_lo_us * self.measured_hi_us)
-
-    @property
-    def in_range(self) -> bool:
-        return self.measured_lo_us <= self.modelled_us <= self.measured_hi_us
-
-    def to_calibration_row(self) -> Any:
-        """This point as ``perf.calibration.harness.CalibrationRow`` (ImportError where the calibration
-        suite is absent)."""
-        from perf.calibration.harness import CalibrationRow
-
-        return CalibrationRow(**{f.name: getattr(self, f.name) for f in fields(self)})
+CalibrationPoint = CalibrationRow
+"""A device-measured project kernel beside the cost model's figure for the same launch: the calibration
+suite's own row type (``measured_lo_us == measured_hi_us`` = the measured launch; ``ratio`` = modelled /
+measured; group :data:`GROUP`), so its statistics, table and plot take these as they are."""
 
 
 def _key(op: str, variant: str, config: Mapping[str, Any]) -> str:
@@ -137,6 +90,7 @@ def calibration_points(
                 modelled_us=mod,
                 ratio=mod / meas,
                 bottleneck=bn,
+                method="latency",
             )
         )
     return points

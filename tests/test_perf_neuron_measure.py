@@ -371,14 +371,13 @@ def test_points_from_results_files(tmp_path: Path) -> None:
     assert [p.modelled_us for p in again] == pytest.approx([p.modelled_us for p in pts])
 
 
-def test_point_converts_to_the_calibration_suites_row() -> None:
-    harness = pytest.importorskip(
-        "perf.calibration.harness", reason="perf.calibration (branch calib) is not in this checkout yet"
-    )
+def test_points_are_the_calibration_suites_rows() -> None:
+    from perf.calibration import harness
+
     (p,) = calibration_points([_mrow(modelled_kernel_us=75.0)])
-    row = p.to_calibration_row()
-    assert isinstance(row, harness.CalibrationRow) and row.ratio == p.ratio and row.name == p.name
-    assert harness.geo_stats([row.ratio]) == pytest.approx((1.5, 1.0))
+    assert isinstance(p, harness.CalibrationRow) and p.method == "latency" and p.group == "N"
+    assert p.ratio == pytest.approx(p.modelled_us / p.measured_lo_us) and p.in_range is False
+    assert harness.geo_stats([p.ratio]) == pytest.approx((1.5, 1.0))
 
 
 def _child_runs(monkeypatch, tmp_path: Path, which) -> list[str]:
