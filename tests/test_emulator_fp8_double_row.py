@@ -100,3 +100,32 @@ def test_without_double_row_the_3d_fp8_tile_is_an_ordinary_k_128_matmul() -> Non
     with pytest.raises(emu.MatmulTileError, match=r"\[matmul-stationary\].*256"):
         k = _kernel("float8_e4m3", "float8_e4m3", perf_mode=nisa.matmul_perf_mode.none)
         run(k, TensorSpec((128, 2, 128), "float32"), TensorSpec((128, 2, 512), "float32"), trace_only=True)
+
+
+def test_double_row_is_priced_as_twice_the_flops_in_a_bf16_matmuls_time() -> None:
+    """The trn2 guide: FP8 double-row does K = 256 (2x the FLOPs) in the cycles of a bf16 K = 128
+    ``[128,128] x [128,512]`` matmul.  The emulator's record of the real instruction, priced by the cost
+    model, must say exactly that (so the FP8 tile is both runnable and priced)."""
+    from nki_kernels.emulator.cost import instruction_ns, profile
+
+    def bf16_kernel(a, b):
+        sa = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+        sb = nl.ndarray((128, 512), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=sa, src=a)
+        nisa.dma_copy(dst=sb, src=b)
+        ps = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, sa, sb)
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        res = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(res, ps)
+        nisa.dma_copy(dst=out, src=res)
+        return out
+
+    _, tr8 = run(_kernel("float8_e4m3", "float8_e4m3"), TensorSpec((128, 2, 128)), TensorSpec((128, 2, 512)),
+                 trace_only=True)  # fmt: skip
+    _, tr16 = run(bf16_kernel, TensorSpec((128, 128)), TensorSpec((128, 512)), trace_only=True)
+    ((mm8, _),) = tr8.select(op="nc_matmul")
+    ((mm16, _),) = tr16.select(op="nc_matmul")
+    assert mm8.flops == 2 * 256 * 128 * 512 == 2 * mm16.flops
+    assert instruction_ns(mm8) == pytest.approx(instruction_ns(mm16), rel=1e-12)
+    assert profile(tr8).tensor_flops == 2 * profile(tr16).tensor_flops
