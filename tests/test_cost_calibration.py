@@ -1,9 +1,9 @@
-"""Calibration bands of the cost model v2: every published trn2 point of ``perf/calibration`` (helper
-"calib"'s re-implemented kernels and measured figures) must keep its modelled/measured ratio inside the
+"""Calibration bands of the cost model v2: every published trn2 point of ``perf/calibration`` (the
+re-implemented published kernels and their published figures) must keep its modelled/measured ratio inside the
 band stated here, so a parameter change that breaks calibration fails CI.
 
 Every point is traced with the event log and priced by the dependency-aware schedule (v2's latency).
-Bands (the project's target, issue 10): every point within x1.25 of its published measurement, except
+Bands (the project's target): every point within x1.25 of its published measurement, except
 the points listed in ``BANDS`` with the reason the model misses them (docs/cost_model.md section 4).
 Points whose trace and schedule take more than ~1 s are marked ``slow``; traces are cached per run.
 The geometric SD over all points (target <= x1.25) is checked in the slow tier.

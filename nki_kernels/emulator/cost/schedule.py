@@ -1,7 +1,7 @@
 """Dependency-aware schedule of an ordered event log (the cost model v2's latency; all **modelled**).
 
-Input: ``(record, reads, writes)`` events in program order (``Trace.iter_events()``, contract in the
-project's EVENTS notes): ``Region(space, buf, p0, p1, b0, b1)`` tuples name the partitions and bytes of
+Input: ``(record, reads, writes)`` events in program order (``Trace.iter_events()``, the event log of
+docs/emulator.md): ``Region(space, buf, p0, p1, b0, b1)`` tuples name the partitions and bytes of
 each storage an instruction reads and writes.
 
 Rules (per core; program ``pid`` runs on core ``pid % cores``):
