@@ -29,8 +29,9 @@ stored next to the value so the report can print it.  Items:
 * ``vae_weights``: decoder parameters (counted from diffusers' ``AutoencoderKLWan``, the Wan2.1 VAE) x
   weight bytes, replicated like the DiT weights.
 * ``vae_workspace``: the streaming decoder's causal feature cache (``CACHE_T = 2`` input frames of every
-  causal 3-D conv) + the largest single conv's input+output while decoding one latent frame, from a
-  shape-only (meta-device) run of the decoder at the target resolution; split spatially over cores.
+  causal 3-D conv) + the largest single conv's input+output while decoding one latent frame, from the
+  decoder's layer table (``perf/wan_vae_table.py``, derived from a shape-only run of diffusers'
+  ``AutoencoderKLWan``) at the target resolution; split spatially over cores.
 
 Not included: the umT5-XXL text encoder (run once per prompt; it can be unloaded or run on the host),
 the runtime's own reservations, NEFF/instruction buffers, and fragmentation.
@@ -200,7 +201,7 @@ class VaeLayer:
 
 @dataclass(frozen=True)
 class VaeProbe:
-    """Shape-only run of the Wan2.1 VAE decoder (diffusers ``AutoencoderKLWan`` defaults, meta device).
+    """Layer shapes of the Wan2.1 VAE decoder (diffusers ``AutoencoderKLWan`` defaults, carried table).
 
     ``steady`` are the layer calls of ``frames`` steady-state latent frames (after the first, which the
     causal decoder treats specially); ``first`` those of the first latent frame.
@@ -221,42 +222,41 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(math.prod(shape))
 
 
+def _eval_dim(token: str, h: int, w: int) -> int:
+    """One table dimension ``"ah+bw+c"`` (terms optional, unit coefficients bare) at latent ``h x w``."""
+    total = 0
+    for term in token.split("+"):
+        if term.endswith("h"):
+            total += int(term[:-1] or 1) * h
+        elif term.endswith("w"):
+            total += int(term[:-1] or 1) * w
+        else:
+            total += int(term)
+    return total
+
+
+def _eval_layers(table: tuple[Any, ...], h: int, w: int) -> tuple[VaeLayer, ...]:
+    def shape(tok: str) -> tuple[int, ...]:
+        return tuple(_eval_dim(d, h, w) for d in tok.split(","))
+
+    return tuple(VaeLayer(kind, shape(ins), shape(outs), tuple(ws)) for kind, ins, outs, ws in table)
+
+
 @functools.lru_cache(maxsize=8)
 def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
-    """Record the VAE decoder's layer shapes for ``1 + frames`` latent frames of ``latent_h x latent_w``.
+    """The VAE decoder's layer shapes for ``1 + frames`` latent frames of ``latent_h x latent_w``.
 
-    Runs on torch's meta device (no weights, no arithmetic): about a second on CPU.
+    Evaluated from the carried table ``perf/wan_vae_table.py`` (derived once from diffusers'
+    ``AutoencoderKLWan``; ``tests/test_wan_vae_table.py`` checks it against diffusers), so no diffusers is
+    needed. ``latent_h``, ``latent_w`` and ``frames`` must be positive integers.
     """
-    import torch
-    from diffusers import AutoencoderKLWan
+    from perf import wan_vae_table as t
 
-    with torch.device("meta"):
-        vae: Any = AutoencoderKLWan()
-    vae.eval()
-    recs: list[VaeLayer] = []
-
-    def hook(mod: Any, inp: Any, out: Any) -> None:
-        w = getattr(mod, "weight", None)
-        recs.append(
-            VaeLayer(
-                type(mod).__name__,
-                tuple(inp[0].shape),
-                tuple(out.shape),
-                tuple(w.shape) if isinstance(w, torch.Tensor) else (),
-            )
-        )
-
-    handles = [mod.register_forward_hook(hook) for mod in vae.decoder.modules() if not list(mod.children())]
-    try:
-        with torch.no_grad():
-            vae.decode(torch.empty(1, vae.config.z_dim, 1, latent_h, latent_w, device="meta"))
-            n_first = len(recs)
-            vae.decode(torch.empty(1, vae.config.z_dim, 1 + frames, latent_h, latent_w, device="meta"))
-    finally:
-        for h in handles:
-            h.remove()
-    first = tuple(recs[:n_first])
-    steady = tuple(recs[2 * n_first :])
+    for name, v in (("latent_h", latent_h), ("latent_w", latent_w), ("frames", frames)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"vae_probe: {name} must be a positive integer, got {v!r}")
+    first = _eval_layers(t.FIRST, latent_h, latent_w)
+    steady = _eval_layers(t.STEADY, latent_h, latent_w) * frames
     causal = [r for r in first if r.kind == "WanCausalConv3d" and len(r.weight_shape) == 5]
     # causal feature cache: CACHE_T = 2 input frames of every causal conv (per frame: C x H x W)
     feat = sum(2 * r.in_shape[1] * _numel(r.in_shape[3:]) for r in causal)
@@ -264,10 +264,9 @@ def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
     return VaeProbe(
         latent_hw=(latent_h, latent_w),
         frames=frames,
-        decoder_params=sum(p.numel() for p in vae.decoder.parameters())
-        + sum(p.numel() for p in vae.post_quant_conv.parameters()),
-        spatial_stride=int(vae.config.scale_factor_spatial),
-        temporal_stride=int(vae.config.scale_factor_temporal),
+        decoder_params=t.DECODER_PARAMS,
+        spatial_stride=t.SPATIAL_STRIDE,
+        temporal_stride=t.TEMPORAL_STRIDE,
         first=first,
         steady=steady,
         feat_cache_elems=feat,
@@ -275,15 +274,11 @@ def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
     )
 
 
-@functools.lru_cache(maxsize=1)
 def vae_strides() -> tuple[int, int]:
-    """``(temporal, spatial)`` strides of the Wan2.1 VAE (diffusers ``AutoencoderKLWan`` config)."""
-    import torch
-    from diffusers import AutoencoderKLWan
+    """``(temporal, spatial)`` strides of the Wan2.1 VAE (carried table ``perf/wan_vae_table.py``)."""
+    from perf import wan_vae_table as t
 
-    with torch.device("meta"):
-        vae: Any = AutoencoderKLWan()
-    return int(vae.config.scale_factor_temporal), int(vae.config.scale_factor_spatial)
+    return t.TEMPORAL_STRIDE, t.SPATIAL_STRIDE
 
 
 @dataclass(frozen=True)

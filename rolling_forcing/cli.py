@@ -530,15 +530,7 @@ def bench_kernels(ctx: typer.Context) -> None:
 
 @bench_app.command("e2e", context_settings=_PASS_THROUGH)
 def bench_e2e(ctx: typer.Context) -> None:
-    """End-to-end model (``perf.e2e``); extra arguments are passed through.  Needs diffusers (the ``hf``
-    extra): the Wan VAE's layer shapes are read off diffusers' ``AutoencoderKLWan`` on the meta device."""
-    import importlib.util
-
-    if importlib.util.find_spec("diffusers") is None:
-        raise _fail(
-            "bench e2e reads the Wan VAE's layer shapes from diffusers, which is not installed: "
-            "pip install -e '.[hf]'"
-        )
+    """End-to-end model (``perf.e2e``); extra arguments are passed through."""
     _run_module_main("perf.e2e", ctx.args)
 
 
