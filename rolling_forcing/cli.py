@@ -28,9 +28,34 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 bench_app = typer.Typer(help="Benchmarks (perf/): kernels on the emulator + cost model, end-to-end model.")
 app.add_typer(bench_app, name="bench")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("nki-ardiff")
+        except PackageNotFoundError:  # a source checkout on PYTHONPATH, not installed
+            v = "unknown (not installed)"
+        typer.echo(f"rolling-forcing (nki-ardiff) {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Rolling Forcing streaming video generation (Wan2.1 causal DiT) with NKI kernels."""
 
 
 class Backend(str, Enum):
@@ -485,18 +510,29 @@ def generate(
 
 @app.command()
 def plan(
-    heads: Annotated[int, typer.Option(help="attention heads (Wan2.1-1.3B: 12)")] = 12,
-    cores: Annotated[int, typer.Option(help="NeuronCores")] = 8,
+    preset: Annotated[str, typer.Option(help="model preset, as for generate")] = GenerateOptions.preset,
+    cores: Annotated[int, typer.Option(help="NeuronCores (ranks), as for generate --cores")] = 8,
+    dtype: Annotated[
+        DType, typer.Option(help="weights and activations dtype, as for generate")
+    ] = DType.float32,
 ) -> None:
-    """Print the TP x SP sharding plan and its alternatives (communication is modelled)."""
+    """Print the TP x SP plan of generate's stream on --cores and its alternatives (modelled comm).
+
+    The layout is the one generate --preset P --cores N --dtype D runs: both take it from
+    sharding.pipeline.pipeline_plan on the preset's stream shape.
+    """
     try:
+        from rolling_forcing.config import PipelineConfig, get_preset
+        from sharding.pipeline import pipeline_plan
         from sharding.plan import plan_table
     except ImportError as exc:
-        raise _fail(f"sharding.plan is not available ({exc})") from exc
+        raise _fail(f"sharding is not available ({exc})") from exc
     try:
-        typer.echo(plan_table(heads, cores))
+        model_cfg = get_preset(preset)
+        p = pipeline_plan(model_cfg, PipelineConfig(dtype=dtype.value), cores)
+        typer.echo(plan_table(p.num_heads, cores, shape=p.shape, model=p.model))
     except (ValueError, TypeError) as exc:
-        raise _fail(str(exc)) from exc
+        raise _fail(str(exc).replace("num_cores", "--cores")) from exc
 
 
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}

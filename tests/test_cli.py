@@ -90,11 +90,48 @@ def test_wan_preset_needs_weights(tmp_path) -> None:
 
 
 def test_plan_prints_table() -> None:
-    r = runner.invoke(app, ["plan", "--heads", "12", "--cores", "8"])
+    """``plan`` prints the planner's table for generate's stream shape (tiny preset, float32 by default)."""
+    r = runner.invoke(app, ["plan", "--preset", "wan2.1-1.3b", "--cores", "8", "--dtype", "bfloat16"])
     assert r.exit_code == 0, r.output
+    from rolling_forcing.config import PipelineConfig, get_preset
+    from sharding.pipeline import attention_shape
     from sharding.plan import plan_table
 
-    assert r.output.strip() == plan_table(12, 8).strip()
+    shape = attention_shape(get_preset("wan2.1-1.3b"), PipelineConfig(dtype="bfloat16"))
+    assert r.output.strip() == plan_table(12, 8, shape=shape).strip()
+    assert "-> TP4xSP2" in r.output.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("preset", "cores", "layout"), [("tiny", 2, "TP1xSP2"), ("wan2.1-1.3b", 2, "Ulysses TP2xSP1")]
+)
+def test_plan_names_the_layout_generate_runs(preset: str, cores: int, layout: str) -> None:
+    """``plan --cores N`` and ``generate --cores N`` take the layout from the same function
+    (sharding.pipeline.pipeline_plan, which ShardedRollingForcingPipeline calls): for the tiny preset's
+    short window the planner prefers SP, for the 1.3B preset's long one TP (heads)."""
+    from rolling_forcing.config import PipelineConfig, get_preset
+    from sharding.pipeline import pipeline_plan
+
+    r = runner.invoke(app, ["plan", "--preset", preset, "--cores", str(cores)])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].split(" -> ")[1].startswith(f"{layout} (")
+    assert pipeline_plan(get_preset(preset), PipelineConfig(dtype="float32"), cores).name == layout
+
+
+def test_plan_bad_cores_is_one_error_line_naming_the_option() -> None:
+    r = runner.invoke(app, ["plan", "--cores", "0"])
+    assert r.exit_code == 2 and "--cores" in r.output and "Traceback" not in r.output
+
+
+def test_dash_h_and_version() -> None:
+    from importlib.metadata import version
+
+    for args in (["-h"], ["plan", "-h"], ["generate", "-h"], ["bench", "-h"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0 and "Usage:" in r.output, (args, r.output)
+    assert runner.invoke(app, ["plan", "-h"]).output == runner.invoke(app, ["plan", "--help"]).output
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"rolling-forcing (nki-ardiff) {version('nki-ardiff')}"
 
 
 def test_bench_missing_module_is_a_clear_error(monkeypatch) -> None:

@@ -306,6 +306,8 @@ def test_cli_generate_cores_2_writes_the_same_video(tmp_path) -> None:
         args += ["--out", str(out), "--report-json", str(rep), "--no-progress", "--no-warmup", *flags]
         res = CliRunner().invoke(app, [*args, "--cores", str(cores)])
         assert res.exit_code == 0, res.output
+        if cores == 2:  # the layout `rolling-forcing plan --cores 2` prints for the tiny preset
+            assert "plan TP1xSP2" in res.output
         videos.append(read_video(out).astype("int16"))
         reports.append(json.loads(rep.read_text()))
     assert videos[0].shape == videos[1].shape == videos[2].shape and videos[0].std() > 1.0
