@@ -16,7 +16,7 @@ stored next to the value so the report can print it.  Items:
   non-block weights stay replicated per core; cross-attention runs head-sharded, so ``text_kv`` is
   ``/ tp`` per core and ``x sp`` per chip.
 * one shared copy (``weight_copies=1``): the HBM is 4 stacks, each shared by 2 physical cores
-  (``shared/docs/trn2_cost_model.md`` §1), and under LNC=1 the runtime gives every core its own
+  (AWS Neuron SDK, ``about-neuron/arch/neuron-features/logical-neuroncore-config.rst``), and under LNC=1 the runtime gives every core its own
   tensors; one copy read by all 8 cores would need cross-stack reads the cost model has no figure for.
   The line is kept as a bound, not as a modelled placement.
 * ``kv_cache``: the rolling buffer (sink + ring slots) of self-attention k and v for every layer:
@@ -71,7 +71,7 @@ WEIGHT_PLACEMENTS = ("replicated", "fsdp", "tp_linear")
 
 
 def dit_block_param_count(m: ModelConfig) -> int:
-    """Parameters of one Wan2.1 DiT block (``shared/docs/rolling_forcing.md`` §1.1-1.3).
+    """Parameters of one Wan2.1 DiT block (github.com/Wan-Video/Wan2.1 @ 9737cba, ``wan/modules/model.py``).
 
     Self-attn q,k,v,o ``4 (d^2 + d)`` + RMSNorm q,k ``2d``; cross-attn q,k,v,o ``4 (d^2 + d)`` + RMSNorm
     q,k ``2d``; LN3 affine ``2d``; FFN ``d f + f + f d + d``; modulation ``6d``.

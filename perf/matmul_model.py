@@ -10,7 +10,7 @@ block over the full ``K``.  One block is either
   (``nki_kernels.emulator.cost.profile``); or
 * **analytic** (:class:`AnalyticMatmulProvider`, the fallback while the emulator or cost model is not
   importable): the same instruction mix counted by hand with the documented v3 instruction costs
-  (``shared/docs/trn2_cost_model.md`` section 4): ``nc_matmul`` ``max(64, N_moving)`` TensorE cycles at
+  (AWS Neuron SDK, github.com/aws-neuron/aws-neuron-sdk @ 77a1c5a83f, ``nki/api/nki/isa/__init__.py``): ``nc_matmul`` ``max(64, N_moving)`` TensorE cycles at
   2.4 GHz, ``nc_transpose`` 128x128 at 64 cycles, PSUM eviction ``max(64, N)`` cycles on VectorE at
   0.96 GHz, DMA at the per-core HBM share, block latency ``max(engine busy) + fixed``.
 
@@ -52,7 +52,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MatmulHw:
-    """v3 constants of the analytic block model (``shared/docs/trn2_cost_model.md`` sections 1-4, 7).
+    """v3 constants of the analytic block model (AWS Neuron SDK docs, aws-neuron-sdk @ 81ce03ae26:
+    ``about-neuron/arch/neuron-hardware/{trainium2,neuron-core-v3}.rst``,
+    ``nki/deep-dives/nki-dma-bandwidth-guide.rst``; instruction costs @ 77a1c5a83f ``nki/api/nki/isa``).
 
     ``tensor_hz`` 2.4 GHz TensorE; ``vector_hz`` 0.96 GHz VectorE; ``pmax`` 128 partitions;
     ``min_cycles`` 64 (MIN_II / matmul floor, v2 prior); ``transpose_cycles`` 64 per 128x128 TensorE

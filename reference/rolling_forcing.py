@@ -1,7 +1,8 @@
 """Plain reference loop of Rolling Forcing inference with the original's cache semantics.
 
 This re-states, in its own words, the original ``CausalInferencePipeline.inference_rolling_forcing`` and
-the kv-cache branch of ``CausalWanSelfAttention.forward`` (``shared/docs/rolling_forcing.md`` §3-§4):
+the kv-cache branch of ``CausalWanSelfAttention.forward`` (github.com/TencentARC/RollingForcing @ a1477d0,
+``pipeline/rolling_forcing_inference.py`` and ``wan/modules/causal_model.py``):
 
 * one contiguous KV buffer per layer with ``global_end`` / ``local_end`` token indices;
 * the denoise pass writes a *placeholder* (the window's first block, noisy) and advances the indices,

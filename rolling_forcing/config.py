@@ -2,7 +2,8 @@
 
 Every derived size (head dim, tokens per frame, tokens per block, key budget, buffer slots, warped
 timesteps) is a computed property of the fields below, never a literal. Values of the original follow
-``shared/docs/rolling_forcing.md`` §0-§3 (Wan2.1-T2V-1.3B, Rolling Forcing ``rolling_forcing_dmd.yaml``).
+Wan2.1-T2V-1.3B (github.com/Wan-Video/Wan2.1 @ 9737cba, ``wan/configs/wan_t2v_1_3B.py``) and Rolling
+Forcing's ``rolling_forcing_dmd.yaml`` (github.com/TencentARC/RollingForcing @ a1477d0).
 """
 
 from __future__ import annotations

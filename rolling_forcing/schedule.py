@@ -1,7 +1,8 @@
 """Pure index maths of the Rolling Forcing stream: windows, noise levels, ring slots, RoPE positions.
 
 Everything here is a pure function of ``(PipelineConfig, num_blocks, window index, positions mode)``
-and reproduces the original's bookkeeping (``shared/docs/rolling_forcing.md`` §3.2-§3.4):
+and reproduces the original's bookkeeping (github.com/TencentARC/RollingForcing @ a1477d0,
+``pipeline/rolling_forcing_inference.py``; the per-window trace is in ``tests/test_cache_trace.py``):
 
 * **Windows.** ``num_blocks + window_blocks - 1`` windows; window w holds blocks
   ``max(0, w - W + 1) .. min(num_blocks - 1, w)`` (W = ``window_blocks``).

@@ -17,7 +17,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class VideoSpec:
-    """Pixel-side constants of Wan2.1 (``shared/docs/rolling_forcing.md`` §1.1).
+    """Pixel-side constants of Wan2.1 (github.com/Wan-Video/Wan2.1 @ 9737cba: ``wan/configs``, VAE strides).
 
     ``fps``: sampling rate of the decoded video (16); ``temporal_stride``: video frames per latent frame
     after the first (causal VAE, 4); ``spatial_stride``: pixels per latent pixel (8).

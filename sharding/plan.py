@@ -73,11 +73,12 @@ class AttentionShape:
 class CommModel:
     """Alpha-beta model of Trn2 collectives (all figures *modelled*; sources in docs/sharding.md).
 
-    Sources, all from ``shared/docs/trn2_cost_model.md`` section 1 ("Collective communication"):
+    Sources: the AWS Neuron SDK docs (github.com/aws-neuron/aws-neuron-sdk @ 81ce03ae26,
+    ``neuron-runtime/explore/intranode-collective-comm.rst`` and ``tools/neuron-sys-tools/nccom-test.rst``):
 
     * ``fixed_latency_s`` = 10 us: the upper end of the documented 1-10 us collective latency term.
     * ``hop_latency_s`` = 2 us: the upper end of the documented 1-2 us per-hop latency (Ring/KangaRing,
-      and "across chips 1-2 us per hop", section 6).
+      and across chips 1-2 us per hop).
     * ``intra_chip_bw_Bps`` = 40.7 GB/s: ASSUMPTION. The cost model gives no core-to-core collective
       bandwidth inside one chip; the only measured collective figure it quotes is a 2-rank 32 MiB
       all-reduce at 40.7 GB/s bus bandwidth (nccom-test sample, instance not stated). It is used as a

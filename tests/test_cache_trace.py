@@ -1,4 +1,5 @@
-"""Cache bookkeeping of rolling_forcing.schedule against the worked trace (rolling_forcing.md §3.4).
+"""Cache bookkeeping of rolling_forcing.schedule against the worked per-window trace of the original
+(github.com/TencentARC/RollingForcing @ a1477d0, ``pipeline/rolling_forcing_inference.py``).
 
 Two independent checks: (1) the trace table rows, written out by hand; (2) a transliteration of the
 original's contiguous-buffer bookkeeping (global/local end indices, placeholder write, eviction by

@@ -1,6 +1,8 @@
 """Hardware limits the emulator enforces (NeuronCore-v3 / trn2 defaults).
 
-Sources (see ``shared/docs/nki_api.md`` §3 and ``shared/docs/trn2_cost_model.md`` §2):
+Sources (AWS Neuron SDK docs, github.com/aws-neuron/aws-neuron-sdk @ 81ce03ae26:
+``nki/get-started/about/memory-hierarchy-overview.rst``, ``nki/api/nki.language.tile_size.rst``,
+``nki/guides/architecture/trainium2_arch.rst``):
 
 * ``pmax = 128`` partitions, ``nl.tile_size.pmax``.
 * PSUM: 16 KiB per partition = 8 banks x 2 KiB (512 fp32); a matmul result must fit in one bank.
