@@ -15,10 +15,10 @@ stored next to the value so the report can print it.  Items:
   are split ``/ tp`` and replicated ``sp`` times; norms, modulation, row-parallel biases and the
   non-block weights stay replicated per core; cross-attention runs head-sharded, so ``text_kv`` is
   ``/ tp`` per core and ``x sp`` per chip.
-* one shared copy (``weight_copies=1``): the HBM is 4 stacks, each shared by 2 physical cores
-  (AWS Neuron SDK, ``about-neuron/arch/neuron-features/logical-neuroncore-config.rst``), and under LNC=1 the runtime gives every core its own
-  tensors; one copy read by all 8 cores would need cross-stack reads the cost model has no figure for.
-  The line is kept as a bound, not as a modelled placement.
+* one shared copy (``weight_copies=1``): the HBM is 4 stacks, each shared by 2 physical cores (AWS Neuron
+  SDK, ``about-neuron/arch/neuron-features/logical-neuroncore-config.rst``), and under LNC=1 the runtime
+  gives every core its own tensors; one copy read by all 8 cores would need cross-stack reads the cost model
+  has no figure for. The line is kept as a bound, not as a modelled placement.
 * ``kv_cache``: the rolling buffer (sink + ring slots) of self-attention k and v for every layer:
   ``buffer_tokens x dim x 2 (k, v) x layers x kv_bytes``; split over head groups (TP) and along SP, so
   per core ``/ cores``.

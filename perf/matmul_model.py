@@ -9,10 +9,11 @@ block over the full ``K``.  One block is either
   emulator (``nki_kernels.emulator.run``) and the trace goes through the trn2 cost model
   (``nki_kernels.emulator.cost.profile``); or
 * **analytic** (:class:`AnalyticMatmulProvider`, the fallback while the emulator or cost model is not
-  importable): the same instruction mix counted by hand with the documented v3 instruction costs
-  (AWS Neuron SDK, github.com/aws-neuron/aws-neuron-sdk @ 77a1c5a83f, ``nki/api/nki/isa/__init__.py``): ``nc_matmul`` ``max(64, N_moving)`` TensorE cycles at
-  2.4 GHz, ``nc_transpose`` 128x128 at 64 cycles, PSUM eviction ``max(64, N)`` cycles on VectorE at
-  0.96 GHz, DMA at the per-core HBM share, block latency ``max(engine busy) + fixed``.
+  importable): the same instruction mix counted by hand with the documented v3 instruction costs (AWS Neuron
+  SDK, github.com/aws-neuron/aws-neuron-sdk @ 77a1c5a83f, ``nki/api/nki/isa/__init__.py``): ``nc_matmul``
+  ``max(64, N_moving)`` TensorE cycles at 2.4 GHz, ``nc_transpose`` 128x128 at 64 cycles, PSUM eviction
+  ``max(64, N)`` cycles on VectorE at 0.96 GHz, DMA at the per-core HBM share, block latency ``max(engine
+  busy) + fixed``.
 
 Both providers return a :class:`BlockProfile`; :func:`linear_profile` scales a block profile to the
 whole GEMM (block count x block time; a partial edge block is charged as a full block, which is what a
