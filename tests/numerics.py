@@ -30,7 +30,7 @@ Output of that run::
 FLOORS are twice the larger maximum, rounded up to a power of two: float32 2**-19 (~1.9e-06),
 bfloat16 2**-7 (~7.8e-03, one bf16 ulp in [1, 2)).
 
-Non-finite values (every reduction here, issue 17). An error is never allowed to hide a NaN or an inf:
+Non-finite values (every reduction here). An error is never allowed to hide a NaN or an inf:
 
 * a NaN in the result or in the baseline is an *infinite* error, also when both hold NaN at the same place
   (a baseline that is NaN is itself a broken comparison: no kernel-vs-reference test here has a reference
@@ -66,8 +66,8 @@ FLOORS: dict[torch.dtype, float] = {
 
 
 FP32_ISSUE_BOUND = 1e-5
-"""Absolute fp32 bound the issues mandate for stream equivalence: pipeline vs the reference loop (issue 4,
-"fp32: within 1e-5"), merged vs two-pass forward (issue 5), sharded vs unsharded pipeline (issue 6).
+"""Absolute fp32 bound the project requires for stream equivalence ("fp32: within 1e-5"): pipeline vs the
+reference loop, merged vs two-pass forward, sharded vs unsharded pipeline.
 A requirement, not a measurement. Measured errors against it (tiny preset, fp32 reordering only: merged
 log-sum-exp partials vs one softmax; max over each test's cases, 2026-12-01): pipeline vs reference loop
 1.43e-06 (tests/test_pipeline.py), emulator merged stream vs reference 1.43e-06

@@ -1,4 +1,4 @@
-"""Attention at extreme scores and at the reference's memory budget (issue 17).
+"""Attention at extreme scores and at the reference's memory budget.
 
 * Multi-chunk flash attention (emulator) whose scaled scores swing by ~500 between key chunks, upwards
   for half of the queries and downwards for the other half: a running maximum that is not the max over

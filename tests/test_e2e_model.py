@@ -279,7 +279,7 @@ def test_tp_linear_comm_and_fsdp_exposure():
 
 
 # ---------------------------------------------------------------------------------------------------
-# End-to-end accounting: NEFF launches, per-kernel fixed cost, barriers, port contention (issue 10 item 5)
+# End-to-end accounting: NEFF launches, per-kernel fixed cost, barriers, port contention
 # ---------------------------------------------------------------------------------------------------
 def _analytic_kw(params: E2EParams | None = None, **extra):
     params = params or E2EParams()

@@ -1,4 +1,4 @@
-"""Emulator limits and edge values at their exact boundary (issue 17).
+"""Emulator limits and edge values at their exact boundary.
 
 * Allocation: 128 partitions allowed, 129 rejected. The rule tests in tests/test_emulator_rules.py use 256
   or 200 partitions; a limit loosened by one (129 accepted) passes those.

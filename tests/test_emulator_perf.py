@@ -67,5 +67,5 @@ def test_trace_only_full_attention_under_a_minute():
     assert n == instructions_per_call(H, Sq, Sk)
     print(f"\n[measured] trace-only attention {H}x{Sq}x{Sk}x{D}: {n} instructions in {dt:.1f} s "
           f"({dt / n * 1e6:.1f} us/instruction)")  # fmt: skip
-    # Budget: 1.5 M instructions in < 60 s (issue #2) => 40 us/instruction.
+    # Budget: 1.5 M instructions in < 60 s => 40 us/instruction.
     assert dt / n < 40e-6

@@ -5,7 +5,7 @@
 * Trace-only and full-arithmetic runs of the project's kernels (attention, attention segments, RoPE, KV
   cache) record identical traces: the same records, counts and first-seen order.
 * Slow: the production attention kernel at Wan shapes (Lq=23,400, Lk=32,760, H=12, D=128, bf16, LNC2)
-  traces in under a minute (issue #2). The figure is *measured* CPU wall clock and depends on machine load
+  traces in under a minute. The figure is *measured* CPU wall clock and depends on machine load
   (2 cores shared with other jobs); the test prints it with the load average.
 """
 
@@ -173,7 +173,7 @@ def test_trace_only_production_attention_under_a_minute():
         f"\n[measured] trace-only attention_kernel[2] Lq={Lq} Lk={Lk} H={H} D={D} bf16: {n} instructions in "
         f"{dt:.1f} s ({dt / n * 1e6:.2f} us/instruction), load average {load:.2f} at start"
     )
-    # Issue #2: under a minute. Measured 12.4 s at load 2.2 on this 2-core machine; a much higher load
+    # The trace-speed budget: under a minute. Measured 12.4 s at load 2.2 on this 2-core machine; a much higher load
     # from other jobs can stretch it.
     assert dt < 60.0
 

@@ -277,5 +277,5 @@ def test_merged_stream_on_emulator_equals_reference() -> None:
         res[be] = torch.cat([c.latents for c in chunks], dim=1)
     err = (res["emulator"] - res["reference"]).abs().max().item()
     assert res["reference"].abs().max().item() > 0.1  # a real stream, not zeros
-    bound = numerics.FP32_ISSUE_BOUND  # issue 5; measured 1.4e-06
+    bound = numerics.FP32_ISSUE_BOUND  # measured 1.4e-06
     assert err <= bound, f"merged stream emulator vs reference: max abs error {err:.3e} > {bound:.0e}"

@@ -39,7 +39,7 @@ P = PipelineConfig()
 # 12 blocks: warm-up, steady windows, the sink leaving the update pass (block 7), a ring wrap (block 8
 # re-uses slot 1: tail working caches split into two ring segments) and the 4 tail windows
 NB = 12
-FP32_TOL = numerics.FP32_ISSUE_BOUND  # issue 5's bound for fp32 (measured ~2e-6: reordered fp32 sums)
+FP32_TOL = numerics.FP32_ISSUE_BOUND  # the fp32 equivalence bound (measured ~2e-6: reordered fp32 sums)
 
 
 @pytest.fixture(scope="module")

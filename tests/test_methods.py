@@ -15,7 +15,7 @@ from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.methods import METHOD_NAMES, METHODS, StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
-from tests.numerics import FP32_ISSUE_BOUND  # issue 4's fp32 stream-equivalence bound (1e-5)
+from tests.numerics import FP32_ISSUE_BOUND  # the fp32 stream-equivalence bound (1e-5)
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 from tests.pipeline_helpers import text_embeds, tiny_model
 
@@ -95,7 +95,8 @@ CASES = [
 def test_method_equals_reference_loop(
     model: CausalWanModel, method: str, positions: str, nb: int, ref_kw: dict, switch: int | None
 ) -> None:
-    """fp32, tiny model: the driver's stream equals the method's reference loop within issue 4's bound
+    """fp32, tiny model: the driver's stream equals the method's reference loop within the fp32
+    stream-equivalence bound
     (measured: absolute ~1e-6 from partial-attention merging; relative adds RoPE rounding)."""
     got = _drive(model, method, nb, positions, switch)
     ref = _reference(model, method, nb, switch, **ref_kw)
@@ -113,7 +114,8 @@ def test_batched_update_equals_two_pass(
     model: CausalWanModel, method: str, positions: str, nb: int, switch: int | None
 ) -> None:
     """merged=True batches each block's cache update with the next block's first denoise call: the
-    same stream within issue 5's bound (measured <= 2e-6, fp32 reordering), one forward fewer per block
+    same stream within the fp32 equivalence bound (measured <= 2e-6, fp32 reordering), one forward fewer
+    per block
     (an update before a prompt switch runs alone; the last block's update, never read, is not run)."""
     two_stats: dict = {}
     one_stats: dict = {}
@@ -138,7 +140,7 @@ def test_static_stream_one_signature_equals_two_pass(
     """static=True: every call is one rolling_forcing.merged.merged_forward of [held-back update (masked
     when none) + the block to denoise] with index tensors: one input signature for the whole stream
     (a switch adds its eager update-alone and re-cache passes), equal to the two-pass stream within
-    issue 5's bound (measured <= 1.9e-6)."""
+    the fp32 equivalence bound (measured <= 1.9e-6)."""
     two = _drive(model, method, nb, positions, switch, merged=False)
     st: dict = {}
     one = _drive(model, method, nb, positions, switch, stats=st, static=True)

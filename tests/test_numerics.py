@@ -1,5 +1,5 @@
 """Self-test of the tolerance helpers (tests/numerics.py): a NaN or an unmatched inf is never within
-tolerance, finite data inside the rule passes, finite data one step outside fails (issue 17)."""
+tolerance, finite data inside the rule passes, finite data one step outside fails."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Analytic perf helpers against their definitions (issue 17 mutation survivors): the DMA efficiency step
+"""Analytic perf helpers against their definitions (mutation-check survivors): the DMA efficiency step
 curve, the DMA time caps, and the per-core activation footprint at a TP != SP layout.
 
 Figures here are *modelled* (no hardware); the expected values are written from each docstring's

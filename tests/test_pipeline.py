@@ -12,7 +12,7 @@ from reference.rolling_forcing import rolling_forcing_reference
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
-from tests.numerics import FP32_ISSUE_BOUND, worst_of  # issue 4: fp32 stream equivalence within 1e-5
+from tests.numerics import FP32_ISSUE_BOUND, worst_of  # fp32 stream equivalence within 1e-5
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 from tests.pipeline_helpers import text_embeds, tiny_model
 

@@ -1,5 +1,6 @@
 """The sharded stream serves the sequential methods from the same plans: sharded == unsharded at fp32
-(issue 6's bound) for Self-Forcing, CausVid and LongLive (with a re-cached prompt switch on TP2 x SP2)."""
+(the fp32 stream-equivalence bound) for Self-Forcing, CausVid and LongLive (with a re-cached prompt
+switch on TP2 x SP2)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from tests.numerics import FP32_ISSUE_BOUND
 from tests.pipeline_helpers import TINY, text_embeds, tiny_model
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 
-TOL = FP32_ISSUE_BOUND  # issue 6 (see the module docstring for the measured error)
+TOL = FP32_ISSUE_BOUND  # fp32 sharded-vs-unsharded bound (see the module docstring for the measured error)
 TIMEOUT_S = 20.0
 # 15 tokens per frame, 45 per block: every pass's token count is odd (splits 12/11/11/11 on 4 ranks)
 ODD = dataclasses.replace(TINY, name="tiny-odd", latent_height=6, latent_width=10)

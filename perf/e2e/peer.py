@@ -27,7 +27,8 @@ PEER_PRESET = "wan2.1-1.3b"
 """The peer runs Wan2.1-T2V-1.3B."""
 
 CALIBRATION_BAND = 1.3
-"""The end-to-end calibration target: predicted / measured peer fps within x1.3 (issue 10, item 5)."""
+"""The end-to-end calibration target: predicted / measured peer fps within x1.3 (the project's calibration
+target for the end-to-end model, see docs/e2e_model.md)."""
 
 _RF = "github.com/yahavb/rolling_forcing"
 

@@ -81,7 +81,7 @@ def kernel_pricing_lines(r: E2EResult) -> list[str]:
         "single-buffered, so the schedule serialises its engines (each TensorE matmul waits for the "
         "eviction of the previous tile's contents, write-after-read) instead of overlapping them as v1's "
         "max-engine bound assumed. It is not tuned away here; the attention redesign (multi-buffered PSUM, "
-        "overlapped engines) is issue 13's work, and every fps below carries this figure.\n",
+        "overlapped engines) is separate, later work, and every fps below carries this figure.\n",
     ]
 
 
