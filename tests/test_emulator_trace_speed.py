@@ -174,8 +174,7 @@ def test_trace_only_production_attention_under_a_minute():
         f"{dt:.1f} s ({dt / n * 1e6:.2f} us/instruction), load average {load:.2f} at start"
     )
     # The trace-speed budget: under a minute. Measured 12.4 s at load 2.2 on this 2-core machine; a much
-    # higher load
-    # from other jobs can stretch it.
+    # higher load from other jobs can stretch it.
     assert dt < 60.0
 
 
