@@ -212,21 +212,41 @@ def _transpose_p_dma(pT_sb, p_sb, qr, nd):
         )
 
 
+def _issue_p_transpose(unit, pT_sb, pT_ps, p_sb, qr, nbc):
+    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` by
+    :func:`_pe_transpose_p`, or a DMA group (slots >= 0, in chunk order) by :func:`_transpose_p_dma`."""
+    if unit[0][3] < 0:
+        _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, unit[0][2])
+    else:
+        _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
+
+
+def _issue_pv(unit, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc):
+    """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order."""
+    for ci, c0, kc, slot, col in unit:
+        blk0 = max(slot, 0) * nbc
+        _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, col : col + 1], blk0, c0, kc, qr, dv, ci == 0)
+
+
 GPSIMD_MAX_MIN_WIDTH = 512
 """Rows at least this wide are halved with GpSimdE ``maximum`` (2048 -> 1024 -> 512 -> 256 for a full chunk)
 before VectorE reduces the rest: GpSimdE has headroom, VectorE does not."""
 
 
-def _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w):
-    """Row max of the PSUM scores ``s_view`` ``[qr, nsub, w]`` into ``bmax`` ``[qr, 1]``.
+def _copy_scores(s_bf, s_view, qr, kc, nsub, w):
+    """VectorE copies the fp32 PSUM scores ``s_view`` ``[qr, nsub, w]`` to bf16 ``s_bf[:qr, :kc]`` (half rate
+    from PSUM): the input of :func:`_row_max`, and what frees the PSUM scores' first reader."""
+    nisa.tensor_copy(s_bf[:qr, :kc].reshape_dim(1, (nsub, w)), s_view, engine=nisa.vector_engine)
 
-    VectorE copies the fp32 scores to bf16 in SBUF (half rate from PSUM); GpSimdE (which cannot read PSUM)
-    halves the row with elementwise ``maximum`` while the row is >= :data:`GPSIMD_MAX_MIN_WIDTH` and even;
-    VectorE reduces the rest at the bf16 rate. The max is only the softmax stabiliser: the same (bf16-rounded)
-    value is used in every exp and in the lse, so the rounding cancels exactly up to fp32 arithmetic.
+
+def _row_max(bmax, s_bf, mx_a, mx_b, qr, kc):
+    """Row max of the bf16 scores ``s_bf[:qr, :kc]`` (from :func:`_copy_scores`) into ``bmax`` ``[qr, 1]``.
+
+    GpSimdE (which cannot read PSUM) halves the row with elementwise ``maximum`` while the row is >=
+    :data:`GPSIMD_MAX_MIN_WIDTH` and even; VectorE reduces the rest at the bf16 rate. The max is only the softmax
+    stabiliser: the same (bf16-rounded) value is used in every exp and in the lse, so the rounding cancels
+    exactly up to fp32 arithmetic.
     """
-    s_flat = s_bf[:qr, :kc].reshape_dim(1, (nsub, w))
-    nisa.tensor_copy(s_flat, s_view, engine=nisa.vector_engine)
     cur = s_bf
     width = kc
     bufs = (mx_a, mx_b)
@@ -309,9 +329,8 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
     if not l_in_v:
         w["rs"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
         w["l_sum"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    w["alpha"] = nl.ndarray(
-        (PMAX, gmax), dtype=f32, buffer=nl.sbuf
-    )  # one column per chunk of a pending group
+    # two sets of one column per chunk of a group: the unit whose PV is deferred and the one being built
+    w["alpha"] = nl.ndarray((PMAX, 2 * gmax), dtype=f32, buffer=nl.sbuf)
     for name in ("nm_a", "nm_b", "rl", "lse_t"):
         w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     return w
@@ -334,7 +353,7 @@ def _flash_rows(
     dv = v_sb.shape[2]
     two_byte = q.dtype != nl.float32
     KC = w["s_bf"].shape[1]
-    gmax = w["alpha"].shape[1]
+    gmax = w["alpha"].shape[1] // 2
     nbc = KC // PMAX
     qT, s_ps, p_sb, pT_sb, pT_ps = w["qT"], w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"]
     pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
@@ -344,9 +363,12 @@ def _flash_rows(
         _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
         nm_old, nm_new = w["nm_a"], w["nm_b"]
         plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
-        pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
+        pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
+        deferred: list[tuple[int, int, int, int, int]] = []  # the previous unit, its P^T and PV not yet issued
+        unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile; alpha set = unit % 2
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
+            col = (unit % 2) * gmax + slot
             nsub = (kc + BANK - 1) // BANK
             wd = min(kc, BANK)
             for j in range(nsub):
@@ -357,9 +379,14 @@ def _flash_rows(
                     accumulate=False,
                 )
             s_view = s_ps[:qr, :nsub, :wd]
-            _row_max(bmax, s_view, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc, nsub, wd)
+            _copy_scores(w["s_bf"], s_view, qr, kc, nsub, wd)
+            # software pipeline: the previous unit's P^T goes here (it reads P before this chunk's exp
+            # overwrites it) and its PV after this chunk's exp, so TensorE / VectorE work on both chunks
+            if deferred:
+                _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, qr, nbc)
+            _row_max(bmax, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc)
             p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, wd))
-            a_col = alpha[:qr, slot : slot + 1]
+            a_col = alpha[:qr, col : col + 1]
             if ci == 0:
                 nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
             else:
@@ -385,23 +412,24 @@ def _flash_rows(
                     nisa.scalar_tensor_tensor(
                         w["l_sum"][:qr], w["l_sum"][:qr], nl.multiply, a_col, nl.add, w["rs"][:qr]
                     )
+            if deferred:
+                _issue_pv(deferred, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc)
+                deferred = []
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
-            # chunk order; any other chunk is transposed per 128-key block on TensorE right away
+            # chunk order; any other chunk is transposed per 128-key block on TensorE
             if dma:
-                pending.append((ci, c0, kc, slot))
+                pending.append((ci, c0, kc, slot, col))
                 if flush:
-                    _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * nbc)
-                    for pci, pc0, pkc, ps in pending:
-                        _pv_update(
-                            pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1], ps * nbc, pc0, pkc, qr, dv,
-                            pci == 0,
-                        )  # fmt: skip
-                    pending = []
+                    deferred, pending = pending, []
+                    unit += 1
             else:
-                _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
-                _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, dv, ci == 0)
+                deferred = [(ci, c0, kc, -1, col)]
+                unit += 1
             nm_old, nm_new = nm_new, nm_old
+        if deferred:
+            _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, qr, nbc)
+            _issue_pv(deferred, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc)
         # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
         if l_in_v:
             l_col = o_acc[:qr, D : D + 1]
@@ -440,7 +468,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + PMAX + KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + dma_group)
+        fixed = isz * (nkt * PMAX + nkt * D + PMAX + KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + 2 * dma_group)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
     w = _flash_buffers(D, D, KC, gmax, dt, False)
 
