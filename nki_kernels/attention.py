@@ -212,11 +212,12 @@ def _transpose_p_dma(pT_sb, p_sb, qr, nd):
         )
 
 
-def _issue_p_transpose(unit, pT_sb, pT_ps, p_sb, qr, nbc):
-    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` by
-    :func:`_pe_transpose_p`, or a DMA group (slots >= 0, in chunk order) by :func:`_transpose_p_dma`."""
+def _issue_p_transpose(unit, pT_sb, pT_ps, p_sb, p_pe, qr, nbc):
+    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` (its P in ``p_pe``)
+    by :func:`_pe_transpose_p`, or a DMA group (slots >= 0 of ``p_sb``, in chunk order) by
+    :func:`_transpose_p_dma`."""
     if unit[0][3] < 0:
-        _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, unit[0][2])
+        _pe_transpose_p(pT_sb, pT_ps, p_pe, qr, unit[0][2])
     else:
         _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
 
@@ -313,11 +314,13 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
     row sums) only without ``l_in_v``."""
     f32 = nl.float32
     w = {
-        "qT": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
+        "qT_a": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
+        "qT_b": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
         "s_ps": nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum),
         "pT_ps": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum),
         "pv_ps": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum),
         "p_sb": nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf),
+        "p_pe": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
         "pT_sb": nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
         "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
         "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
@@ -355,11 +358,12 @@ def _flash_rows(
     KC = w["s_bf"].shape[1]
     gmax = w["alpha"].shape[1] // 2
     nbc = KC // PMAX
-    qT, s_ps, p_sb, pT_sb, pT_ps = w["qT"], w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"]
+    s_ps, p_sb, pT_sb, pT_ps = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"]
     pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
     for q0 in range(q_lo, q_hi, PMAX):
         qr = min(PMAX, q_hi - q0)
+        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]  # the next tile's q^T loads during this one
         _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
         nm_old, nm_new = w["nm_a"], w["nm_b"]
         plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
@@ -383,9 +387,10 @@ def _flash_rows(
             # software pipeline: the previous unit's P^T goes here (it reads P before this chunk's exp
             # overwrites it) and its PV after this chunk's exp, so TensorE / VectorE work on both chunks
             if deferred:
-                _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, qr, nbc)
+                _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, w["p_pe"], qr, nbc)
             _row_max(bmax, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc)
-            p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, wd))
+            p_dst = p_sb[:qr, slot * KC : slot * KC + kc] if dma else w["p_pe"][:qr, :kc]
+            p_view = p_dst.reshape_dim(1, (nsub, wd))
             a_col = alpha[:qr, col : col + 1]
             if ci == 0:
                 nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
@@ -428,7 +433,7 @@ def _flash_rows(
                 unit += 1
             nm_old, nm_new = nm_new, nm_old
         if deferred:
-            _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, qr, nbc)
+            _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, w["p_pe"], qr, nbc)
             _issue_pv(deferred, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc)
         # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
         if l_in_v:
@@ -468,7 +473,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + PMAX + KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + 2 * dma_group)
+        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + 2 * dma_group)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
     w = _flash_buffers(D, D, KC, gmax, dt, False)
 
