@@ -325,9 +325,9 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
         "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
         "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
         "bmax": nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf),
-        "s_bf": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
-        "mx_a": nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf),
-        "mx_b": nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf),
+        "s_bf": nl.ndarray((PMAX, KC), dtype=f32, buffer=nl.sbuf),
+        "mx_a": nl.ndarray((PMAX, KC // 2), dtype=f32, buffer=nl.sbuf),
+        "mx_b": nl.ndarray((PMAX, KC // 4), dtype=f32, buffer=nl.sbuf),
     }
     if not l_in_v:
         w["rs"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
@@ -382,8 +382,8 @@ def _flash_rows(
                     moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
                     accumulate=False,
                 )
-            s_view = s_ps[:qr, :nsub, :wd]
-            _copy_scores(w["s_bf"], s_view, qr, kc, nsub, wd)
+            _copy_scores(w["s_bf"], s_ps[:qr, :nsub, :wd], qr, kc, nsub, wd)
+            s_view = w["s_bf"][:qr, :kc].reshape_dim(1, (nsub, wd))
             # software pipeline: the previous unit's P^T goes here (it reads P before this chunk's exp
             # overwrites it) and its PV after this chunk's exp, so TensorE / VectorE work on both chunks
             if deferred:
@@ -473,7 +473,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + 2 * dma_group)
+        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + KC + D + 1) + 4 * (KC + KC // 2 + KC // 4 + D + 7 + 2 * dma_group)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
     w = _flash_buffers(D, D, KC, gmax, dt, False)
 
