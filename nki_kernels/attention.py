@@ -212,21 +212,30 @@ def _transpose_p_dma(pT_sb, p_sb, qr, nd):
         )
 
 
-def _issue_p_transpose(unit, pT_sb, pT_ps, p_sb, p_pe, qr, nbc):
-    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` (its P in ``p_pe``)
-    by :func:`_pe_transpose_p`, or a DMA group (slots >= 0 of ``p_sb``, in chunk order) by
-    :func:`_transpose_p_dma`."""
+def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc):
+    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` (P in ``p_pe``, P^T
+    to ``pT_pe``) by :func:`_pe_transpose_p`, or a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to
+    ``pT_sb``) by :func:`_transpose_p_dma`."""
     if unit[0][3] < 0:
-        _pe_transpose_p(pT_sb, pT_ps, p_pe, qr, unit[0][2])
+        _pe_transpose_p(pT_pe, pT_ps, p_pe, qr, unit[0][2])
     else:
         _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
 
 
-def _issue_pv(unit, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc):
+def _issue_pv(unit, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
     """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order."""
     for ci, c0, kc, slot, col in unit:
-        blk0 = max(slot, 0) * nbc
-        _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, col : col + 1], blk0, c0, kc, qr, dv, ci == 0)
+        src = pT_pe if slot < 0 else pT_sb
+        _pv_update(pv_ps, o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv, ci == 0)
+
+
+DMA_PV_DELAY = 2
+"""Key chunks a DMA-transposed group's PV matmuls (and every later unit's, the o updates keep the chunk order)
+wait after its transposes are issued, so the in-order TensorE / VectorE queues keep working on the next
+chunks' scores while the DMA runs (modelled; see docs/kernels/attention.md)."""
+
+ALPHA_SETS = DMA_PV_DELAY + 2
+"""Sets of alpha columns (one column per chunk of a unit): a unit's set is reused only after its PV."""
 
 
 GPSIMD_MAX_MIN_WIDTH = 512
@@ -321,6 +330,7 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
         "pv_ps": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum),
         "p_sb": nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf),
         "p_pe": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
+        "pT_pe": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
         "pT_sb": nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
         "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
         "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
@@ -333,7 +343,7 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
         w["rs"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
         w["l_sum"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     # two sets of one column per chunk of a group: the unit whose PV is deferred and the one being built
-    w["alpha"] = nl.ndarray((PMAX, 2 * gmax), dtype=f32, buffer=nl.sbuf)
+    w["alpha"] = nl.ndarray((PMAX, ALPHA_SETS * gmax), dtype=f32, buffer=nl.sbuf)
     for name in ("nm_a", "nm_b", "rl", "lse_t"):
         w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     return w
@@ -356,9 +366,9 @@ def _flash_rows(
     dv = v_sb.shape[2]
     two_byte = q.dtype != nl.float32
     KC = w["s_bf"].shape[1]
-    gmax = w["alpha"].shape[1] // 2
+    gmax = w["alpha"].shape[1] // ALPHA_SETS
     nbc = KC // PMAX
-    s_ps, p_sb, pT_sb, pT_ps = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"]
+    s_ps, p_sb, pT_sb, pT_ps, pT_pe = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"], w["pT_pe"]
     pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
     for q0 in range(q_lo, q_hi, PMAX):
@@ -368,11 +378,29 @@ def _flash_rows(
         nm_old, nm_new = w["nm_a"], w["nm_b"]
         plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
         pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
-        deferred: list[tuple[int, int, int, int, int]] = []  # the previous unit, its P^T and PV not yet issued
-        unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile; alpha set = unit % 2
+        done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
+        queue: list[tuple[int, int, list[tuple[int, int, int, int, int]]]] = []  # (ready ci, set, unit)
+        unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile
+
+        def flush_until(pred):
+            # issue queued PVs (in order) up to and including the last unit matching pred
+            last = max((i for i, (_, st, u) in enumerate(queue) if pred(st, u)), default=-1)
+            for _, _, u in queue[: last + 1]:
+                _issue_pv(u, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
+            del queue[: last + 1]
+
+        def transpose_done(ci):
+            # P^T of the completed unit; a queued unit still reading the same P^T tile goes first
+            is_pe = done[0][3] < 0
+            flush_until(lambda st, u: (u[0][3] < 0) == is_pe)
+            _issue_p_transpose(done, pT_sb, pT_pe, pT_ps, p_sb, w["p_pe"], qr, nbc)
+            queue.append((ci + (0 if is_pe else DMA_PV_DELAY), (unit - 1) % ALPHA_SETS, list(done)))
+            done.clear()
+
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
-            col = (unit % 2) * gmax + slot
+            aset = unit % ALPHA_SETS
+            col = aset * gmax + slot
             nsub = (kc + BANK - 1) // BANK
             wd = min(kc, BANK)
             for j in range(nsub):
@@ -385,9 +413,11 @@ def _flash_rows(
             _copy_scores(w["s_bf"], s_ps[:qr, :nsub, :wd], qr, kc, nsub, wd)
             s_view = w["s_bf"][:qr, :kc].reshape_dim(1, (nsub, wd))
             # software pipeline: the previous unit's P^T goes here (it reads P before this chunk's exp
-            # overwrites it) and its PV after this chunk's exp, so TensorE / VectorE work on both chunks
-            if deferred:
-                _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, w["p_pe"], qr, nbc)
+            # overwrites it), PVs after this chunk's exp (a DMA group's DMA_PV_DELAY chunks later), so the
+            # in-order engines work on several chunks at once
+            if done:
+                transpose_done(ci)
+            flush_until(lambda st, u: st == aset)  # this chunk's alpha column is free
             _row_max(bmax, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc)
             p_dst = p_sb[:qr, slot * KC : slot * KC + kc] if dma else w["p_pe"][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
@@ -417,24 +447,23 @@ def _flash_rows(
                     nisa.scalar_tensor_tensor(
                         w["l_sum"][:qr], w["l_sum"][:qr], nl.multiply, a_col, nl.add, w["rs"][:qr]
                     )
-            if deferred:
-                _issue_pv(deferred, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc)
-                deferred = []
+            while queue and queue[0][0] <= ci:
+                _issue_pv(queue.pop(0)[2], pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
             # chunk order; any other chunk is transposed per 128-key block on TensorE
             if dma:
                 pending.append((ci, c0, kc, slot, col))
                 if flush:
-                    deferred, pending = pending, []
+                    done[:], pending = pending, []
                     unit += 1
             else:
-                deferred = [(ci, c0, kc, -1, col)]
+                done[:] = [(ci, c0, kc, -1, col)]
                 unit += 1
             nm_old, nm_new = nm_new, nm_old
-        if deferred:
-            _issue_p_transpose(deferred, pT_sb, pT_ps, p_sb, w["p_pe"], qr, nbc)
-            _issue_pv(deferred, pv_ps, o_acc, pT_sb, v_sb, alpha, qr, dv, nbc)
+        if done:
+            transpose_done(len(chunks))
+        flush_until(lambda st, u: True)
         # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
         if l_in_v:
             l_col = o_acc[:qr, D : D + 1]
@@ -473,7 +502,8 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + KC + D + 1) + 4 * (KC + KC // 2 + KC // 4 + D + 7 + 2 * dma_group)
+        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (KC + KC // 2 + KC // 4 + D + 7)
+        fixed += 4 * ALPHA_SETS * dma_group
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
     w = _flash_buffers(D, D, KC, gmax, dt, False)
 
