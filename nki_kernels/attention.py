@@ -51,15 +51,17 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.attention_pv import (
+    ALPHA_SETS,
+    DMA_PV_DELAY,
+    HWDGE_ROWS,
+    PMAX,
+    PvQueue,
+    _issue_p_transpose,
+)
 
-PMAX = 128
 BANK = 512
 """fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
-
-SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
-"""Fraction of the TensorE-transposed P^T blocks evicted PSUM->SBUF by ScalarE (2/8; the rest on VectorE),
-chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
-model."""
 
 DMA_TRANSPOSE_CHUNKS = (3, 5)
 """Fraction ``(num, den)`` of the P^T *groups* (up to :data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks
@@ -130,54 +132,6 @@ def p_transpose_plan(
     return plan, n_grp
 
 
-def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc):
-    """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM, evicted to SBUF (VectorE,
-    ScalarE for :data:`SCALAR_EVICT_NUM` / :data:`SCALAR_EVICT_DEN` of the blocks)."""
-    for t in range((kc + PMAX - 1) // PMAX):
-        kr = min(PMAX, kc - t * PMAX)
-        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
-        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
-            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
-        else:
-            nisa.tensor_copy(pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine)
-
-
-def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
-    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks),
-    then ``o = PV`` (first chunk) or ``o = o * alpha + PV`` (VectorE, fp32)."""
-    for t in range((kc + PMAX - 1) // PMAX):
-        kr = min(PMAX, kc - t * PMAX)
-        kt = (c0 + t * PMAX) // PMAX
-        nisa.nc_matmul(
-            pv_ps[:qr, :dv],
-            stationary=pT_sb[:kr, blk0 + t, :qr],
-            moving=v_sb[:kr, kt, :dv],
-            accumulate=t > 0,
-        )
-    if first:
-        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :dv], engine=nisa.vector_engine)
-    else:
-        nisa.scalar_tensor_tensor(o_acc[:qr], o_acc[:qr], nl.multiply, alpha, nl.add, pv_ps[:qr, :dv])
-
-
-HWDGE_ROWS = 16
-"""Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
-sources need ``src.shape[0]`` in {1, 2, 4, 8, 16} and ``(src.shape[0] * src.shape[-2]) % 16 == 0``)."""
-
-
-def _pow2_pieces(n: int) -> list[tuple[int, int]]:
-    """Split ``[0, n)`` into ``(start, size)`` pieces of at most 16 rows, sizes in {1, 2, 4, 8, 16}."""
-    out = []
-    r = 0
-    while r < n:
-        a = HWDGE_ROWS
-        while a > n - r:
-            a //= 2
-        out.append((r, a))
-        r += a
-    return out
-
-
 def _load_transposed(dst, src, n, two_byte):
     """``dst[:, :n] = src[:n, :].T`` for an HBM view ``src`` ``[n, D]`` (rows any stride) into SBUF ``dst``
     ``[D, >= n]``, in hardware-DGE-legal forms (2-byte dtypes).
@@ -198,44 +152,6 @@ def _load_transposed(dst, src, n, two_byte):
     nisa.dma_transpose(dst=dst[:, :n16].reshape_dim(1, (nc, HWDGE_ROWS)), src=src3, axes=(2, 1, 0))
     if n16 < n:
         nisa.dma_transpose(dst=dst[:, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0))
-
-
-def _transpose_p_dma(pT_sb, p_sb, qr, nd):
-    """P^T of a full chunk by SBUF->SBUF DMA in hardware-DGE-legal pieces: for each group of at most 16 query
-    partitions (sizes in {1, 2, 4, 8, 16}), ``p_sb[q0:q0+A, nd blocks, 128 k] -> pT_sb[128 k, nd, q0:q0+A]``
-    (3-D, permutation (2, 1, 0); ``(A * nd) % 16 == 0`` as nd = 16)."""
-    for q0, a in _pow2_pieces(qr):
-        nisa.dma_transpose(
-            dst=pT_sb[:PMAX, :nd, q0 : q0 + a],
-            src=p_sb[q0 : q0 + a, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
-            axes=(2, 1, 0),
-        )
-
-
-def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc):
-    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` (P in ``p_pe``, P^T
-    to ``pT_pe``) by :func:`_pe_transpose_p`, or a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to
-    ``pT_sb``) by :func:`_transpose_p_dma`."""
-    if unit[0][3] < 0:
-        _pe_transpose_p(pT_pe, pT_ps, p_pe, qr, unit[0][2])
-    else:
-        _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
-
-
-def _issue_pv(unit, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
-    """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order."""
-    for ci, c0, kc, slot, col in unit:
-        src = pT_pe if slot < 0 else pT_sb
-        _pv_update(pv_ps, o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv, ci == 0)
-
-
-DMA_PV_DELAY = 2
-"""Key chunks a DMA-transposed group's PV matmuls (and every later unit's, the o updates keep the chunk order)
-wait after its transposes are issued, so the in-order TensorE / VectorE queues keep working on the next
-chunks' scores while the DMA runs (modelled; see docs/kernels/attention.md)."""
-
-ALPHA_SETS = DMA_PV_DELAY + 2
-"""Sets of alpha columns (one column per chunk of a unit): a unit's set is reused only after its PV."""
 
 
 GPSIMD_MAX_MIN_WIDTH = 512
@@ -349,6 +265,16 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
     return w
 
 
+def _transpose_unit(unit, queue, ci, alpha_set, w, qr, nbc):
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV: due at chunk ``ci`` for a
+    TensorE chunk, :data:`DMA_PV_DELAY` chunks later for a DMA group. A queued unit still reading the same P^T
+    tile (``pT_pe`` or ``pT_sb``) is issued first."""
+    is_pe = unit[0][3] < 0
+    queue.flush_until(lambda st, u: (u[0][3] < 0) == is_pe)
+    _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc)
+    queue.push(ci + (0 if is_pe else DMA_PV_DELAY), alpha_set, list(unit))
+
+
 def _flash_rows(
     w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse, l_in_v
 ):
@@ -368,7 +294,7 @@ def _flash_rows(
     KC = w["s_bf"].shape[1]
     gmax = w["alpha"].shape[1] // ALPHA_SETS
     nbc = KC // PMAX
-    s_ps, p_sb, pT_sb, pT_ps, pT_pe = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"], w["pT_pe"]
+    s_ps, p_sb, pT_sb, pT_pe = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_pe"]
     pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
     for q0 in range(q_lo, q_hi, PMAX):
@@ -379,24 +305,8 @@ def _flash_rows(
         plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
         pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
         done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
-        queue: list[tuple[int, int, list[tuple[int, int, int, int, int]]]] = []  # (ready ci, set, unit)
+        queue = PvQueue(pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
         unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile
-
-        def flush_until(pred):
-            # issue queued PVs (in order) up to and including the last unit matching pred
-            last = max((i for i, (_, st, u) in enumerate(queue) if pred(st, u)), default=-1)
-            for _, _, u in queue[: last + 1]:
-                _issue_pv(u, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
-            del queue[: last + 1]
-
-        def transpose_done(ci):
-            # P^T of the completed unit; a queued unit still reading the same P^T tile goes first
-            is_pe = done[0][3] < 0
-            flush_until(lambda st, u: (u[0][3] < 0) == is_pe)
-            _issue_p_transpose(done, pT_sb, pT_pe, pT_ps, p_sb, w["p_pe"], qr, nbc)
-            queue.append((ci + (0 if is_pe else DMA_PV_DELAY), (unit - 1) % ALPHA_SETS, list(done)))
-            done.clear()
-
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
             aset = unit % ALPHA_SETS
@@ -416,8 +326,9 @@ def _flash_rows(
             # overwrites it), PVs after this chunk's exp (a DMA group's DMA_PV_DELAY chunks later), so the
             # in-order engines work on several chunks at once
             if done:
-                transpose_done(ci)
-            flush_until(lambda st, u: st == aset)  # this chunk's alpha column is free
+                _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc)
+                done = []
+            queue.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
             _row_max(bmax, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc)
             p_dst = p_sb[:qr, slot * KC : slot * KC + kc] if dma else w["p_pe"][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
@@ -447,23 +358,22 @@ def _flash_rows(
                     nisa.scalar_tensor_tensor(
                         w["l_sum"][:qr], w["l_sum"][:qr], nl.multiply, a_col, nl.add, w["rs"][:qr]
                     )
-            while queue and queue[0][0] <= ci:
-                _issue_pv(queue.pop(0)[2], pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
+            queue.issue_ready(ci)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
             # chunk order; any other chunk is transposed per 128-key block on TensorE
             if dma:
                 pending.append((ci, c0, kc, slot, col))
                 if flush:
-                    done[:], pending = pending, []
+                    done, pending = pending, []
                     unit += 1
             else:
-                done[:] = [(ci, c0, kc, -1, col)]
+                done = [(ci, c0, kc, -1, col)]
                 unit += 1
             nm_old, nm_new = nm_new, nm_old
         if done:
-            transpose_done(len(chunks))
-        flush_until(lambda st, u: True)
+            _transpose_unit(done, queue, len(chunks), (unit - 1) % ALPHA_SETS, w, qr, nbc)
+        queue.flush_until(lambda st, u: True)
         # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
         if l_in_v:
             l_col = o_acc[:qr, D : D + 1]
@@ -502,7 +412,9 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (KC + KC // 2 + KC // 4 + D + 7)
+        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (
+            KC + KC // 2 + KC // 4 + D + 7
+        )
         fixed += 4 * ALPHA_SETS * dma_group
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
     w = _flash_buffers(D, D, KC, gmax, dt, False)
