@@ -23,7 +23,7 @@ Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (204
 PSUM banks; 1024 for fp32):
 
 1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank.
-2. Row max of the chunk: VectorE copies S to bf16 SBUF, GpSimdE halves it three times with ``maximum``,
+2. Row max of the chunk: VectorE copies S to fp32 SBUF, GpSimdE halves it three times with ``maximum``,
    VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
 3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
    (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
@@ -36,6 +36,16 @@ PSUM banks; 1024 for fp32):
    D])`` accumulates the chunk in one PSUM bank. Both transposes are exact copies and the o updates keep the
    chunk order, so the result does not depend on the split or the grouping.
 5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
+
+Buffering and order (cost model v2 prices the dependencies, docs/kernels/attention.md): the scores are copied
+once from PSUM to fp32 SBUF (``s_bf``; exp and the GpSimdE max tree read that copy, and the bf16 max equals the
+max of the bf16-rounded scores since rounding is monotone), so the next chunk's QK^T can reuse the 4 PSUM banks
+of S right after the copy; the chunks are software-pipelined: a unit's P^T (a TensorE chunk, or a DMA group) is
+issued after the next chunk's score copy and its PV / o updates after the next chunk's exp (a DMA group's
+:data:`DMA_PV_DELAY` chunks later; o updates stay in chunk order, :class:`~nki_kernels.attention_pv.PvQueue`).
+TensorE chunks keep P / P^T in their own tiles (``p_pe`` / ``pT_pe``), alpha has :data:`ALPHA_SETS` column
+sets, q^T two tiles (the next query tile's load overlaps). PSUM stays at S 4 + P^T 2 + PV 1 banks (of 8).
+Outputs are bit-identical to the unpipelined kernel.
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
 ``lse = log(l) - nm``. Tails (Lq or Lk not multiples of 128 or 512) are handled by slicing with ``min``.
@@ -69,8 +79,9 @@ of one query tile, 2-byte dtypes) transposed SBUF->SBUF by the DMA instead of by
 chunk; groups are dealt by a running counter per program. NKI 0.6 hardware-DGE transposes take at most 16
 source partitions, so a group costs one ``[<=16 q, 16 x g, 128 k] -> [128 k, 16 x g, <=16 q]`` DMA per 16
 queries (8 per 128-query tile), each landing ``512 x g`` bytes per destination partition. 3/5 (with g = 8)
-balances TensorE against the DMA queues at both Wan shapes, full layer and TP4 x SP2 per core (modelled sweep
-in docs/kernels/attention.md)."""
+balanced TensorE against the DMA queues under cost model v1 (busy-time sums); under v2 (dependency-aware) a
+group's chained transposes sit on the critical path and lower shares model faster (sweep in
+docs/kernels/attention.md), not yet retuned."""
 
 DMA_GROUP_CHUNKS = 8
 """Chunks per DMA-transposed P^T group (``g``): their P stay in SBUF and their PV matmuls wait until one
@@ -160,16 +171,17 @@ before VectorE reduces the rest: GpSimdE has headroom, VectorE does not."""
 
 
 def _copy_scores(s_bf, s_view, qr, kc, nsub, w):
-    """VectorE copies the fp32 PSUM scores ``s_view`` ``[qr, nsub, w]`` to bf16 ``s_bf[:qr, :kc]`` (half rate
-    from PSUM): the input of :func:`_row_max`, and what frees the PSUM scores' first reader."""
+    """VectorE copies the fp32 PSUM scores ``s_view`` ``[qr, nsub, w]`` to the fp32 SBUF tile ``s_bf[:qr, :kc]``
+    (exact; half rate from PSUM): the input of :func:`_row_max` and of the exp, so PSUM's S is free after it."""
     nisa.tensor_copy(s_bf[:qr, :kc].reshape_dim(1, (nsub, w)), s_view, engine=nisa.vector_engine)
 
 
 def _row_max(bmax, s_bf, mx_a, mx_b, qr, kc):
-    """Row max of the bf16 scores ``s_bf[:qr, :kc]`` (from :func:`_copy_scores`) into ``bmax`` ``[qr, 1]``.
+    """Row max of the fp32 scores ``s_bf[:qr, :kc]`` (from :func:`_copy_scores`) into ``bmax`` ``[qr, 1]`` (q's
+    dtype; equal to the max of the rounded scores: rounding is monotone).
 
     GpSimdE (which cannot read PSUM) halves the row with elementwise ``maximum`` while the row is >=
-    :data:`GPSIMD_MAX_MIN_WIDTH` and even; VectorE reduces the rest at the bf16 rate. The max is only the softmax
+    :data:`GPSIMD_MAX_MIN_WIDTH` and even; VectorE reduces the rest. The max is only the softmax
     stabiliser: the same (bf16-rounded) value is used in every exp and in the lse, so the rounding cancels
     exactly up to fp32 arithmetic.
     """
