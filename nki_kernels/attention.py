@@ -23,7 +23,7 @@ Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (204
 PSUM banks; 1024 for fp32):
 
 1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank.
-2. Row max of the chunk: VectorE copies S to bf16 SBUF, GpSimdE halves it three times with ``maximum``,
+2. Row max of the chunk: VectorE copies S to fp32 SBUF, GpSimdE halves it three times with ``maximum``,
    VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
 3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
    (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
@@ -36,6 +36,16 @@ PSUM banks; 1024 for fp32):
    D])`` accumulates the chunk in one PSUM bank. Both transposes are exact copies and the o updates keep the
    chunk order, so the result does not depend on the split or the grouping.
 5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
+
+Buffering and order (cost model v2 prices the dependencies, docs/kernels/attention.md): the scores are copied
+once from PSUM to fp32 SBUF (``s_bf``; exp and the GpSimdE max tree read that copy, and the bf16 max equals the
+max of the bf16-rounded scores since rounding is monotone), so the next chunk's QK^T can reuse the 4 PSUM banks
+of S right after the copy; the chunks are software-pipelined: a unit's P^T (a TensorE chunk, or a DMA group) is
+issued after the next chunk's score copy and its PV / o updates after the next chunk's exp (a DMA group's
+:data:`DMA_PV_DELAY` chunks later; o updates stay in chunk order, :class:`~nki_kernels.attention_pv.PvQueue`).
+TensorE chunks keep P / P^T in their own tiles (``p_pe`` / ``pT_pe``), alpha has :data:`ALPHA_SETS` column
+sets, q^T two tiles (the next query tile's load overlaps). PSUM stays at S 4 + P^T 2 + PV 1 banks (of 8).
+Outputs are bit-identical to the unpipelined kernel.
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
 ``lse = log(l) - nm``. Tails (Lq or Lk not multiples of 128 or 512) are handled by slicing with ``min``.
@@ -51,15 +61,17 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.attention_pv import (
+    ALPHA_SETS,
+    DMA_PV_DELAY,
+    HWDGE_ROWS,
+    PMAX,
+    PvQueue,
+    _issue_p_transpose,
+)
 
-PMAX = 128
 BANK = 512
 """fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
-
-SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
-"""Fraction of the TensorE-transposed P^T blocks evicted PSUM->SBUF by ScalarE (2/8; the rest on VectorE),
-chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
-model."""
 
 DMA_TRANSPOSE_CHUNKS = (3, 5)
 """Fraction ``(num, den)`` of the P^T *groups* (up to :data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks
@@ -67,8 +79,9 @@ of one query tile, 2-byte dtypes) transposed SBUF->SBUF by the DMA instead of by
 chunk; groups are dealt by a running counter per program. NKI 0.6 hardware-DGE transposes take at most 16
 source partitions, so a group costs one ``[<=16 q, 16 x g, 128 k] -> [128 k, 16 x g, <=16 q]`` DMA per 16
 queries (8 per 128-query tile), each landing ``512 x g`` bytes per destination partition. 3/5 (with g = 8)
-balances TensorE against the DMA queues at both Wan shapes, full layer and TP4 x SP2 per core (modelled sweep
-in docs/kernels/attention.md)."""
+balanced TensorE against the DMA queues under cost model v1 (busy-time sums); under v2 (dependency-aware) a
+group's chained transposes sit on the critical path and lower shares model faster (sweep in
+docs/kernels/attention.md), not yet retuned."""
 
 DMA_GROUP_CHUNKS = 8
 """Chunks per DMA-transposed P^T group (``g``): their P stay in SBUF and their PV matmuls wait until one
@@ -130,54 +143,6 @@ def p_transpose_plan(
     return plan, n_grp
 
 
-def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc):
-    """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM, evicted to SBUF (VectorE,
-    ScalarE for :data:`SCALAR_EVICT_NUM` / :data:`SCALAR_EVICT_DEN` of the blocks)."""
-    for t in range((kc + PMAX - 1) // PMAX):
-        kr = min(PMAX, kc - t * PMAX)
-        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
-        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
-            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
-        else:
-            nisa.tensor_copy(pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine)
-
-
-def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
-    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks),
-    then ``o = PV`` (first chunk) or ``o = o * alpha + PV`` (VectorE, fp32)."""
-    for t in range((kc + PMAX - 1) // PMAX):
-        kr = min(PMAX, kc - t * PMAX)
-        kt = (c0 + t * PMAX) // PMAX
-        nisa.nc_matmul(
-            pv_ps[:qr, :dv],
-            stationary=pT_sb[:kr, blk0 + t, :qr],
-            moving=v_sb[:kr, kt, :dv],
-            accumulate=t > 0,
-        )
-    if first:
-        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :dv], engine=nisa.vector_engine)
-    else:
-        nisa.scalar_tensor_tensor(o_acc[:qr], o_acc[:qr], nl.multiply, alpha, nl.add, pv_ps[:qr, :dv])
-
-
-HWDGE_ROWS = 16
-"""Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
-sources need ``src.shape[0]`` in {1, 2, 4, 8, 16} and ``(src.shape[0] * src.shape[-2]) % 16 == 0``)."""
-
-
-def _pow2_pieces(n: int) -> list[tuple[int, int]]:
-    """Split ``[0, n)`` into ``(start, size)`` pieces of at most 16 rows, sizes in {1, 2, 4, 8, 16}."""
-    out = []
-    r = 0
-    while r < n:
-        a = HWDGE_ROWS
-        while a > n - r:
-            a //= 2
-        out.append((r, a))
-        r += a
-    return out
-
-
 def _load_transposed(dst, src, n, two_byte):
     """``dst[:, :n] = src[:n, :].T`` for an HBM view ``src`` ``[n, D]`` (rows any stride) into SBUF ``dst``
     ``[D, >= n]``, in hardware-DGE-legal forms (2-byte dtypes).
@@ -200,33 +165,26 @@ def _load_transposed(dst, src, n, two_byte):
         nisa.dma_transpose(dst=dst[:, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0))
 
 
-def _transpose_p_dma(pT_sb, p_sb, qr, nd):
-    """P^T of a full chunk by SBUF->SBUF DMA in hardware-DGE-legal pieces: for each group of at most 16 query
-    partitions (sizes in {1, 2, 4, 8, 16}), ``p_sb[q0:q0+A, nd blocks, 128 k] -> pT_sb[128 k, nd, q0:q0+A]``
-    (3-D, permutation (2, 1, 0); ``(A * nd) % 16 == 0`` as nd = 16)."""
-    for q0, a in _pow2_pieces(qr):
-        nisa.dma_transpose(
-            dst=pT_sb[:PMAX, :nd, q0 : q0 + a],
-            src=p_sb[q0 : q0 + a, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
-            axes=(2, 1, 0),
-        )
-
-
 GPSIMD_MAX_MIN_WIDTH = 512
 """Rows at least this wide are halved with GpSimdE ``maximum`` (2048 -> 1024 -> 512 -> 256 for a full chunk)
 before VectorE reduces the rest: GpSimdE has headroom, VectorE does not."""
 
 
-def _row_max(bmax, s_view, s_bf, mx_a, mx_b, qr, kc, nsub, w):
-    """Row max of the PSUM scores ``s_view`` ``[qr, nsub, w]`` into ``bmax`` ``[qr, 1]``.
+def _copy_scores(s_bf, s_view, qr, kc, nsub, w):
+    """VectorE copies the fp32 PSUM scores ``s_view`` ``[qr, nsub, w]`` to the fp32 SBUF tile ``s_bf[:qr, :kc]``
+    (exact; half rate from PSUM): the input of :func:`_row_max` and of the exp, so PSUM's S is free after it."""
+    nisa.tensor_copy(s_bf[:qr, :kc].reshape_dim(1, (nsub, w)), s_view, engine=nisa.vector_engine)
 
-    VectorE copies the fp32 scores to bf16 in SBUF (half rate from PSUM); GpSimdE (which cannot read PSUM)
-    halves the row with elementwise ``maximum`` while the row is >= :data:`GPSIMD_MAX_MIN_WIDTH` and even;
-    VectorE reduces the rest at the bf16 rate. The max is only the softmax stabiliser: the same (bf16-rounded)
-    value is used in every exp and in the lse, so the rounding cancels exactly up to fp32 arithmetic.
+
+def _row_max(bmax, s_bf, mx_a, mx_b, qr, kc):
+    """Row max of the fp32 scores ``s_bf[:qr, :kc]`` (from :func:`_copy_scores`) into ``bmax`` ``[qr, 1]`` (q's
+    dtype; equal to the max of the rounded scores: rounding is monotone).
+
+    GpSimdE (which cannot read PSUM) halves the row with elementwise ``maximum`` while the row is >=
+    :data:`GPSIMD_MAX_MIN_WIDTH` and even; VectorE reduces the rest. The max is only the softmax
+    stabiliser: the same (bf16-rounded) value is used in every exp and in the lse, so the rounding cancels
+    exactly up to fp32 arithmetic.
     """
-    s_flat = s_bf[:qr, :kc].reshape_dim(1, (nsub, w))
-    nisa.tensor_copy(s_flat, s_view, engine=nisa.vector_engine)
     cur = s_bf
     width = kc
     bufs = (mx_a, mx_b)
@@ -293,28 +251,40 @@ def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
     row sums) only without ``l_in_v``."""
     f32 = nl.float32
     w = {
-        "qT": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
+        "qT_a": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
+        "qT_b": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
         "s_ps": nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum),
         "pT_ps": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum),
         "pv_ps": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum),
         "p_sb": nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf),
+        "p_pe": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
+        "pT_pe": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
         "pT_sb": nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
         "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
         "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
         "bmax": nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf),
-        "s_bf": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
-        "mx_a": nl.ndarray((PMAX, KC // 2), dtype=dt, buffer=nl.sbuf),
-        "mx_b": nl.ndarray((PMAX, KC // 4), dtype=dt, buffer=nl.sbuf),
+        "s_bf": nl.ndarray((PMAX, KC), dtype=f32, buffer=nl.sbuf),
+        "mx_a": nl.ndarray((PMAX, KC // 2), dtype=f32, buffer=nl.sbuf),
+        "mx_b": nl.ndarray((PMAX, KC // 4), dtype=f32, buffer=nl.sbuf),
     }
     if not l_in_v:
         w["rs"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
         w["l_sum"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    w["alpha"] = nl.ndarray(
-        (PMAX, gmax), dtype=f32, buffer=nl.sbuf
-    )  # one column per chunk of a pending group
+    # two sets of one column per chunk of a group: the unit whose PV is deferred and the one being built
+    w["alpha"] = nl.ndarray((PMAX, ALPHA_SETS * gmax), dtype=f32, buffer=nl.sbuf)
     for name in ("nm_a", "nm_b", "rl", "lse_t"):
         w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     return w
+
+
+def _transpose_unit(unit, queue, ci, alpha_set, w, qr, nbc):
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV: due at chunk ``ci`` for a
+    TensorE chunk, :data:`DMA_PV_DELAY` chunks later for a DMA group. A queued unit still reading the same P^T
+    tile (``pT_pe`` or ``pT_sb``) is issued first."""
+    is_pe = unit[0][3] < 0
+    queue.flush_until(lambda st, u: (u[0][3] < 0) == is_pe)
+    _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc)
+    queue.push(ci + (0 if is_pe else DMA_PV_DELAY), alpha_set, list(unit))
 
 
 def _flash_rows(
@@ -334,19 +304,25 @@ def _flash_rows(
     dv = v_sb.shape[2]
     two_byte = q.dtype != nl.float32
     KC = w["s_bf"].shape[1]
-    gmax = w["alpha"].shape[1]
+    gmax = w["alpha"].shape[1] // ALPHA_SETS
     nbc = KC // PMAX
-    qT, s_ps, p_sb, pT_sb, pT_ps = w["qT"], w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_ps"]
+    s_ps, p_sb, pT_sb, pT_pe = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_pe"]
     pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
     for q0 in range(q_lo, q_hi, PMAX):
         qr = min(PMAX, q_hi - q0)
+        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]  # the next tile's q^T loads during this one
         _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
         nm_old, nm_new = w["nm_a"], w["nm_b"]
         plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
-        pending: list[tuple[int, int, int, int]] = []  # (ci, c0, kc, slot) of the open DMA group
+        pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
+        done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
+        queue = PvQueue(pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
+        unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
+            aset = unit % ALPHA_SETS
+            col = aset * gmax + slot
             nsub = (kc + BANK - 1) // BANK
             wd = min(kc, BANK)
             for j in range(nsub):
@@ -356,10 +332,19 @@ def _flash_rows(
                     moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
                     accumulate=False,
                 )
-            s_view = s_ps[:qr, :nsub, :wd]
-            _row_max(bmax, s_view, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc, nsub, wd)
-            p_view = p_sb[:qr, slot * KC : slot * KC + kc].reshape_dim(1, (nsub, wd))
-            a_col = alpha[:qr, slot : slot + 1]
+            _copy_scores(w["s_bf"], s_ps[:qr, :nsub, :wd], qr, kc, nsub, wd)
+            s_view = w["s_bf"][:qr, :kc].reshape_dim(1, (nsub, wd))
+            # software pipeline: the previous unit's P^T goes here (it reads P before this chunk's exp
+            # overwrites it), PVs after this chunk's exp (a DMA group's DMA_PV_DELAY chunks later), so the
+            # in-order engines work on several chunks at once
+            if done:
+                _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc)
+                done = []
+            queue.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
+            _row_max(bmax, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc)
+            p_dst = p_sb[:qr, slot * KC : slot * KC + kc] if dma else w["p_pe"][:qr, :kc]
+            p_view = p_dst.reshape_dim(1, (nsub, wd))
+            a_col = alpha[:qr, col : col + 1]
             if ci == 0:
                 nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
             else:
@@ -385,23 +370,22 @@ def _flash_rows(
                     nisa.scalar_tensor_tensor(
                         w["l_sum"][:qr], w["l_sum"][:qr], nl.multiply, a_col, nl.add, w["rs"][:qr]
                     )
+            queue.issue_ready(ci)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
-            # chunk order; any other chunk is transposed per 128-key block on TensorE right away
+            # chunk order; any other chunk is transposed per 128-key block on TensorE
             if dma:
-                pending.append((ci, c0, kc, slot))
+                pending.append((ci, c0, kc, slot, col))
                 if flush:
-                    _transpose_p_dma(pT_sb, p_sb, qr, len(pending) * nbc)
-                    for pci, pc0, pkc, ps in pending:
-                        _pv_update(
-                            pv_ps, o_acc, pT_sb, v_sb, alpha[:qr, ps : ps + 1], ps * nbc, pc0, pkc, qr, dv,
-                            pci == 0,
-                        )  # fmt: skip
-                    pending = []
+                    done, pending = pending, []
+                    unit += 1
             else:
-                _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc)
-                _pv_update(pv_ps, o_acc, pT_sb, v_sb, a_col, 0, c0, kc, qr, dv, ci == 0)
+                done = [(ci, c0, kc, -1, col)]
+                unit += 1
             nm_old, nm_new = nm_new, nm_old
+        if done:
+            _transpose_unit(done, queue, len(chunks), (unit - 1) % ALPHA_SETS, w, qr, nbc)
+        queue.flush_until(lambda st, u: True)
         # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
         if l_in_v:
             l_col = o_acc[:qr, D : D + 1]
@@ -440,7 +424,10 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         isz = 2
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + PMAX + KC + KC // 2 + KC // 4 + D + 1) + 4 * (D + 7 + dma_group)
+        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (
+            KC + KC // 2 + KC // 4 + D + 7
+        )
+        fixed += 4 * ALPHA_SETS * dma_group
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
     w = _flash_buffers(D, D, KC, gmax, dt, False)
 

@@ -60,6 +60,7 @@ import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import (
+    ALPHA_SETS,
     HWDGE_ROWS,
     PMAX,
     _chunks,
@@ -301,8 +302,10 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
     gmax = 1
     if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
         # per-partition bytes of every other SBUF tile (K^T, V, K staging, q^T, scores, max tree, small), +4 KiB
-        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + PMAX + KC + KC // 2 + KC // 4 + D + 1)
-        fixed += 4 * (Dv + 6 + dma_group) + 4 * 16 * NB * (G + 1)
+        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (
+            KC + KC // 2 + KC // 4
+        )
+        fixed += 4 * (Dv + 6 + ALPHA_SETS * dma_group) + 4 * 16 * NB * (G + 1)
         fixed += nkt * G  # V's valid column of each group (vcol, uint8)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, KC * 2)
     w = _flash_buffers(D, Dv, KC, gmax, dt, True)

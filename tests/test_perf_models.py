@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from nki_kernels.emulator.cost import DMA_EFFICIENCY_POINTS
@@ -53,3 +54,26 @@ def test_activation_footprint_at_tp4_sp2_matches_its_definition() -> None:
     ffn = 4 * n * d + n * d * b + n * 8960 * b + n * d * b
     got = activation_peak_bytes(m, p, tp, sp)
     assert got == {"attention": attn, "ffn": ffn, "peak": max(attn, ffn)}
+
+
+@pytest.mark.parametrize("m,k,n", [(256, 384, 128), (384, 640, 96)])
+def test_matmul_block_kernel_numerics(m: int, k: int, n: int) -> None:
+    """The software-pipelined block kernel (x^T transposed TRANSPOSE_AHEAD tiles ahead) computes x @ w:
+    against a float64 product of the same bf16 inputs, the error is at most the bf16 output rounding
+    (2^-8 relative) plus the fp32 PSUM accumulation bound (k * 2^-24 * sum |x| |w|)."""
+    import ml_dtypes
+
+    from nki_kernels.emulator import run
+    from perf.matmul_model import TRANSPOSE_AHEAD, matmul_block_kernel
+
+    assert k // 128 > TRANSPOSE_AHEAD  # the lookahead is exercised (more tiles than it)
+    bf = ml_dtypes.bfloat16
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((m, k)).astype(bf)
+    w = rng.standard_normal((k, n)).astype(bf)
+    out = np.asarray(run(matmul_block_kernel, x, w)[0]).astype(np.float64)
+    xf, wf = x.astype(np.float64), w.astype(np.float64)
+    ref = xf @ wf
+    bound = 2.0**-8 * np.abs(ref) + k * 2.0**-24 * (np.abs(xf) @ np.abs(wf))
+    assert out.shape == (m, n)
+    assert np.all(np.abs(out - ref) <= bound)

@@ -1,0 +1,138 @@
+"""P^T and PV stage of the flash attention kernels (:mod:`nki_kernels.attention`,
+:mod:`nki_kernels.attention_block_table`), standalone NKI 0.6 API, and the queue that software-pipelines it.
+
+A *unit* is one TensorE-transposed key chunk or one DMA-transposed group of chunks (see
+:func:`nki_kernels.attention.p_transpose_plan`), a list of ``(ci, c0, kc, slot, col)``: chunk index, first key,
+keys, slot in ``p_sb`` / ``pT_sb`` (-1 for a TensorE chunk: P in ``p_pe``, P^T in ``pT_pe``), alpha column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nki_kernels._nki import nisa, nl
+
+PMAX = 128
+
+SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
+"""Fraction of the TensorE-transposed P^T blocks evicted PSUM->SBUF by ScalarE (2/8; the rest on VectorE),
+chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
+model."""
+
+HWDGE_ROWS = 16
+"""Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
+sources need ``src.shape[0]`` in {1, 2, 4, 8, 16} and ``(src.shape[0] * src.shape[-2]) % 16 == 0``)."""
+
+
+def _pow2_pieces(n: int) -> list[tuple[int, int]]:
+    """Split ``[0, n)`` into ``(start, size)`` pieces of at most 16 rows, sizes in {1, 2, 4, 8, 16}."""
+    out = []
+    r = 0
+    while r < n:
+        a = HWDGE_ROWS
+        while a > n - r:
+            a //= 2
+        out.append((r, a))
+        r += a
+    return out
+
+
+def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc):
+    """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM, evicted to SBUF (VectorE,
+    ScalarE for :data:`SCALAR_EVICT_NUM` / :data:`SCALAR_EVICT_DEN` of the blocks)."""
+    for t in range((kc + PMAX - 1) // PMAX):
+        kr = min(PMAX, kc - t * PMAX)
+        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
+        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
+            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
+        else:
+            nisa.tensor_copy(pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine)
+
+
+def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
+    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks),
+    then ``o = PV`` (first chunk) or ``o = o * alpha + PV`` (VectorE, fp32)."""
+    for t in range((kc + PMAX - 1) // PMAX):
+        kr = min(PMAX, kc - t * PMAX)
+        kt = (c0 + t * PMAX) // PMAX
+        nisa.nc_matmul(
+            pv_ps[:qr, :dv],
+            stationary=pT_sb[:kr, blk0 + t, :qr],
+            moving=v_sb[:kr, kt, :dv],
+            accumulate=t > 0,
+        )
+    if first:
+        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :dv], engine=nisa.vector_engine)
+    else:
+        nisa.scalar_tensor_tensor(o_acc[:qr], o_acc[:qr], nl.multiply, alpha, nl.add, pv_ps[:qr, :dv])
+
+
+def _transpose_p_dma(pT_sb, p_sb, qr, nd):
+    """P^T of a full chunk by SBUF->SBUF DMA in hardware-DGE-legal pieces: for each group of at most 16 query
+    partitions (sizes in {1, 2, 4, 8, 16}), ``p_sb[q0:q0+A, nd blocks, 128 k] -> pT_sb[128 k, nd, q0:q0+A]``
+    (3-D, permutation (2, 1, 0); ``(A * nd) % 16 == 0`` as nd = 16)."""
+    for q0, a in _pow2_pieces(qr):
+        nisa.dma_transpose(
+            dst=pT_sb[:PMAX, :nd, q0 : q0 + a],
+            src=p_sb[q0 : q0 + a, : nd * PMAX].reshape_dim(1, (nd, PMAX)),
+            axes=(2, 1, 0),
+        )
+
+
+def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc):
+    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` (P in ``p_pe``, P^T
+    to ``pT_pe``) by :func:`_pe_transpose_p`, or a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to
+    ``pT_sb``) by :func:`_transpose_p_dma`."""
+    if unit[0][3] < 0:
+        _pe_transpose_p(pT_pe, pT_ps, p_pe, qr, unit[0][2])
+    else:
+        _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
+
+
+def _issue_pv(unit, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
+    """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order."""
+    for ci, c0, kc, slot, col in unit:
+        src = pT_pe if slot < 0 else pT_sb
+        _pv_update(
+            pv_ps, o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv, ci == 0
+        )
+
+
+DMA_PV_DELAY = 2
+"""Key chunks a DMA-transposed group's PV matmuls (and every later unit's, the o updates keep the chunk order)
+wait after its transposes are issued, so the in-order TensorE / VectorE queues keep working on the next
+chunks' scores while the DMA runs (modelled; see docs/kernels/attention.md)."""
+
+ALPHA_SETS = DMA_PV_DELAY + 2
+"""Sets of alpha columns (one column per chunk of a unit): a unit's set is reused only after its PV."""
+
+
+class PvQueue:
+    """Units whose P^T is issued and whose PV matmuls / o updates are not, in chunk order (the o updates must
+    keep it: ``o = o * alpha + PV`` is not associative in fp32). Holds the tiles of one query tile's PV stage.
+
+    ``push`` records a unit with the chunk index from which its PV may be issued; ``issue_ready(ci)`` issues the
+    units due by chunk ``ci``; ``flush_until(pred)`` issues every unit up to the last one matching
+    ``pred(alpha_set, unit)`` (a tile or alpha set about to be rewritten).
+    """
+
+    def __init__(self, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
+        self._args = (pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
+        self._q: list[tuple[int, int, list[tuple[int, int, int, int, int]]]] = []
+
+    def push(self, ready_ci: int, alpha_set: int, unit: list[tuple[int, int, int, int, int]]) -> None:
+        self._q.append((ready_ci, alpha_set, unit))
+
+    def _issue(self, n: int) -> None:
+        for _, _, u in self._q[:n]:
+            _issue_pv(u, *self._args)
+        del self._q[:n]
+
+    def issue_ready(self, ci: int) -> None:
+        n = 0
+        while n < len(self._q) and self._q[n][0] <= ci:
+            n += 1
+        self._issue(n)
+
+    def flush_until(self, pred: Any) -> None:
+        self._issue(1 + max((i for i, (_, st, u) in enumerate(self._q) if pred(st, u)), default=-1))
