@@ -64,7 +64,7 @@ __all__ = [
     "attach_call",
     "call_of",
     "check_measure_args",
-    "cost_model_v1",
+    "cost_model",
     "measure_rows",
     "modelled_launch_us",
     "parse_total_time_s",
@@ -315,7 +315,7 @@ ModelFn = Callable[[Any, int], tuple[float, str]]
 """``(trace, cores) -> (latency_ns, bottleneck engine)``: a cost-model adapter for one traced launch."""
 
 
-def cost_model_v1(trace: Any, cores: int) -> tuple[float, str]:
+def cost_model(trace: Any, cores: int) -> tuple[float, str]:
     """Default :data:`ModelFn`: ``nki_kernels.emulator.cost.profile`` (the project's cost model)."""
     from nki_kernels.emulator.cost import profile
 
@@ -326,12 +326,12 @@ def cost_model_v1(trace: Any, cores: int) -> tuple[float, str]:
 def modelled_launch_us(call: KernelCall, model: ModelFn | None = None) -> tuple[float, str]:
     """The cost model's time (us) and bottleneck engine for exactly the launch ``call`` describes: a
     trace-only emulator run of ``call.kernel`` on ``call.args`` with ``call.lnc``, modelled by ``model``
-    (default :func:`cost_model_v1`) on ``lnc`` cores. The event log is recorded when the emulator offers
-    it (``keep_events``, for a dependency-aware schedule)."""
+    (default :func:`cost_model`) on ``lnc`` cores, traced with the event log (``keep_events``) so the
+    cost model prices it by its dependency-aware schedule."""
     from nki_kernels.emulator import run
 
     _, trace = run(call.kernel, *call.args, lnc=call.lnc, trace_only=True, keep_events=True)
-    ns, bottleneck = (model or cost_model_v1)(trace, call.lnc)
+    ns, bottleneck = (model or cost_model)(trace, call.lnc)
     return ns / 1e3, bottleneck
 
 
