@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perf.e2e.budget import budget_lines
 from perf.e2e.chunk import ChunkModel
 from perf.e2e.kernels import AnalyticKernels
 from perf.e2e.params import E2EParams
@@ -251,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows)
     print()
     print("\n".join(headline_lines(r)))
+    print()
+    print("Per-chunk budget (modelled, merged forward; sorted by the gap to the roofline):")
+    print("\n".join(budget_lines(r.chunk("merged", "optimistic"), r.chunk("merged", "pessimistic"))))
     report = render_report(r, [str(p.relative_to(out)) for p in pngs])
     name = "REPORT_quick.md" if a.quick else "REPORT.md"
     (out / name).write_text(report)

@@ -51,7 +51,9 @@ class Component:
 
     ``flops`` is the chip-wide useful FLOPs of one call (all cores), ``launches`` the kernel calls one
     call stands for, ``collectives`` the collectives it stands for, ``per_layer`` whether it repeats once
-    per transformer layer.
+    per transformer layer, ``hbm_bytes`` the compulsory HBM traffic of one call on one core (every input
+    read once, every output written once: the byte side of the roofline) and ``bound`` the engine (or
+    ``hbm`` / ``collective``) that bounds it in the model.
     """
 
     name: str
@@ -63,12 +65,16 @@ class Component:
     per_layer: bool = False
     source: str = "analytic"
     collectives: int = 0
+    hbm_bytes: int = 0
+    bound: str = ""
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
             raise ValueError(f"Component.group must be one of {GROUPS}, got {self.group!r}")
-        if self.time_s < 0 or self.calls < 0 or self.launches < 0 or self.collectives < 0:
-            raise ValueError(f"Component {self.name}: time_s, calls, launches, collectives must be >= 0")
+        if min(self.time_s, self.calls, self.launches, self.collectives, self.hbm_bytes) < 0:
+            raise ValueError(
+                f"Component {self.name}: time_s, calls, launches, collectives, hbm_bytes must be >= 0"
+            )
 
     @property
     def total_s(self) -> float:
@@ -87,14 +93,31 @@ def contended_s(cost: KernelCost, point: EndPoint) -> float:
     return max(t, max(v, g) + point.vector_gpsimd_contention * min(v, g))
 
 
+def busiest(busy: dict[str, float], default: str = "") -> str:
+    """The engine with the largest busy time in ``busy`` (``default`` when empty)."""
+    return max(busy, key=lambda e: busy[e]) if busy else default
+
+
 def _elementwise(
     name: str, elems: int, read_b: float, write_b: float, ops: float, engine: str, p: E2EParams, calls: int
 ) -> Component:
     """An elementwise pass over ``elems`` elements on one core: ``max(HBM bytes / per-core HBM share,
     elements x ops / (128 lanes x engine clock))``, on VectorE (or ScalarE) alone, so no port contention."""
     hz = p.vector_hz if engine == "vector" else p.scalar_hz
-    t = max(elems * (read_b + write_b) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz))
-    return Component(name, "elementwise", t, calls, 0, 1, True, f"{engine}/hbm-bound")
+    t_hbm, t_eng = elems * (read_b + write_b) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz)
+    bound = "hbm" if t_hbm >= t_eng else engine
+    return Component(
+        name,
+        "elementwise",
+        max(t_hbm, t_eng),
+        calls,
+        0,
+        1,
+        True,
+        f"{engine}/hbm-bound",
+        hbm_bytes=int(elems * (read_b + write_b)),
+        bound=bound,
+    )
 
 
 @dataclass(frozen=True)
@@ -153,7 +176,16 @@ def forward_components(
         calls = L if layered else 1
         out.append(
             Component(
-                name, "linear", prof.latency_s, calls, 2 * fwd.tokens * k * nn, 1, layered, prof.block.source
+                name,
+                "linear",
+                prof.latency_s,
+                calls,
+                2 * fwd.tokens * k * nn,
+                1,
+                layered,
+                prof.block.source,
+                hbm_bytes=2 * (rows * kk + kk * cols + rows * cols),
+                bound=busiest(prof.engine_busy_s, "tensor"),
             )
         )
 
@@ -168,14 +200,25 @@ def forward_components(
     lin("head_proj", d, m.patch_out, layered=False)
 
     for name, lq, lk in fwd.attention:
-        c = kernels.attention(math.ceil(lq / sp), lk, hl, hd)
+        lql = math.ceil(lq / sp)
+        c = kernels.attention(lql, lk, hl, hd)
         t = contended_s(c, point)
-        out.append(Component(f"attn_{name}", "attention", t, L, 4 * lq * lk * d, 1, True, c.source))
-    c = (
-        kernels.attention(ns, m.text_len, hl, hd)
-        if tpl
-        else kernels.attention(n, m.text_len, m.num_heads, hd)
-    )
+        out.append(
+            Component(
+                f"attn_{name}",
+                "attention",
+                t,
+                L,
+                4 * lq * lk * d,
+                1,
+                True,
+                c.source,
+                hbm_bytes=2 * (2 * lql + 2 * lk) * hl * hd,
+                bound=busiest(c.engine_busy_s, "tensor"),
+            )
+        )
+    cq, ch = (ns, hl) if tpl else (n, m.num_heads)
+    c = kernels.attention(cq, m.text_len, ch, hd)
     out.append(
         Component(
             "cross_attn",
@@ -186,14 +229,44 @@ def forward_components(
             1,
             True,
             c.source,
+            hbm_bytes=2 * (2 * cq + 2 * m.text_len) * ch * hd,
+            bound=busiest(c.engine_busy_s, "tensor"),
         )
     )
-    c = kernels.rope(ns, hl, hd) if tpl else kernels.rope(n, m.num_heads, hd)
-    out.append(Component("rope3d", "rope", contended_s(c, point), L, 0, 1, True, c.source))
+    c = kernels.rope(cq, ch, hd)
+    rope_bytes = 2 * 2 * 2 * cq * ch * hd + 2 * 4 * cq * (hd // 2)  # q, k read + written; cos/sin fp32
+    out.append(
+        Component(
+            "rope3d",
+            "rope",
+            contended_s(c, point),
+            L,
+            0,
+            1,
+            True,
+            c.source,
+            hbm_bytes=rope_bytes,
+            bound=busiest(c.engine_busy_s, "dma"),
+        )
+    )
     upd = [a for a in fwd.attention if a[0] == "update"]
     if upd:
-        c = kernels.kv_write(math.ceil(upd[0][1] / sp), hl, hd)
-        out.append(Component("kv_cache_write", "kv_write", contended_s(c, point), L, 0, 1, True, c.source))
+        blk = math.ceil(upd[0][1] / sp)
+        c = kernels.kv_write(blk, hl, hd)
+        out.append(
+            Component(
+                "kv_cache_write",
+                "kv_write",
+                contended_s(c, point),
+                L,
+                0,
+                1,
+                True,
+                c.source,
+                hbm_bytes=2 * 2 * 2 * blk * hl * hd,  # k and v: read once, written once
+                bound=busiest(c.engine_busy_s, "dma"),
+            )
+        )
 
     ew = [  # name, elems, read B, write B, ALU ops per element, engine
         ("adaln_norm1_mod", n * d, 4, 2, 4, "vector"),
@@ -209,10 +282,25 @@ def forward_components(
     for name, elems, rb, wb, ops, eng in ew:
         out.append(_elementwise(name, elems, rb, wb, ops, eng, params, L))
     if comm_s > 0:
-        out.append(Component("sharding_comm", "comm", comm_s, L, 0, 0, True, comm_source, collectives))
+        out.append(
+            Component(
+                "sharding_comm", "comm", comm_s, L, 0, 0, True, comm_source, collectives, bound="collective"
+            )
+        )
     if cores > 1:
         out.append(
-            Component("head_gather", "comm", head_gather_s, 1, 0, 0, False, "sharding.plan all-gather", 1)
+            Component(
+                "head_gather",
+                "comm",
+                head_gather_s,
+                1,
+                0,
+                0,
+                False,
+                "sharding.plan all-gather",
+                1,
+                bound="collective",
+            )
         )
     return out
 
@@ -251,9 +339,9 @@ def vae_components(
     HBM traffic; norms / activations / upsampling as elementwise passes; the mid-block single-head
     attention at the convs' modelled efficiency.  ``launches`` counts one kernel call per layer.
     """
-    gemm_t = 0.0
-    gemm_flops = 0
-    ew_t = 0.0
+    gemm_t = tensor_t = 0.0
+    gemm_flops = gemm_bytes = ew_bytes = 0
+    ew_t = ew_eng_t = 0.0
     attn_flops = 0
     n_conv = n_ew = 0
     for r in layers:
@@ -264,6 +352,8 @@ def vae_components(
             tensor_s = prof.engine_busy_s.get("tensor", prof.latency_s) * taps
             io = (math.prod(r.in_shape) + math.prod(r.out_shape)) // cores * 2 + cout * cin * taps * 2
             gemm_t += max(tensor_s, io / params.hbm_Bps_per_core)
+            tensor_t += tensor_s
+            gemm_bytes += io
             gemm_flops += 2 * pix * cin * taps * cout
             n_conv += 1
             if r.kind == "Conv2d" and cout == 3 * cin:  # mid-block single-head spatial attention (qkv conv)
@@ -272,13 +362,50 @@ def vae_components(
         elif r.kind in ("WanRMS_norm", "SiLU", "WanUpsample"):
             elems = math.prod(r.out_shape) // cores
             ops = 3 if r.kind == "WanRMS_norm" else 1
-            ew_t += max(elems * 4 / params.hbm_Bps_per_core, elems * ops / (params.lanes * params.vector_hz))
+            eng = elems * ops / (params.lanes * params.vector_hz)
+            ew_t += max(elems * 4 / params.hbm_Bps_per_core, eng)
+            ew_eng_t += eng
+            ew_bytes += elems * 4
             n_ew += 1
     eff = gemm_flops / (gemm_t * cores * params.peak_flops_per_core) if gemm_t else 1.0
     attn_t = attn_flops / (cores * params.peak_flops_per_core * max(eff, 1e-6))
     src = getattr(matmul, "name", "analytic")
+    conv_bound = "tensor" if tensor_t >= gemm_bytes / params.hbm_Bps_per_core else "hbm"
+    ew_bound = "vector" if ew_eng_t >= ew_bytes / params.hbm_Bps_per_core else "hbm"
     return [
-        Component(f"vae_convs_{tag}", "vae", gemm_t, 1, gemm_flops, n_conv, False, src),
-        Component(f"vae_mid_attention_{tag}", "vae", attn_t, 1, attn_flops, 1, False, "conv efficiency"),
-        Component(f"vae_elementwise_{tag}", "vae", ew_t, 1, 0, n_ew, False, "vector/hbm-bound"),
+        Component(
+            f"vae_convs_{tag}",
+            "vae",
+            gemm_t,
+            1,
+            gemm_flops,
+            n_conv,
+            False,
+            src,
+            hbm_bytes=gemm_bytes,
+            bound=conv_bound,
+        ),
+        Component(
+            f"vae_mid_attention_{tag}",
+            "vae",
+            attn_t,
+            1,
+            attn_flops,
+            1,
+            False,
+            "conv efficiency",
+            bound="tensor",
+        ),
+        Component(
+            f"vae_elementwise_{tag}",
+            "vae",
+            ew_t,
+            1,
+            0,
+            n_ew,
+            False,
+            "vector/hbm-bound",
+            hbm_bytes=ew_bytes,
+            bound=ew_bound,
+        ),
     ]

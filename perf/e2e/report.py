@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from perf.e2e.budget import budget_lines, layer_path_lines
 from perf.e2e.chunk import ChunkModel
 from perf.e2e.components import GROUPS
 from perf.e2e.params import ENDS
@@ -393,6 +394,17 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
             f"copy is {_gb(r.lower_bounds[0].per_chip) if r.lower_bounds else '?'} GB whatever the "
             "placement.\n"
         )
+    L.append("## Per-chunk budget (modelled, merged forward, sorted by the gap to the roofline)\n")
+    L.append(
+        "Every component of one chunk on one core at both ends, the engine (or HBM / collective) that bounds "
+        "it, its roofline (its FLOPs at the dense bf16 peak or its compulsory HBM bytes at the per-core HBM "
+        "bandwidth, whichever is larger; 0 for communication and overheads, which a schedule can hide) and "
+        "the gap at the pessimistic end (`perf/e2e/budget.py`).\n"
+    )
+    L += budget_lines(mg_hi, mg_lo)
+    L.append("")
+    L += layer_path_lines(mg_hi, mg_lo)
+    L.append("")
     L.append("## Per-chunk breakdown (modelled, merged forward, both ends)\n")
     L.append("| group | pessimistic ms | share | optimistic ms | share |")
     L.append("|---|---|---|---|---|")
