@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from nki_kernels.ops_linear import LINEAR_MAX_K, linear
+
 BACKENDS: tuple[str, ...] = ("reference", "emulator", "neuron")
 """Valid values of ``backend``."""
 
@@ -1102,6 +1104,7 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "kv_cache_write": ("kv_cache", "kv_cache_write_emulated"),
     "kv_cache_write_at": ("kv_cache", "kv_cache_write_emulated"),
     "kv_cache_slide": ("kv_cache", "kv_cache_slide_emulated"),
+    "linear": ("linear", "linear_emulated"),
 }
 
 
@@ -1133,6 +1136,8 @@ def has_kernel(op: str, backend: str | None = None) -> bool:
 
 
 __all__ = [
+    "LINEAR_MAX_K",
+    "linear",
     "BACKENDS",
     "BACKEND_ENV",
     "attention",

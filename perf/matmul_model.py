@@ -28,8 +28,10 @@ stored row-contiguously.  The transposes run :data:`TRANSPOSE_AHEAD` = 2 tiles a
 x^T tile its own PSUM / SBUF tile), so under cost model v2's in-order schedule TensorE does not wait for each
 eviction: a ``[1024, 5120] x [5120, 512]`` block models at 135 us instead of 234 us (``profile`` of its trace,
 nominal; TensorE busy 91 us; bitwise-identical output).  ``block_m <= 1024`` keeps all 8 PSUM banks busy;
-``block_n <= 512`` is the moving free-size limit.  The production kernel would keep ``x^T`` resident across
-the N blocks; this model reloads and re-transposes it per block, so it is conservative by that traffic.
+``block_n <= 512`` is the moving free-size limit.  This tile-level model reloads and re-transposes ``x``
+per block, so it is conservative by that traffic; the default provider (:class:`TracedLinearProvider`)
+prices every linear as one call of the project's kernel :func:`nki_kernels.linear.linear_kernel`, which keeps
+``x^T`` resident per m-block across all output panels.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ __all__ = [
     "MatmulProvider",
     "AnalyticMatmulProvider",
     "TracedMatmulProvider",
+    "TracedLinearProvider",
+    "LINEAR_TRACE_TOKENS",
     "default_matmul_provider",
     "linear_profile",
     "matmul_block_kernel",
@@ -360,10 +364,86 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return default
 
 
+LINEAR_TRACE_TOKENS = 8192
+"""Most tokens :class:`TracedLinearProvider` traces; a longer GEMM is traced at this many tokens (a whole
+number of the kernel's m-blocks) and its time without the fixed part scaled by the token ratio."""
+
+
+@dataclass
+class TracedLinearProvider:
+    """Whole linear layers as ONE call of the project's kernel :func:`nki_kernels.linear.linear_kernel`
+    (x^T resident per m-block across every output panel, weights double-buffered, bias in the eviction),
+    traced trace-only with its event log and priced by cost model v2 at both ends (``profile_range``).
+
+    :meth:`linear` gives the :class:`BlockProfile` of the whole ``[m, k] @ [k, n]`` (+ bias) on one core
+    (``block_m = m``, ``block_n = n``); :func:`linear_profile` uses it as a single block.  GEMMs longer than
+    :data:`LINEAR_TRACE_TOKENS` are traced at that length (a multiple of the kernel's ``bm``) and their
+    latency and engine times without the fixed part scaled by ``m / traced``.  :meth:`block` serves the
+    tile-level model (:class:`TracedMatmulProvider`) for callers that want blocks.  Cached per shape.
+    """
+
+    params: Any = None
+    name: str = "traced (linear kernel)"
+    _cache: dict[tuple[int, int, int], BlockProfile] = field(default_factory=dict)
+    _blocks: TracedMatmulProvider | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from nki_kernels.emulator import TensorSpec, run
+        from nki_kernels.emulator.cost import profile_range
+
+        self._run, self._spec, self._range = run, TensorSpec, profile_range
+
+    def block(self, block_m: int, k: int, block_n: int) -> BlockProfile:
+        if self._blocks is None:
+            self._blocks = TracedMatmulProvider(params=self.params)
+        return self._blocks.block(block_m, k, block_n)
+
+    def linear(self, m: int, k: int, n: int) -> BlockProfile:
+        for arg, v in (("m", m), ("k", k), ("n", n)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TracedLinearProvider.linear: {arg} must be a positive int, got {v!r}")
+        key = (m, k, n)
+        if key in self._cache:
+            return self._cache[key]
+        import ml_dtypes
+
+        from nki_kernels.linear import linear_kernel, plan_tiles
+
+        bm = plan_tiles(m, k, n, 2)[0]
+        mt = m if m <= LINEAR_TRACE_TOKENS else max(bm, LINEAR_TRACE_TOKENS // bm * bm)
+        bf16 = ml_dtypes.bfloat16
+        specs = (self._spec((mt, k), bf16), self._spec((k, n), bf16), self._spec((n,), "float32"))
+        _, trace = self._run(linear_kernel, *specs, trace_only=True, keep_events=True)
+        lo, hi = self._range(trace, self.params, schedule=True)
+        f = m / mt
+
+        def scaled(lat_ns: float, fixed_ns: float) -> float:
+            return (fixed_ns + (lat_ns - fixed_ns) * f) * 1e-9
+
+        self._cache[key] = BlockProfile(
+            block_m=m,
+            block_n=n,
+            k=k,
+            latency_s=scaled(lo.latency_ns, lo.fixed_ns),
+            engine_busy_s={str(e): float(v) * 1e-9 * f for e, v in lo.engine_busy_ns.items()},
+            dma_bytes=int(hi.dma_bytes * f),
+            flops=2 * m * k * n,
+            instructions=int(trace.num_instructions * f),
+            source=f"traced linear kernel ({lo.model})" + (f", {mt} of {m} tokens scaled" if f != 1 else ""),
+            latency_high_s=scaled(max(lo.latency_ns, hi.latency_ns), hi.fixed_ns),
+            fixed_s=lo.fixed_ns * 1e-9,
+            fixed_high_s=hi.fixed_ns * 1e-9,
+            model=lo.model,
+            engine_busy_high_s={str(e): float(v) * 1e-9 * f for e, v in hi.engine_busy_ns.items()},
+        )
+        return self._cache[key]
+
+
 def default_matmul_provider() -> MatmulProvider:
-    """The traced provider when the emulator and cost model import, else the analytic one."""
+    """:class:`TracedLinearProvider` (whole linears as the project's linear kernel) when the emulator and
+    cost model import, else :class:`AnalyticMatmulProvider`."""
     try:
-        return TracedMatmulProvider()
+        return TracedLinearProvider()
     except (ImportError, AttributeError):
         return AnalyticMatmulProvider()
 
@@ -387,11 +467,29 @@ def linear_profile(
 
     ``k`` is padded up to a multiple of 128 (zero rows cost the same as real ones).  The M blocking uses
     ``ceil(m / block_m)`` blocks of equal size (a multiple of 128, at most ``block_m``), which keeps the
-    padding below 128 rows per block; ``block_n`` shrinks to ``n`` for small ``n``.
+    padding below 128 rows per block; ``block_n`` shrinks to ``n`` for small ``n``.  A provider with a
+    ``linear(m, k, n)`` method (:class:`TracedLinearProvider`) prices the whole GEMM as one kernel call
+    instead (``blocks = 1``, no padding).
     """
     for arg, v in (("m", m), ("k", k), ("n", n)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"linear_profile: {arg} must be a positive int, got {v!r}")
+    whole = getattr(provider, "linear", None)
+    if whole is not None:  # the provider prices the whole GEMM as one kernel call
+        blk = whole(m, k, n)
+        busy1 = blk.engine_busy_s if end is None else blk.busy_at(end)
+        return LinearProfile(
+            name=name,
+            m=m,
+            k=k,
+            n=n,
+            blocks=1,
+            block=blk,
+            latency_s=blk.latency_s if end is None else blk.at(end),
+            flops=2 * m * k * n,
+            dma_bytes=blk.dma_bytes,
+            engine_busy_s=dict(busy1),
+        )
     kp = math.ceil(k / 128) * 128
     nbm = math.ceil(m / block_m)
     bm = math.ceil(m / nbm / 128) * 128
