@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from nki_kernels.ops_linear import LINEAR_MAX_K, linear
+from nki_kernels.ops_dense import LINEAR_MAX_K, conv3d_causal, conv_weight_taps, linear
 
 BACKENDS: tuple[str, ...] = ("reference", "emulator", "neuron")
 """Valid values of ``backend``."""
@@ -1105,6 +1105,7 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "kv_cache_write_at": ("kv_cache", "kv_cache_write_emulated"),
     "kv_cache_slide": ("kv_cache", "kv_cache_slide_emulated"),
     "linear": ("linear", "linear_emulated"),
+    "conv3d_causal": ("conv3d", "conv3d_causal_emulated"),
 }
 
 
@@ -1137,6 +1138,8 @@ def has_kernel(op: str, backend: str | None = None) -> bool:
 
 __all__ = [
     "LINEAR_MAX_K",
+    "conv3d_causal",
+    "conv_weight_taps",
     "linear",
     "BACKENDS",
     "BACKEND_ENV",

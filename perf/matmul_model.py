@@ -384,7 +384,7 @@ class TracedLinearProvider:
 
     params: Any = None
     name: str = "traced (linear kernel)"
-    _cache: dict[tuple[int, int, int], BlockProfile] = field(default_factory=dict)
+    _cache: dict[tuple[Any, ...], BlockProfile] = field(default_factory=dict)
     _blocks: TracedMatmulProvider | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -437,6 +437,46 @@ class TracedLinearProvider:
             engine_busy_high_s={str(e): float(v) * 1e-9 * f for e, v in hi.engine_busy_ns.items()},
         )
         return self._cache[key]
+
+    def conv(
+        self, c_in: int, c_out: int, frames: int, h: int, w: int, ksize: tuple[int, int, int]
+    ) -> BlockProfile:
+        """One call of :func:`nki_kernels.conv3d.conv3d_causal_kernel` (bf16, with bias) producing ``frames``
+        output frames of ``h x w`` (one core's rows), priced at both ends; cached per shape."""
+        key = ("conv", c_in, c_out, frames, h, w, *ksize)
+        if key in self._cache:
+            return self._cache[key]
+        import ml_dtypes
+
+        from nki_kernels.conv3d import conv3d_causal_kernel
+
+        bf16 = ml_dtypes.bfloat16
+        taps = ksize[0] * ksize[1] * ksize[2]
+        specs = (
+            self._spec((c_in, frames + ksize[0] - 1, h, w), bf16),
+            self._spec((taps, c_in, c_out), bf16),
+            self._spec((c_out,), "float32"),
+        )
+        _, trace = self._run(conv3d_causal_kernel, *specs, tuple(ksize), trace_only=True, keep_events=True)
+        lo, hi = self._range(trace, self.params, schedule=True)
+        prof = BlockProfile(
+            block_m=frames * h * w,
+            block_n=c_out,
+            k=c_in * taps,
+            latency_s=lo.latency_ns * 1e-9,
+            engine_busy_s={str(e): float(v) * 1e-9 for e, v in lo.engine_busy_ns.items()},
+            dma_bytes=int(hi.dma_bytes),
+            flops=2 * frames * h * w * c_in * taps * c_out,
+            instructions=int(trace.num_instructions),
+            source=f"traced conv3d kernel ({lo.model})",
+            latency_high_s=max(lo.latency_ns, hi.latency_ns) * 1e-9,
+            fixed_s=lo.fixed_ns * 1e-9,
+            fixed_high_s=hi.fixed_ns * 1e-9,
+            model=lo.model,
+            engine_busy_high_s={str(e): float(v) * 1e-9 for e, v in hi.engine_busy_ns.items()},
+        )
+        self._cache[key] = prof
+        return prof
 
 
 def default_matmul_provider() -> MatmulProvider:

@@ -312,6 +312,23 @@ def _conv_dims(r: Any) -> tuple[int, int, int, int]:
     return cout, cin, math.prod(kern), math.prod(r.out_shape) // cout
 
 
+def _conv_geometry(r: Any) -> tuple[int, int, int, tuple[int, int, int]] | None:
+    """``(output frames, H, W, (kt, kh, kw))`` of a conv record the conv kernel takes (extents 1 or 3,
+    stride 1, same spatial size), else ``None``."""
+    ks = tuple(r.weight_shape[2:])
+    if r.kind == "Conv2d" and len(ks) == 2:
+        frames, hw_in, hw_out = r.out_shape[0], tuple(r.in_shape[2:]), tuple(r.out_shape[2:])
+        ks3 = (1, *ks)
+    elif r.kind == "WanCausalConv3d" and len(ks) == 3:
+        frames, hw_in, hw_out = r.out_shape[2], tuple(r.in_shape[3:]), tuple(r.out_shape[3:])
+        ks3 = ks
+    else:
+        return None
+    if hw_in != hw_out or any(k not in (1, 3) for k in ks3):
+        return None
+    return int(frames), int(hw_out[0]), int(hw_out[1]), (int(ks3[0]), int(ks3[1]), int(ks3[2]))
+
+
 def vae_conv_flops(layers: Sequence[Any]) -> int:
     """Dense FLOPs of the VAE decoder's convolutions: ``2 x positions x c_in x taps x c_out`` per conv."""
     total = 0
@@ -334,11 +351,16 @@ def vae_components(
     """VAE decoder layers as modelled components on ``cores`` cores (spatial split; halos ignored), at
     ``end`` (the matmul blocks' engine times of that end).
 
-    Convs as implicit GEMMs: one ``[positions / cores, C_in] @ [C_in, C_out]`` GEMM per kernel tap on the
-    SBUF-resident input (the matmul model's TensorE time x taps), floored by the input + output + weight
-    HBM traffic; norms / activations / upsampling as elementwise passes; the mid-block single-head
-    attention at the convs' modelled efficiency.  ``launches`` counts one kernel call per layer.
+    Convs: with a provider that has ``conv(...)`` (:class:`perf.matmul_model.TracedLinearProvider`), one
+    call of the project's causal conv kernel (``nki_kernels/conv3d.py``, a blocked implicit GEMM) on this
+    core's ``ceil(H / cores)`` rows (halos ignored); otherwise as implicit GEMMs: one ``[positions / cores,
+    C_in] @ [C_in, C_out]`` GEMM per kernel tap (the matmul model's TensorE time x taps), floored by the
+    input + output + weight HBM traffic; norms / activations / upsampling as elementwise passes; the
+    mid-block single-head attention at the convs' modelled efficiency.  ``launches`` counts one kernel call
+    per layer.
     """
+    conv = getattr(matmul, "conv", None)
+    src_conv = ""
     gemm_t = tensor_t = 0.0
     gemm_flops = gemm_bytes = ew_bytes = 0
     ew_t = ew_eng_t = 0.0
@@ -347,12 +369,19 @@ def vae_components(
     for r in layers:
         if r.kind in ("WanCausalConv3d", "Conv2d") and len(r.weight_shape) >= 4:
             cout, cin, taps, pix = _conv_dims(r)
-            mm = math.ceil(pix / cores)
-            prof = linear_profile(r.kind, mm, cin, cout, matmul, end=end)
-            tensor_s = prof.engine_busy_s.get("tensor", prof.latency_s) * taps
             io = (math.prod(r.in_shape) + math.prod(r.out_shape)) // cores * 2 + cout * cin * taps * 2
-            gemm_t += max(tensor_s, io / params.hbm_Bps_per_core)
-            tensor_t += tensor_s
+            geo = _conv_geometry(r)
+            if conv is not None and geo is not None:  # the project's conv kernel on this core's rows
+                frames, h, w, ks = geo
+                cp = conv(cin, cout, frames, math.ceil(h / cores), w, ks)
+                gemm_t += cp.at(end)
+                tensor_t += cp.busy_at(end).get("tensor", 0.0)
+                src_conv = cp.source
+            else:  # a GEMM per tap on the SBUF-resident input
+                prof = linear_profile(r.kind, math.ceil(pix / cores), cin, cout, matmul, end=end)
+                tensor_s = prof.engine_busy_s.get("tensor", prof.latency_s) * taps
+                gemm_t += max(tensor_s, io / params.hbm_Bps_per_core)
+                tensor_t += tensor_s
             gemm_bytes += io
             gemm_flops += 2 * pix * cin * taps * cout
             n_conv += 1
@@ -369,7 +398,7 @@ def vae_components(
             n_ew += 1
     eff = gemm_flops / (gemm_t * cores * params.peak_flops_per_core) if gemm_t else 1.0
     attn_t = attn_flops / (cores * params.peak_flops_per_core * max(eff, 1e-6))
-    src = getattr(matmul, "name", "analytic")
+    src = src_conv or getattr(matmul, "name", "analytic")
     conv_bound = "tensor" if tensor_t >= gemm_bytes / params.hbm_Bps_per_core else "hbm"
     ew_bound = "vector" if ew_eng_t >= ew_bytes / params.hbm_Bps_per_core else "hbm"
     return [
