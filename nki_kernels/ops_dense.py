@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from nki_kernels.op_dispatch import _op_backend, _run_backend
+
 __all__ = ["linear", "LINEAR_MAX_K", "conv3d_causal", "conv_weight_taps"]
 
 _DTYPES = (torch.bfloat16, torch.float32)
@@ -20,8 +22,6 @@ LINEAR_MAX_K = {torch.bfloat16: 18432, torch.float32: 9216}
 def _linear_op(
     x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, backend: str
 ) -> torch.Tensor:
-    from nki_kernels.ops import _run_backend
-
     x2 = x.reshape(-1, x.shape[-1])
     if _run_backend(backend) == "reference":
         from reference.linear import linear as ref_linear
@@ -68,8 +68,6 @@ def linear(
     Limits: ``1 <= K <= 18432`` (bf16) / ``9216`` (fp32) (the kernel keeps two ``[K, nb]`` weight panels
     and the block's ``x^T`` in SBUF), ``N >= 1``.
     """
-    from nki_kernels.ops import _op_backend
-
     _check("x", x, None)
     _check("weight_t", weight_t, 2)
     if x.dim() < 1 or x.numel() == 0:
@@ -115,8 +113,6 @@ def _conv_op(
     cache: torch.Tensor,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from nki_kernels.ops import _run_backend
-
     ks = (int(ksize[0]), int(ksize[1]), int(ksize[2]))
     if _run_backend(backend) == "reference":
         from reference.conv3d import conv3d_causal as ref_conv
@@ -172,8 +168,6 @@ def conv3d_causal(
     Returns:
         ``(out [B, C_out, T, H, W] in x's dtype, new cache [B, C_in, kt - 1, H, W])``.
     """
-    from nki_kernels.ops import _op_backend
-
     _check("x", x, 5)
     _check("weight_taps", weight_taps, 3)
     ks = tuple(ksize)

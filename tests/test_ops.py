@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nki_kernels import ops
+from nki_kernels import op_dispatch, ops
 from reference.attention import attention as ref_attention
 from reference.attention import attention_segments as ref_attention_segments
 from reference.kv_cache import kv_cache_slide as ref_kv_cache_slide
@@ -511,7 +511,7 @@ class _Recorder:
 
 def test_emulator_dispatch_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = _Recorder()
-    monkeypatch.setattr(ops, "_kernel", rec)
+    monkeypatch.setattr(op_dispatch, "_kernel", rec)
     monkeypatch.setenv(ops.BACKEND_ENV, "emulator")
     q = rnd(1, 12, 2, 8)
     qo, ko = ops.rope3d(q, q, (1, 3, 4), frame_positions=[5])
@@ -573,7 +573,7 @@ def test_torch_compile_fullgraph() -> None:
 
 def test_compiled_graph_reads_backend_env_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = _Recorder()
-    monkeypatch.setattr(ops, "_kernel", rec)
+    monkeypatch.setattr(op_dispatch, "_kernel", rec)
     fn = torch.compile(lambda q: ops.attention(q, q, q), fullgraph=True, backend="aot_eager")
     q = rnd(1, 5, 2, 8)
     fn(q)
