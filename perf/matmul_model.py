@@ -52,6 +52,7 @@ __all__ = [
     "TracedMatmulProvider",
     "TracedLinearProvider",
     "LINEAR_TRACE_TOKENS",
+    "profile_block",
     "default_matmul_provider",
     "linear_profile",
     "matmul_block_kernel",
@@ -263,6 +264,37 @@ def matmul_block_kernel(x: Any, w: Any) -> Any:
     return out
 
 
+def profile_block(
+    lo: Any, hi: Any, trace: Any, dims: tuple[int, int, int], flops: int, source: str, scale: float = 1.0
+) -> BlockProfile:
+    """A :class:`BlockProfile` from cost model v2's ``(low, high)`` profiles of one trace (``profile_range``):
+    ``dims = (block_m, block_n, k)``; times in seconds; ``scale`` multiplies everything but the fixed
+    per-kernel time (a trace of ``1 / scale`` of the work, priced for all of it)."""
+
+    def lat(ns: float, fixed_ns: float) -> float:
+        return (fixed_ns + (ns - fixed_ns) * scale) * 1e-9
+
+    def busy(p: Any) -> dict[str, float]:
+        return {str(e): float(v) * 1e-9 * scale for e, v in p.engine_busy_ns.items()}
+
+    return BlockProfile(
+        block_m=dims[0],
+        block_n=dims[1],
+        k=dims[2],
+        latency_s=lat(lo.latency_ns, lo.fixed_ns),
+        engine_busy_s=busy(lo),
+        dma_bytes=int(hi.dma_bytes * scale),
+        flops=flops,
+        instructions=int(trace.num_instructions * scale),
+        source=source,
+        latency_high_s=lat(max(lo.latency_ns, hi.latency_ns), hi.fixed_ns),
+        fixed_s=lo.fixed_ns * 1e-9,
+        fixed_high_s=hi.fixed_ns * 1e-9,
+        model=lo.model,
+        engine_busy_high_s=busy(hi),
+    )
+
+
 @dataclass
 class TracedMatmulProvider:
     """Block profiles from a trace-only emulator run of :func:`matmul_block_kernel` + the trn2 cost model.
@@ -308,23 +340,8 @@ class TracedMatmulProvider:
             if self._range is not None:
                 _, trace = self.run(matmul_block_kernel, *specs, trace_only=True, keep_events=True)
                 lo, hi = self._range(trace, self.params, schedule=True)
-                busy = {str(e): float(v) * 1e-9 for e, v in lo.engine_busy_ns.items()}
-                busy_hi = {str(e): float(v) * 1e-9 for e, v in hi.engine_busy_ns.items()}
-                self._cache[key] = BlockProfile(
-                    block_m=block_m,
-                    block_n=block_n,
-                    k=k,
-                    latency_s=lo.latency_ns * 1e-9,
-                    engine_busy_s=busy,
-                    dma_bytes=int(hi.dma_bytes),
-                    flops=int(hi.flops),
-                    instructions=int(trace.num_instructions),
-                    source=f"traced ({lo.model})",
-                    latency_high_s=max(lo.latency_ns, hi.latency_ns) * 1e-9,
-                    fixed_s=lo.fixed_ns * 1e-9,
-                    fixed_high_s=hi.fixed_ns * 1e-9,
-                    model=lo.model,
-                    engine_busy_high_s=busy_hi,
+                self._cache[key] = profile_block(
+                    lo, hi, trace, (block_m, block_n, k), int(hi.flops), f"traced ({lo.model})"
                 )
                 return self._cache[key]
             _, trace = self.run(matmul_block_kernel, *specs, trace_only=True)
@@ -416,26 +433,8 @@ class TracedLinearProvider:
         _, trace = self._run(linear_kernel, *specs, trace_only=True, keep_events=True)
         lo, hi = self._range(trace, self.params, schedule=True)
         f = m / mt
-
-        def scaled(lat_ns: float, fixed_ns: float) -> float:
-            return (fixed_ns + (lat_ns - fixed_ns) * f) * 1e-9
-
-        self._cache[key] = BlockProfile(
-            block_m=m,
-            block_n=n,
-            k=k,
-            latency_s=scaled(lo.latency_ns, lo.fixed_ns),
-            engine_busy_s={str(e): float(v) * 1e-9 * f for e, v in lo.engine_busy_ns.items()},
-            dma_bytes=int(hi.dma_bytes * f),
-            flops=2 * m * k * n,
-            instructions=int(trace.num_instructions * f),
-            source=f"traced linear kernel ({lo.model})" + (f", {mt} of {m} tokens scaled" if f != 1 else ""),
-            latency_high_s=scaled(max(lo.latency_ns, hi.latency_ns), hi.fixed_ns),
-            fixed_s=lo.fixed_ns * 1e-9,
-            fixed_high_s=hi.fixed_ns * 1e-9,
-            model=lo.model,
-            engine_busy_high_s={str(e): float(v) * 1e-9 * f for e, v in hi.engine_busy_ns.items()},
-        )
+        src = f"traced linear kernel ({lo.model})" + (f", {mt} of {m} tokens scaled" if f != 1 else "")
+        self._cache[key] = profile_block(lo, hi, trace, (m, n, k), 2 * m * k * n, src, f)
         return self._cache[key]
 
     def conv(
@@ -459,22 +458,9 @@ class TracedLinearProvider:
         )
         _, trace = self._run(conv3d_causal_kernel, *specs, tuple(ksize), trace_only=True, keep_events=True)
         lo, hi = self._range(trace, self.params, schedule=True)
-        prof = BlockProfile(
-            block_m=frames * h * w,
-            block_n=c_out,
-            k=c_in * taps,
-            latency_s=lo.latency_ns * 1e-9,
-            engine_busy_s={str(e): float(v) * 1e-9 for e, v in lo.engine_busy_ns.items()},
-            dma_bytes=int(hi.dma_bytes),
-            flops=2 * frames * h * w * c_in * taps * c_out,
-            instructions=int(trace.num_instructions),
-            source=f"traced conv3d kernel ({lo.model})",
-            latency_high_s=max(lo.latency_ns, hi.latency_ns) * 1e-9,
-            fixed_s=lo.fixed_ns * 1e-9,
-            fixed_high_s=hi.fixed_ns * 1e-9,
-            model=lo.model,
-            engine_busy_high_s={str(e): float(v) * 1e-9 for e, v in hi.engine_busy_ns.items()},
-        )
+        flops = 2 * frames * h * w * c_in * taps * c_out
+        dims = (frames * h * w, c_out, c_in * taps)
+        prof = profile_block(lo, hi, trace, dims, flops, f"traced conv3d kernel ({lo.model})")
         self._cache[key] = prof
         return prof
 
