@@ -78,11 +78,18 @@ class Component:
 def contended_s(cost: KernelCost, point: EndPoint) -> float:
     """Kernel time at ``point.end`` with VectorE/GpSimd sharing the SBUF port.
 
+    A kernel priced by cost model v2's schedule (``cost.model == "schedule"``) already carries the
+    contention at each end (``Trn2CostParams.vector_gpsimd_contention``, 1.0-2.0: the overlapping part of
+    a VectorE/GpSimd instruction runs that much longer), in its latency and in its busy times: its time is
+    ``cost.at(end)``, nothing added (adding the end-to-end term too charged it twice at the pessimistic
+    end).  Any other pricing (``"analytic"``, ``"bound"``: no contention in it) gets
     ``max(latency, max(v, g) + c x min(v, g))`` with ``v``, ``g`` the VectorE and GpSimd busy times and
-    ``c`` = ``point.vector_gpsimd_contention`` (0: the engines overlap freely, the cost model's
-    assumption; 1: their SBUF accesses serialise).  Kernels that use only one of them are unchanged.
+    ``c`` = ``point.vector_gpsimd_contention`` (0: the engines overlap freely; 1: their SBUF accesses
+    serialise).  Kernels that use only one of them are unchanged.
     """
     t = cost.at(point.end)
+    if cost.model == "schedule":
+        return t
     v, g = cost.engine_busy_s.get("vector", 0.0), cost.engine_busy_s.get("gpsimd", 0.0)
     return max(t, max(v, g) + point.vector_gpsimd_contention * min(v, g))
 
@@ -167,15 +174,22 @@ def forward_components(
     lin("ffn_down", f, d, col=False)
     lin("head_proj", d, m.patch_out, layered=False)
 
+    layout = getattr(kernels, "attention_layout", None)
+
+    def add_layout(name: str, group: str, lq: int, lk: int, heads: int, self_attention: bool) -> None:
+        """The layout changes a provider says its attention needs before the call (the peer's D-major
+        permutes, :class:`perf.e2e.peer_kernels.PeerKernels`): XLA ops, no kernel call (``launches`` 0)."""
+        lc = layout(lq, lk, heads, hd, self_attention) if layout is not None else None
+        if lc is not None:
+            out.append(Component(name, group, contended_s(lc, point), L, 0, 0, True, lc.source))
+
     for name, lq, lk in fwd.attention:
         c = kernels.attention(math.ceil(lq / sp), lk, hl, hd)
         t = contended_s(c, point)
         out.append(Component(f"attn_{name}", "attention", t, L, 4 * lq * lk * d, 1, True, c.source))
-    c = (
-        kernels.attention(ns, m.text_len, hl, hd)
-        if tpl
-        else kernels.attention(n, m.text_len, m.num_heads, hd)
-    )
+        add_layout(f"attn_{name}_layout", "attention", math.ceil(lq / sp), lk, hl, True)
+    cq, ch = (ns, hl) if tpl else (n, m.num_heads)
+    c = kernels.attention(cq, m.text_len, ch, hd)
     out.append(
         Component(
             "cross_attn",
@@ -188,6 +202,7 @@ def forward_components(
             c.source,
         )
     )
+    add_layout("cross_attn_layout", "cross_attention", cq, m.text_len, ch, False)
     c = kernels.rope(ns, hl, hd) if tpl else kernels.rope(n, m.num_heads, hd)
     out.append(Component("rope3d", "rope", contended_s(c, point), L, 0, 1, True, c.source))
     upd = [a for a in fwd.attention if a[0] == "update"]

@@ -55,6 +55,7 @@ __all__ = [
     "peer_attention_kernel",
     "dmajor_layout_kernel",
     "padded_keys",
+    "row_tiles",
 ]
 
 PMAX = 128
@@ -68,7 +69,8 @@ FLASH_THRESHOLD = 10 * 1024
 Q_GROUPS_PER_LOAD = 8
 """128-query groups per q^T DMA (the peer's, for 2-byte dtypes)."""
 TRANSPOSE_KEYS = 4096
-"""Keys of one 16-query P^T ``dma_transpose`` (module docstring: the peer's DMA count and sizes per section)."""
+"""Keys of one 16-query P^T ``dma_transpose`` (module docstring: the peer's DMA count and sizes per
+section)."""
 HWDGE_ROWS = 16
 SEQLEN_MULTIPLE = 8192
 """The peer pads its K/V buffers to a multiple of this (``models/dit_layers.py`` ``ATTN_SEQLEN_MULTIPLE``)."""
@@ -76,7 +78,7 @@ _F32_MIN = -3.4028235e38
 
 
 def padded_keys(keys: int) -> int:
-    """Width of the peer's K/V buffer holding ``keys`` keys: ``keys`` rounded up to :data:`SEQLEN_MULTIPLE`."""
+    """Width of the peer's K/V buffer holding ``keys`` keys: rounded up to :data:`SEQLEN_MULTIPLE`."""
     if keys < 1:
         raise ValueError(f"padded_keys: keys must be >= 1, got {keys}")
     return -(-keys // SEQLEN_MULTIPLE) * SEQLEN_MULTIPLE
@@ -96,7 +98,9 @@ def transpose_pieces(qr: int, nkeys: int) -> list[tuple[int, int, int]]:
     ``[k0, k0 + n)`` of the section; ``n`` is a multiple of 128 (a 3-D transpose) or the < 128 key tail (2-D).
     Query rows go in slices of 16 (the last slice may reach past ``qr``; ``qr <= 128``)."""
     if not (1 <= qr <= PMAX) or nkeys < 1:
-        raise ValueError(f"transpose_pieces: need 1 <= qr <= {PMAX} and nkeys >= 1, got qr={qr} nkeys={nkeys}")
+        raise ValueError(
+            f"transpose_pieces: need 1 <= qr <= {PMAX} and nkeys >= 1, got qr={qr} nkeys={nkeys}"
+        )
     out = []
     for k0 in range(0, nkeys, TRANSPOSE_KEYS):
         n = min(TRANSPOSE_KEYS, nkeys - k0)
@@ -383,10 +387,28 @@ def peer_attention_kernel(q, k, v, scale, actual_seqlen_k):
     n_kt = -(-sec_len // K_TILE)
     B = _Bufs(d, n_kt, -(-sec_len // PMAX), n_grps, q.dtype)
     nisa.memset(B.zero, value=0.0)
-    nisa.memset(B.p, value=0.0)  # query-tail slices of the P^T DMAs read rows past the group: keep them defined
+    nisa.memset(
+        B.p, value=0.0
+    )  # query-tail slices of the P^T DMAs read rows past the group: keep them defined
     for b in range(bsz):
         for si in range(n_sec):
             _section(_Ctx(b, lq, lk_act, d, float(scale), si, sec_len, n_sec, n_grps), B, q, k, v, out, part)
+    return out
+
+
+LAYOUT_ROWS = 4 * PMAX
+"""Rows of one HBM->SBUF transpose tile of :func:`dmajor_layout_kernel`."""
+
+
+def row_tiles(n: int) -> list[tuple[int, int]]:
+    """Row tiles ``(r0, r)`` of a length-``n`` sequence (pure, ``n >= 16``): :data:`LAYOUT_ROWS` rows
+    each, the last one shorter; a last tile of fewer than 16 rows is moved back to start at ``n - 16`` (it
+    overlaps the previous tile and rewrites identical values), so every tile has >= 16 rows."""
+    if n < HWDGE_ROWS:
+        raise ValueError(f"row_tiles: n must be >= {HWDGE_ROWS}, got {n}")
+    out = [(r0, min(LAYOUT_ROWS, n - r0)) for r0 in range(0, n, LAYOUT_ROWS)]
+    if out[-1][1] < HWDGE_ROWS:
+        out[-1] = (n - HWDGE_ROWS, HWDGE_ROWS)
     return out
 
 
@@ -401,8 +423,8 @@ def dmajor_layout_kernel(q, k, v):
     """
     lq, h, d = q.shape
     lk = k.shape[0]
-    if lq % HWDGE_ROWS or lk % HWDGE_ROWS or d > PMAX:
-        raise ValueError(f"dmajor_layout_kernel: lengths must be multiples of 16 and d <= 128, got {lq} {lk} {d}")
+    if min(lq, lk) < HWDGE_ROWS or d > PMAX:
+        raise ValueError(f"dmajor_layout_kernel: lengths must be >= 16 and d <= 128, got {lq} {lk} {d}")
     qT = nl.ndarray((h, d, lq), dtype=q.dtype, buffer=nl.shared_hbm)
     kT = nl.ndarray((h, d, lk), dtype=k.dtype, buffer=nl.shared_hbm)
     vh = nl.ndarray((h, lk, d), dtype=v.dtype, buffer=nl.shared_hbm)
@@ -410,14 +432,21 @@ def dmajor_layout_kernel(q, k, v):
     i = 0
     for src, dst, n in ((q, qT, lq), (k, kT, lk)):
         for hh in range(h):
-            for r0 in range(0, n, 4 * PMAX):
-                r = min(4 * PMAX, n - r0)
+            for r0, r in row_tiles(n):
                 t = tiles[i % 2]
                 i += 1
-                view = src[r0 : r0 + r, hh, :].reshape_dim(0, (r // HWDGE_ROWS, HWDGE_ROWS)).permute((1, 0, 2))
-                nisa.dma_transpose(
-                    dst=t[:d, :r].reshape_dim(1, (r // HWDGE_ROWS, HWDGE_ROWS)), src=view, axes=(2, 1, 0)
-                )
+                r16 = (r // HWDGE_ROWS) * HWDGE_ROWS
+                if r16:
+                    nc = r16 // HWDGE_ROWS
+                    view = src[r0 : r0 + r16, hh, :].reshape_dim(0, (nc, HWDGE_ROWS)).permute((1, 0, 2))
+                    nisa.dma_transpose(
+                        dst=t[:d, :r16].reshape_dim(1, (nc, HWDGE_ROWS)), src=view, axes=(2, 1, 0)
+                    )
+                if r16 < r:  # a < 16-row tail: transpose the sequence's last 16 rows (2-D, 16 source rows)
+                    a = r0 + r - HWDGE_ROWS
+                    nisa.dma_transpose(
+                        dst=t[:d, r - HWDGE_ROWS : r], src=src[a : a + HWDGE_ROWS, hh, :], axes=(1, 0)
+                    )
                 nisa.dma_copy(dst=dst[hh, :, r0 : r0 + r], src=t[:d, :r])
     for hh in range(h):
         nisa.dma_copy(dst=vh[hh], src=v[:, hh, :])
