@@ -137,6 +137,9 @@ def forward_components(
     down) features; cross-attention and RoPE run on the local heads over the SP shard's tokens.
     ``comm_s`` / ``collectives`` are the caller's per-layer communication (seconds, collective count);
     ``head_gather_s`` the all-gather of the head's output once per forward (0 on one core).
+    Cross-attention is priced by ``kernels.cross_attention`` when the provider has it (else
+    ``kernels.attention``); a provider with ``attention_layout`` adds the layout changes before each
+    attention call (``attn_<name>_layout``, ``cross_attn_layout``; no kernel calls).
     Component set per forward: 8 linears (patch embed and head once, 6 per layer), self-attention per
     attention call, cross-attention, RoPE, the KV write when the forward has an update group, 9
     elementwise passes, the per-layer communication (when ``comm_s > 0``) and the head gather.
@@ -189,7 +192,7 @@ def forward_components(
         out.append(Component(f"attn_{name}", "attention", t, L, 4 * lq * lk * d, 1, True, c.source))
         add_layout(f"attn_{name}_layout", "attention", math.ceil(lq / sp), lk, hl, True)
     cq, ch = (ns, hl) if tpl else (n, m.num_heads)
-    c = kernels.attention(cq, m.text_len, ch, hd)
+    c = getattr(kernels, "cross_attention", kernels.attention)(cq, m.text_len, ch, hd)
     out.append(
         Component(
             "cross_attn",

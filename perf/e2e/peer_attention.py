@@ -31,8 +31,12 @@ DMAs of 2 MiB in total, each with 1 KiB descriptors (cost model v2 splits a DMA 
 its bytes per partition) over all 16 DMA engines (128 destination partitions): the DMA count, bytes,
 descriptor size and engines the cost model charges are the peer's. What differs is the dependency
 granularity (a PV waits for the 4,096-key slice, not the 512-key tile: it runs one pipeline stage later
-anyway). Key tails (not a multiple of 128) take one 2-D ``[16 q, r] -> [r, 16 q]`` DMA more per slice;
-query tails transpose whole 16-row slices (the rows past the group are never read by the PV matmuls).
+anyway). A key tail (not a multiple of 128) rides in its slice as a whole 128-key block (the peer issues one
+more DMA of ``[128 q, r]`` for it); query tails transpose whole 16-row slices (the rows past the group are
+never read by the PV matmuls). With fewer than 4,096 keys per section (the cross-attention's 512 text keys)
+the slices are smaller than the peer's DMAs: ``[16 q, 512 k]`` moves 128 B per destination partition where
+the peer's ``[128 q, 512 k]`` moves 1 KiB, 8 DMAs for the peer's one, so the cost model charges smaller
+descriptors (an upper end for that case; docs/e2e_model.md gives the figures).
 
 Other small differences: the final ``o / rowsum`` is written in bf16 by VectorE (the peer writes fp32 and
 lets the DMA cast), and small per-row statistics instructions use the group's rows only.
@@ -95,21 +99,17 @@ def peer_sections(keys: int) -> tuple[int, int]:
 
 def transpose_pieces(qr: int, nkeys: int) -> list[tuple[int, int, int]]:
     """P^T DMAs of one group's ``nkeys`` keys (pure): ``(q0, k0, n)`` = 16 query rows from ``q0``, keys
-    ``[k0, k0 + n)`` of the section; ``n`` is a multiple of 128 (a 3-D transpose) or the < 128 key tail (2-D).
-    Query rows go in slices of 16 (the last slice may reach past ``qr``; ``qr <= 128``)."""
+    ``[k0, k0 + n)`` of the section, ``n`` a multiple of 128 (a key tail is rounded up to a whole 128-key
+    block: its extra columns are never read by the PV matmuls). Query rows go in slices of 16 (the last
+    slice may reach past ``qr``, ``qr <= 128``)."""
     if not (1 <= qr <= PMAX) or nkeys < 1:
         raise ValueError(
             f"transpose_pieces: need 1 <= qr <= {PMAX} and nkeys >= 1, got qr={qr} nkeys={nkeys}"
         )
     out = []
     for k0 in range(0, nkeys, TRANSPOSE_KEYS):
-        n = min(TRANSPOSE_KEYS, nkeys - k0)
-        full, tail = (n // PMAX) * PMAX, n % PMAX
-        for q0 in range(0, qr, HWDGE_ROWS):
-            if full:
-                out.append((q0, k0, full))
-            if tail:
-                out.append((q0, k0 + full, tail))
+        n = -(-min(TRANSPOSE_KEYS, nkeys - k0) // PMAX) * PMAX
+        out += [(q0, k0, n) for q0 in range(0, qr, HWDGE_ROWS)]
     return out
 
 
@@ -232,20 +232,12 @@ def _exp(c: _Ctx, B: _Bufs, g: int) -> None:
             bias=B.run_max[:qr, g : g + 1],
         )
     for q0, k0, n in transpose_pieces(qr, c.n_keys):
-        t0 = k0 // PMAX
-        if n % PMAX == 0:
-            nb = n // PMAX
-            nisa.dma_transpose(
-                dst=B.pt[slot][:PMAX, t0 : t0 + nb, q0 : q0 + HWDGE_ROWS],
-                src=B.p[q0 : q0 + HWDGE_ROWS, k0 : k0 + n].reshape_dim(1, (nb, PMAX)),
-                axes=(2, 1, 0),
-            )
-        else:
-            nisa.dma_transpose(
-                dst=B.pt[slot][:n, t0, q0 : q0 + HWDGE_ROWS],
-                src=B.p[q0 : q0 + HWDGE_ROWS, k0 : k0 + n],
-                axes=(1, 0),
-            )
+        t0, nb = k0 // PMAX, n // PMAX
+        nisa.dma_transpose(
+            dst=B.pt[slot][:PMAX, t0 : t0 + nb, q0 : q0 + HWDGE_ROWS],
+            src=B.p[q0 : q0 + HWDGE_ROWS, k0 : k0 + n].reshape_dim(1, (nb, PMAX)),
+            axes=(2, 1, 0),
+        )
 
 
 def _pv_large(c: _Ctx, B: _Bufs, g: int, lt: int) -> None:

@@ -5,17 +5,22 @@ its configuration with our attention kernel (:class:`~perf.e2e.kernels.TracedKer
 not the end-to-end accounting. :class:`PeerKernels` prices the peer rows (and only them, see
 :func:`perf.e2e.run.run_model`) with:
 
-* ``attention``: :func:`perf.e2e.peer_attention.peer_attention_kernel` (the structure of the peer's
-  ``wan_flash_self_attn``; its cross-attention ``wan_cross_attn`` has the same layouts and tiles, one
-  section) traced at the per-core shape (q ``[H, d, Lq]``, k ``[H, d, Lk_buf]``, v ``[H, Lk_buf, d]``,
-  ``Lk`` keys attended of the ``Lk_buf = padded_keys(Lk)``-wide buffer) with its event log and priced by
-  cost model v2's schedule at both ends (``profile_range``);
+* ``attention`` (self-attention): :func:`perf.e2e.peer_attention.peer_attention_kernel` (the structure of
+  the peer's ``wan_flash_self_attn``) traced at the per-core shape (q ``[H, d, Lq]``, k
+  ``[H, d, Lk_buf]``, v ``[H, Lk_buf, d]``, ``Lk`` keys attended of the ``Lk_buf = padded_keys(Lk)``-wide
+  buffer) with its event log and priced by cost model v2's schedule at both ends (``profile_range``);
 * ``attention_layout``: the permutes the peer's XLA graph makes before every attention call
   (``models/dit_attention.py`` ``_attend`` and ``models/dit_layers.py``: q and k to D-major, v per head,
   each ``.contiguous()``): :func:`perf.e2e.peer_attention.dmajor_layout_kernel` traced and priced the same
   way. The self-attention permutes cover the whole padded K/V buffer (the peer permutes ``buffer_k[0]``,
   ``Lk_buf`` rows); the cross-attention ones the 512 text keys. They are XLA ops inside the peer's graphs,
   not NKI kernel calls, so the chunk model charges them no ``kernel_fixed_s``;
+* ``cross_attention``: the peer's ``wan_cross_attn`` has the same design over the 512 text keys (one
+  section), but there the emulator's 16-row hardware-DGE transpose rule splits each of its P^T DMAs
+  (``[128 q, 512 k]``, 1 KiB per destination partition) into 8 of 128 B, which cost model v2 prices ~10x
+  dearer (its descriptor sizes; ``perf/e2e/peer_attention.py``). So by default the cross-attention is
+  priced by ``base`` (our kernel, TensorE P^T for a 512-key chunk); ``cross_with_peer_kernel=True``
+  prices it with the peer-structure kernel (the upper end of that artefact);
 * RoPE and the KV write: the wrapped ``base`` provider (our kernels; the peer's RoPE / cache-copy kernels
   are not re-implemented).
 
@@ -50,6 +55,7 @@ class PeerKernels:
     base: KernelProvider
     max_heads: int = 3
     name: str = "peer"
+    cross_with_peer_kernel: bool = False
     profile: Callable[..., tuple[Any, Any]] | None = None
     _cache: dict[tuple[Any, ...], KernelCost] = field(default_factory=dict)
 
@@ -114,6 +120,14 @@ class PeerKernels:
         return self._cached(
             ("attn", lq, lk, heads, head_dim), compute, lambda: self.base.attention(lq, lk, heads, head_dim)
         )
+
+    def cross_attention(self, lq: int, lk: int, heads: int, head_dim: int) -> KernelCost:
+        """Cross-attention: ``base.attention`` (module docstring), or with ``cross_with_peer_kernel`` the
+        peer-structure kernel of :meth:`attention`."""
+        if self.cross_with_peer_kernel:
+            return self.attention(lq, lk, heads, head_dim)
+        c = self.base.attention(lq, lk, heads, head_dim)
+        return replace(c, source=f"{c.source}; peer cross-attn priced by our kernel")
 
     def attention_layout(
         self, lq: int, lk: int, heads: int, head_dim: int, self_attention: bool = True
