@@ -25,7 +25,7 @@ from perf.footprint import (
 from perf.matmul_model import MatmulProvider, default_matmul_provider
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 
-__all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "OUR_VARIANTS"]
+__all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VARIANTS"]
 
 OUR_VARIANTS = ("merged", "two_pass", "merged_eager")
 """Our chunk variants: merged and two-pass compiled one graph per forward (``fullgraph``), and the merged
@@ -77,6 +77,7 @@ class E2EResult:
     weight_variants: list[tuple[str, str, ChunkModel]] = field(default_factory=list)
     lower_bounds: list[Footprint] = field(default_factory=list)
     peer: list[PeerRow] = field(default_factory=list)
+    peer_kernels_name: str = ""
 
     def chunk(self, variant: str, end: str) -> ChunkModel:
         return self.chunks[(variant, end)]
@@ -184,7 +185,7 @@ def run_model(
             )
             wv.append((wp, end, cm))
     if peer and peer_kernels is None:
-        peer_kernels = PeerKernels(kernels) if isinstance(kernels, TracedKernels) else kernels
+        peer_kernels = peer_provider(kernels)
     peers = _peer_rows(pipe, peer_kernels or kernels, matmul, params) if peer else []
     return E2EResult(
         m,
@@ -203,7 +204,15 @@ def run_model(
         weight_variants=wv,
         lower_bounds=lower,
         peer=peers,
+        peer_kernels_name=getattr(peer_kernels, "name", "") if peer else "",
     )
+
+
+def peer_provider(kernels: KernelProvider) -> KernelProvider:
+    """The provider of the peer rows: :class:`~perf.e2e.peer_kernels.PeerKernels` around ``kernels`` when
+    ``kernels`` traces (:class:`~perf.e2e.kernels.TracedKernels`), else ``kernels`` itself (the hand-counted
+    ``--analytic`` fallback has no peer kernel)."""
+    return PeerKernels(kernels) if isinstance(kernels, TracedKernels) else kernels
 
 
 def _peer_rows(
