@@ -441,12 +441,12 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     kdiff = mg_lo.time(kgroups) - mg_hi.time(kgroups)
     L.append(
         f"The NKI kernels' time differs by {_ms(kdiff)} ms between the ends: cost model v2's own ranges "
-        "(`profile_range`: DMA-transpose efficiency, semaphore cost, in-order vs gap-filling engines, the "
-        "other unmeasured prices) and the end-to-end VectorE/GpSimd port contention. The contention falls "
-        "on the attention kernel, whose row max offloads halving passes from VectorE to GpSimd "
-        "(`nki_kernels/attention.py` `_row_max`): with the shared SBUF bus fully serialised that offload "
-        "buys nothing and costs the GpSimd time. No public timing pins either; the range is the design "
-        "risk.\n"
+        "(`profile_range`: DMA-transpose efficiency, semaphore cost, in-order vs gap-filling engines, "
+        "VectorE/GpSimd shared-port contention, the other unmeasured prices). The contention falls on the "
+        "attention kernel, whose row max offloads halving passes from VectorE to GpSimd "
+        "(`nki_kernels/attention.py` `_row_max`); cost model v2 charges it inside the schedule, and the "
+        "end-to-end model adds nothing on top for a schedule-priced kernel. No public timing pins either; "
+        "the range is the design risk.\n"
     )
     L.append(
         f"## Per-layer breakdown (modelled, pessimistic end, one of {r.model.num_layers} layers, critical "
@@ -560,8 +560,9 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     L.append(
         "- components run back to back (no overlap between kernels or with communication; the one exception "
         "is the FSDP weight prefetch); inside one kernel cost model v2's schedule overlaps engines as far as "
-        "the kernel's dependencies allow (read-after-write and write-after-read through its tiles), and the "
-        "end-to-end model adds the VectorE/GpSimd shared SBUF port (`vector_gpsimd_contention`)."
+        "the kernel's dependencies allow (read-after-write and write-after-read through its tiles) and "
+        "prices the VectorE/GpSimd shared SBUF port; the end-to-end `vector_gpsimd_contention` applies only "
+        "to kernels not priced by that schedule (the analytic fallback)."
     )
     L.append(f"- plots: {', '.join(png_names)}")
     L.append("")
