@@ -26,7 +26,7 @@ attention. :func:`peer_attention_kernel` has that kernel's structure (our code, 
 partitions, ``src.shape[0] in {1, 2, 4, 8, 16}``; NKI 0.6's ``dge_mode.unknown`` is treated as hwdge, see
 docs/emulator.md): the peer transposes each 512-key exp tile of a group (``[128 q, 4 x 128 k] -> [128 k, 4,
 128 q]``, 128 source partitions) in one DMA. Here each 16-query slice of :data:`TRANSPOSE_KEYS` (4,096) keys
-goes in one DMA (``[16 q, 32, 128 k] -> [128 k, 32, 16 q]``). Per group and 8,192-key section both issue 16
+goes in one DMA (``[16 q, 32, 128 k] -> [128 k, 32, 16 q]``). Per group and 8,192-key section both make 16
 DMAs of 2 MiB in total, each with 1 KiB descriptors (cost model v2 splits a DMA into descriptors of at most
 its bytes per partition) over all 16 DMA engines (128 destination partitions): the DMA count, bytes,
 descriptor size and engines the cost model charges are the peer's. What differs is the dependency
