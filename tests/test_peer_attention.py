@@ -164,3 +164,31 @@ def test_dmajor_layout_kernel_is_the_permute():
     assert torch.equal(qT, q.permute(1, 2, 0))
     assert torch.equal(kT, k.permute(1, 2, 0))
     assert torch.equal(vh, v.permute(1, 0, 2))
+
+
+@pytest.mark.slow
+def test_peer_attention_traces_at_the_peers_wan_shape():
+    """The denoise call of the peer's merged forward at 480x832 on one core of TP4xSP2 (3 heads, 11,700
+    queries, 32,760 keys of a 32,768-wide buffer): the emulator's rules hold (the trace raises otherwise),
+    every P^T DMA has the peer's per-section count, and the v2 schedule prices it DMA-bound at both ends."""
+    from nki_kernels.emulator.cost import profile_range
+
+    h, d, lq, lk = 3, 128, 11_700, 32_760
+    kb = padded_keys(lk)
+    _, tr = run(
+        peer_attention_kernel,
+        TensorSpec((h, d, lq), BF),
+        TensorSpec((h, d, kb), BF),
+        TensorSpec((h, kb, d), BF),
+        1 / math.sqrt(d),
+        lk,
+        trace_only=True,
+        keep_events=True,
+    )
+    n_t = sum(n for r, n in tr.counts.items() if r.op == "dma_transpose")
+    # by hand: 4 sections (8192 x 3 + 8184 keys), each 2 key slices of 4096; 91 full groups of 8 16-row
+    # slices and one of 52 queries (4 slices): (91 x 8 + 4) x 2 per section and head
+    assert n_t == 3 * 4 * (91 * 8 + 4) * 2 == 17_568
+    lo, hi = profile_range(tr, schedule=True)
+    assert lo.model == hi.model == "schedule" and lo.latency_ns <= hi.latency_ns
+    assert lo.bottleneck == hi.bottleneck == "dma"
