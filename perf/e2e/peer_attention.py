@@ -44,7 +44,6 @@ lets the DMA cast), and small per-row statistics instructions use the group's ro
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
@@ -443,6 +442,3 @@ def dmajor_layout_kernel(q, k, v):
     for hh in range(h):
         nisa.dma_copy(dst=vh[hh], src=v[:, hh, :])
     return qT, kT, vh
-
-
-_ = math
