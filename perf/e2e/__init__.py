@@ -14,6 +14,8 @@ Every figure it produces is **modelled**; published figures of other systems are
 * :mod:`perf.e2e.weights`: FSDP / TP-linear communication;
 * :mod:`perf.e2e.chunk`: the chunk model (components + kernel fixed costs + barriers + NEFF launches);
 * :mod:`perf.e2e.peer`: the peer's measured figures and configurations;
+* :mod:`perf.e2e.peer_attention`: the peer's attention design in NKI 0.6 and its D-major permutes;
+* :mod:`perf.e2e.peer_kernels`: :class:`~perf.e2e.peer_kernels.PeerKernels`, the provider of the peer rows;
 * :mod:`perf.e2e.run`, :mod:`perf.e2e.report`, :mod:`perf.e2e.plots`, :mod:`perf.e2e.cli`.
 """
 

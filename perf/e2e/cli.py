@@ -94,6 +94,7 @@ def result_rows(r: E2EResult) -> list[Any]:
                         "peer_measured_fps": None if row.measured is None else row.measured.fps,
                         "peer_source": None if row.measured is None else row.measured.source,
                         "predicted_over_measured": ratio,
+                        "kernels": r.peer_kernels_name,
                         "note": row.error,
                     },
                 )

@@ -84,11 +84,18 @@ class Component:
 def contended_s(cost: KernelCost, point: EndPoint) -> float:
     """Kernel time at ``point.end`` with VectorE/GpSimd sharing the SBUF port.
 
+    A kernel priced by cost model v2's schedule (``cost.model == "schedule"``) already carries the
+    contention at each end (``Trn2CostParams.vector_gpsimd_contention``, 1.0-2.0: the overlapping part of
+    a VectorE/GpSimd instruction runs that much longer), in its latency and in its busy times: its time is
+    ``cost.at(end)``, nothing added (adding the end-to-end term too charged it twice at the pessimistic
+    end).  Any other pricing (``"analytic"``, ``"bound"``: no contention in it) gets
     ``max(latency, max(v, g) + c x min(v, g))`` with ``v``, ``g`` the VectorE and GpSimd busy times and
-    ``c`` = ``point.vector_gpsimd_contention`` (0: the engines overlap freely, the cost model's
-    assumption; 1: their SBUF accesses serialise).  Kernels that use only one of them are unchanged.
+    ``c`` = ``point.vector_gpsimd_contention`` (0: the engines overlap freely; 1: their SBUF accesses
+    serialise).  Kernels that use only one of them are unchanged.
     """
     t = cost.at(point.end)
+    if cost.model == "schedule":
+        return t
     v, g = cost.engine_busy_s.get("vector", 0.0), cost.engine_busy_s.get("gpsimd", 0.0)
     return max(t, max(v, g) + point.vector_gpsimd_contention * min(v, g))
 
@@ -153,6 +160,9 @@ def forward_components(
     down) features; cross-attention and RoPE run on the local heads over the SP shard's tokens.
     ``comm_s`` / ``collectives`` are the caller's per-layer communication (seconds, collective count);
     ``head_gather_s`` the all-gather of the head's output once per forward (0 on one core).
+    Cross-attention is priced by ``kernels.cross_attention`` when the provider has it (else
+    ``kernels.attention``); a provider with ``attention_layout`` adds the layout changes before each
+    attention call (``attn_<name>_layout``, ``cross_attn_layout``; no kernel calls).
     Component set per forward: 8 linears (patch embed and head once, 6 per layer), self-attention per
     attention call, cross-attention, RoPE, the KV write when the forward has an update group, 9
     elementwise passes, the per-layer communication (when ``comm_s > 0``) and the head gather.
@@ -199,6 +209,28 @@ def forward_components(
     lin("ffn_down", f, d, col=False)
     lin("head_proj", d, m.patch_out, layered=False)
 
+    layout = getattr(kernels, "attention_layout", None)
+
+    def add_layout(name: str, group: str, lq: int, lk: int, heads: int, self_attention: bool) -> None:
+        """The layout changes a provider says its attention needs before the call (the peer's D-major
+        permutes, :class:`perf.e2e.peer_kernels.PeerKernels`): XLA ops, no kernel call (``launches`` 0)."""
+        lc = layout(lq, lk, heads, hd, self_attention) if layout is not None else None
+        if lc is not None:
+            out.append(
+                Component(
+                    name,
+                    group,
+                    contended_s(lc, point),
+                    L,
+                    0,
+                    0,
+                    True,
+                    lc.source,
+                    hbm_bytes=int(lc.hbm_bytes),
+                    bound=busiest(lc.engine_busy_s, "dma"),
+                )
+            )
+
     for name, lq, lk in fwd.attention:
         lql = math.ceil(lq / sp)
         c = kernels.attention(lql, lk, hl, hd)
@@ -217,8 +249,9 @@ def forward_components(
                 bound=busiest(c.engine_busy_s, "tensor"),
             )
         )
+        add_layout(f"attn_{name}_layout", "attention", lql, lk, hl, True)
     cq, ch = (ns, hl) if tpl else (n, m.num_heads)
-    c = kernels.attention(cq, m.text_len, ch, hd)
+    c = getattr(kernels, "cross_attention", kernels.attention)(cq, m.text_len, ch, hd)
     out.append(
         Component(
             "cross_attn",
@@ -233,6 +266,7 @@ def forward_components(
             bound=busiest(c.engine_busy_s, "tensor"),
         )
     )
+    add_layout("cross_attn_layout", "cross_attention", cq, m.text_len, ch, False)
     c = kernels.rope(cq, ch, hd)
     rope_bytes = 2 * 2 * 2 * cq * ch * hd + 2 * 4 * cq * (hd // 2)  # q, k read + written; cos/sin fp32
     out.append(

@@ -90,6 +90,9 @@ class E2EParams:
       shared SBUF port serialises inside a kernel where both engines work (trn2 architecture guide:
       "VectorE and GpSimdE can access SBUF at the same time ... they share a bus, and VectorE's
       performance mode uses it").  RANGE 0 (independent) .. 1 (fully serialised): no published timing.
+      Applied only to kernels NOT priced by cost model v2's schedule (the analytic or bound fallback):
+      the schedule charges the contention itself (``Trn2CostParams.vector_gpsimd_contention``), so
+      adding this term on top counted it twice (``perf.e2e.components.contended_s``).
     * ``comm_models``: the ``sharding.plan.CommModel`` line used at each end (optimistic, pessimistic):
       collective bandwidth on trn2 is not measured publicly (see ``docs/sharding.md``).
     * ``peer_neffs_per_forward`` 370: NEFF launches per rank of one forward of the Rolling Forcing port

@@ -9,9 +9,10 @@ from typing import Any
 
 from perf.e2e.chunk import ChunkModel, chunk_model, warmup_forwards
 from perf.e2e.components import vae_components
-from perf.e2e.kernels import KernelProvider, default_kernel_provider
+from perf.e2e.kernels import KernelProvider, TracedKernels, default_kernel_provider
 from perf.e2e.params import ENDS, E2EParams
 from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
+from perf.e2e.peer_kernels import PeerKernels
 from perf.e2e.weights import WEIGHT_VARIANTS
 from perf.footprint import (
     Footprint,
@@ -24,7 +25,7 @@ from perf.footprint import (
 from perf.matmul_model import MatmulProvider, default_matmul_provider
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 
-__all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "OUR_VARIANTS"]
+__all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VARIANTS"]
 
 OUR_VARIANTS = ("merged", "two_pass", "merged_eager")
 """Our chunk variants: merged and two-pass compiled one graph per forward (``fullgraph``), and the merged
@@ -76,6 +77,7 @@ class E2EResult:
     weight_variants: list[tuple[str, str, ChunkModel]] = field(default_factory=list)
     lower_bounds: list[Footprint] = field(default_factory=list)
     peer: list[PeerRow] = field(default_factory=list)
+    peer_kernels_name: str = ""
 
     def chunk(self, variant: str, end: str) -> ChunkModel:
         return self.chunks[(variant, end)]
@@ -97,9 +99,14 @@ def run_model(
     matmul: MatmulProvider | None = None,
     scaling_cores: Sequence[int] = (1, 2, 4, 8, 16),
     peer: bool = True,
+    peer_kernels: KernelProvider | None = None,
 ) -> E2EResult:
     """Every modelled figure of the report at both ends (``peer``: also the peer's configurations, which
-    are Wan2.1-1.3B whatever ``preset`` is)."""
+    are Wan2.1-1.3B whatever ``preset`` is).
+
+    ``peer_kernels`` prices the peer rows only (default: :class:`~perf.e2e.peer_kernels.PeerKernels`, the
+    peer's own attention and layout permutes, around ``kernels`` when ``kernels`` is traced; ``kernels``
+    itself when it is not, e.g. ``--analytic``)."""
     t0 = time.perf_counter()
     params = params or E2EParams()
     kernels = kernels or default_kernel_provider(params)
@@ -177,7 +184,9 @@ def run_model(
                 else chunk_model(m, pipe, cores=cores, variant="merged", weights=wp, end=end, **kw)
             )
             wv.append((wp, end, cm))
-    peers = _peer_rows(pipe, kernels, matmul, params) if peer else []
+    if peer and peer_kernels is None:
+        peer_kernels = peer_provider(kernels)
+    peers = _peer_rows(pipe, peer_kernels or kernels, matmul, params) if peer else []
     return E2EResult(
         m,
         pipe,
@@ -195,14 +204,23 @@ def run_model(
         weight_variants=wv,
         lower_bounds=lower,
         peer=peers,
+        peer_kernels_name=getattr(peer_kernels, "name", "") if peer else "",
     )
+
+
+def peer_provider(kernels: KernelProvider) -> KernelProvider:
+    """The provider of the peer rows: :class:`~perf.e2e.peer_kernels.PeerKernels` around ``kernels`` when
+    ``kernels`` traces (:class:`~perf.e2e.kernels.TracedKernels`), else ``kernels`` itself (the hand-counted
+    ``--analytic`` fallback has no peer kernel)."""
+    return PeerKernels(kernels) if isinstance(kernels, TracedKernels) else kernels
 
 
 def _peer_rows(
     pipe: PipelineConfig, kernels: KernelProvider, matmul: MatmulProvider, params: E2EParams
 ) -> list[PeerRow]:
     """The peer's configurations (:data:`PEER_CONFIGS`) at both ends: Megatron TP linears, ~370 NEFFs
-    per rank per forward, our kernels' modelled costs."""
+    per rank per forward, ``kernels`` = the peer's provider (:class:`~perf.e2e.peer_kernels.PeerKernels`:
+    its attention and layout permutes; our RoPE, KV write and linears)."""
     rows: list[PeerRow] = []
     probes: dict[tuple[int, int], Any] = {}
     for cfg in PEER_CONFIGS:
