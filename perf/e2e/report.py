@@ -323,14 +323,16 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
             "self-attention design re-written in "
             "NKI 0.6 (`perf/e2e/peer_attention.py`: D-major q/k, 8,192-key sections, P^T by SBUF->SBUF DMA) "
             "traced at its per-core shapes and priced by cost model v2 at both ends, plus the D-major "
-            "permutes its XLA graph makes before every attention call; cross-attention, RoPE, the KV write "
-            "and the linears with this project's kernels. Our own configuration above keeps our kernels.\n"
+            "permutes its XLA graph makes before every attention call; its linears at the 65-69 % "
+            "TensorE-active its profiles publish for its matmul NEFFs and its VAE convs at the one "
+            "efficiency that reproduces its published ~135 ms VAE decode (480x640, 16 cores) "
+            "(`perf/e2e/peer_matmul.py`); cross-attention, RoPE and the KV write with this project's "
+            "kernels. Our own configuration above keeps our kernels.\n"
         )
         L += peer_breakdown_lines(r.peer)
         L.append(
-            "Not modelled, and published for the peer: kernel waits of 1.4-5.2 ms in its profiles, matmul "
-            "NEFFs at 65-69 % TensorE-active (our matmul model prices full tiles at the cost model's rate), "
-            "its RoPE swap on GpSimd; the measured gap is what those and the cost model's per-kernel error "
+            "Not modelled, and published for the peer: kernel waits of 1.4-5.2 ms in its profiles and its "
+            "RoPE swap on GpSimd; the measured gap is what those and the cost model's per-kernel error "
             "leave.\n"
         )
     L.append("## Launch accounting (modelled, per chunk and per rank)\n")

@@ -13,6 +13,7 @@ from perf.e2e.kernels import KernelProvider, TracedKernels, default_kernel_provi
 from perf.e2e.params import ENDS, E2EParams
 from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
 from perf.e2e.peer_kernels import PeerKernels
+from perf.e2e.peer_matmul import peer_matmul
 from perf.e2e.weights import WEIGHT_VARIANTS
 from perf.footprint import (
     Footprint,
@@ -186,7 +187,7 @@ def run_model(
             wv.append((wp, end, cm))
     if peer and peer_kernels is None:
         peer_kernels = peer_provider(kernels)
-    peers = _peer_rows(pipe, peer_kernels or kernels, matmul, params) if peer else []
+    peers = _peer_rows(pipe, peer_kernels or kernels, peer_matmul(matmul, params), params) if peer else []
     return E2EResult(
         m,
         pipe,
@@ -220,7 +221,8 @@ def _peer_rows(
 ) -> list[PeerRow]:
     """The peer's configurations (:data:`PEER_CONFIGS`) at both ends: Megatron TP linears, ~370 NEFFs
     per rank per forward, ``kernels`` = the peer's provider (:class:`~perf.e2e.peer_kernels.PeerKernels`:
-    its attention and layout permutes; our RoPE, KV write and linears)."""
+    its attention and layout permutes; our RoPE and KV write) and ``matmul`` = the peer's dense layers
+    (:class:`~perf.e2e.peer_matmul.PeerMatmul`: its measured matmul and VAE efficiency)."""
     rows: list[PeerRow] = []
     probes: dict[tuple[int, int], Any] = {}
     for cfg in PEER_CONFIGS:
