@@ -81,8 +81,8 @@ def render(
         for name, (help_, samples) in fams.items():
             if kind == "counter" and not name.endswith("_total"):
                 raise ValueError(f"counter name must end in _total, got {name!r}")
-            family = name[: -len("_total")] if kind == "counter" else name
-            lines += [f"# HELP {family} {help_}", f"# TYPE {family} {kind}"]
+            # text format 0.0.4: a counter's HELP and TYPE lines carry its sample name (with _total)
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
             lines += [f"{name}{_labels(lab)} {_num(v)}" for lab, v in samples]
     return "\n".join(lines) + "\n"
 
