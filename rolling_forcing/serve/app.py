@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -177,8 +178,8 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
             receiver.cancel()
             s.connected = False
             s.last_seen = time.monotonic()
-            if not s.closed:
-                await asyncio.to_thread(mgr.close, sid, "viewer disconnected")
+            if not s.closed:  # in a thread: this runs even when the handler is being cancelled
+                threading.Thread(target=mgr.close_if_open, args=(sid, "viewer disconnected"), daemon=True).start()
 
     return app
 

@@ -60,6 +60,7 @@ class SessionManager:
         self.reports: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._keep_reports = keep_reports
         self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -126,28 +127,37 @@ class SessionManager:
         return s
 
     def close(self, sid: str, reason: str) -> dict[str, Any]:
-        """Close session ``sid`` (freeing its stream), keep and return its JSON report."""
-        with self._lock:
-            s = self.sessions.pop(sid, None)
-        if s is None:
-            if sid in self.reports:
-                return self.reports[sid]
-            raise RuleError(404, f"no open session {sid!r}")
-        s.release(reason)
-        rep = s.report()
-        if self.cfg.report_dir is not None:
-            path = Path(self.cfg.report_dir) / f"session-{sid}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rep, indent=2, allow_nan=True) + "\n")
-        with self._lock:
-            self.closed_by[reason.split(":")[0]] += 1
-            self.counts["frames_sent"] += s.buffer.sent
-            self.counts["frames_dropped"] += s.buffer.dropped
-            self.counts["late_chunks"] += s.buffer.late_chunks
-            self.reports[sid] = rep
-            while len(self.reports) > self._keep_reports:
-                self.reports.popitem(last=False)
-        return rep
+        """Close session ``sid`` (freeing its stream), keep and return its JSON report. Closes are
+        serialised, so a second close of the same session (viewer gone + stop button) gets the report."""
+        with self._close_lock:
+            with self._lock:
+                s = self.sessions.pop(sid, None)
+            if s is None:
+                if sid in self.reports:
+                    return self.reports[sid]
+                raise RuleError(404, f"no open session {sid!r}")
+            s.release(reason)
+            rep = s.report()
+            if self.cfg.report_dir is not None:
+                path = Path(self.cfg.report_dir) / f"session-{sid}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(rep, indent=2, allow_nan=True) + "\n")
+            with self._lock:
+                self.closed_by[reason.split(":")[0]] += 1
+                self.counts["frames_sent"] += s.buffer.sent
+                self.counts["frames_dropped"] += s.buffer.dropped
+                self.counts["late_chunks"] += s.buffer.late_chunks
+                self.reports[sid] = rep
+                while len(self.reports) > self._keep_reports:
+                    self.reports.popitem(last=False)
+            return rep
+
+    def close_if_open(self, sid: str, reason: str) -> None:
+        """:meth:`close` unless the session is already closed (for the viewer's clean-up path)."""
+        try:
+            self.close(sid, reason)
+        except RuleError:
+            pass
 
     def headroom(self) -> float:
         """Share of the chunk deadline left after every open session's measured p99 chunk cost."""
@@ -156,8 +166,10 @@ class SessionManager:
 
     # ---- the worker ---------------------------------------------------------------------------
     def _pick(self, now: float) -> Session | None:
+        """Earliest deadline first: sessions with a viewer before those without, then the least video
+        buffered ahead of the playback clock."""
         ready = [s for s in list(self.sessions.values()) if s.wants_chunk()]
-        return min(ready, key=lambda s: s.buffer.lead_s(now), default=None)
+        return min(ready, key=lambda s: (not s.connected, s.buffer.lead_s(now)), default=None)
 
     def _reap(self) -> None:
         limit = self.cfg.connect_timeout_s

@@ -189,6 +189,7 @@ class Session:
             "frames_dropped": buf.dropped,
             "late_chunks": buf.late_chunks,
             "closed": self.closed,
+            "prompt_schedule": [{"prompt": s.prompt, "block": s.applied_block} for s in self.switches],
         })
 
     def report(self) -> dict[str, Any]:
