@@ -11,8 +11,8 @@ import gc
 import io
 import time
 import weakref
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,9 @@ def offline_frames(
     enc = SeededTextEncoder(mcfg.text_len, mcfg.text_dim)
     num_blocks = VideoSpec().blocks_for_seconds(cfg.max_session_s, pc.frames_per_block)
     gen = torch.Generator().manual_seed(seed)
-    noise = NoiseSource(1, mcfg.latent_frame_shape(), 3, num_blocks, torch.float32, generator=gen, upfront=False)
+    noise = NoiseSource(
+        1, mcfg.latent_frame_shape(), 3, num_blocks, torch.float32, generator=gen, upfront=False
+    )
     pipe = RollingForcingPipeline(model, mcfg, pc)
     dec = PreviewDecoder(mcfg.out_channels, seed=cfg.weights_seed)
     switches = {b: (p, r) for b, p, r in prompts[1:]}
@@ -113,7 +115,11 @@ def test_prompt_switch_reaches_the_stream_frame_exact(recache: bool) -> None:
 
             def switched(f: dict[int, Any], s: dict[str, Any]) -> bool:
                 sched = s.get("prompt_schedule", [])
-                return len(sched) == 2 and sched[1]["block"] is not None and max_block(f) >= sched[1]["block"] + 1
+                return (
+                    len(sched) == 2
+                    and sched[1]["block"] is not None
+                    and max_block(f) >= sched[1]["block"] + 1
+                )
 
             receive(ws, frames, switched)
         r = client.delete(f"/api/sessions/{sid}")

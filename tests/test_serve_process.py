@@ -24,7 +24,9 @@ def test_serve_command_streams_over_a_real_socket(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "rolling_forcing", "serve", "--port", "0", "--image-format", "png"]
     cmd += ["--report-dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -99,7 +99,9 @@ def test_metrics_text_parses_with_prometheus_client() -> None:
     total = {s.name: s.value for s in fams["x_seconds"].samples}
     assert total["x_seconds_count"] == 5 and total["x_seconds_sum"] == pytest.approx(4.15)
     ev = fams["x_events"]
-    assert ev.type == "counter" and ev.samples[0].labels == {"reason": 'a "b"\nc'} and ev.samples[0].value == 2
+    assert (
+        ev.type == "counter" and ev.samples[0].labels == {"reason": 'a "b"\nc'} and ev.samples[0].value == 2
+    )
     assert {s.labels["session"]: s.value for s in fams["x_depth"].samples} == {"s1": 7, "s2": 0}
     with pytest.raises(ValueError, match="_total"):
         render(histograms={}, counters={"x": ("bad", [])}, gauges={})
@@ -133,4 +135,7 @@ def test_prompt_rule_and_json_safety() -> None:
         check_prompt("   ", 10)
     with pytest.raises(RuleError, match="must be a string"):
         check_prompt(3, 10)
-    assert json_safe({"a": [1.0, math.nan, {"b": math.inf}], "c": "x"}) == {"a": [1.0, None, {"b": None}], "c": "x"}
+    assert json_safe({"a": [1.0, math.nan, {"b": math.inf}], "c": "x"}) == {
+        "a": [1.0, None, {"b": None}],
+        "c": "x",
+    }

@@ -95,7 +95,8 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
     app = FastAPI(title="rolling-forcing serve", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     def manager(request: Request | WebSocket) -> SessionManager:
-        return request.app.state.manager  # type: ignore[no-any-return]
+        mgr: SessionManager = request.app.state.manager
+        return mgr
 
     @app.exception_handler(RuleError)
     async def rule_error(request: Request, exc: RuleError) -> JSONResponse:
@@ -179,7 +180,9 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
             s.connected = False
             s.last_seen = time.monotonic()
             if not s.closed:  # in a thread: this runs even when the handler is being cancelled
-                threading.Thread(target=mgr.close_if_open, args=(sid, "viewer disconnected"), daemon=True).start()
+                threading.Thread(
+                    target=mgr.close_if_open, args=(sid, "viewer disconnected"), daemon=True
+                ).start()
 
     return app
 
@@ -192,7 +195,9 @@ async def _receive_until_gone(websocket: WebSocket) -> None:
             return
 
 
-async def _send_frames(websocket: WebSocket, s: Session, mgr: SessionManager, receiver: asyncio.Task[None]) -> None:
+async def _send_frames(
+    websocket: WebSocket, s: Session, mgr: SessionManager, receiver: asyncio.Task[None]
+) -> None:
     """Send each frame in its playback slot and the readout every ``STATS_PERIOD_S`` until the session
     closes or the viewer leaves."""
     next_stats = 0.0

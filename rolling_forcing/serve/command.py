@@ -62,7 +62,8 @@ def serve(
     missing = missing_serve_modules()
     if missing:
         typer.secho(
-            f"error: serve needs the serve extra ({', '.join(missing)} not installed): pip install -e '.[serve]'",
+            f"error: serve needs the serve extra ({', '.join(missing)} not installed): "
+            "pip install -e '.[serve]'",
             err=True,
             fg=typer.colors.RED,
         )

@@ -161,7 +161,8 @@ class Engine:
         self.pipe_cfg = PipelineConfig(positions="relative")
         self.spec = VideoSpec(fps=cfg.fps)
         self.max_blocks = max(
-            self.pipe_cfg.window_blocks, self.spec.blocks_for_seconds(cfg.max_session_s, self.pipe_cfg.frames_per_block)
+            self.pipe_cfg.window_blocks,
+            self.spec.blocks_for_seconds(cfg.max_session_s, self.pipe_cfg.frames_per_block),
         )
         self.model = CausalWanModel(self.model_cfg).init_random(cfg.weights_seed).eval()
         self.text = SeededTextEncoder(self.model_cfg.text_len, self.model_cfg.text_dim)

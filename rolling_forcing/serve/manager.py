@@ -11,6 +11,7 @@ rule (:func:`admission_refusal`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
@@ -99,7 +100,8 @@ class SessionManager:
                 self.refused["rate"] += 1
                 raise RuleError(
                     429,
-                    f"new sessions are limited to one per {cfg.session_interval_s:g} s; retry in {wait:.2f} s",
+                    f"new sessions are limited to one per {cfg.session_interval_s:g} s; "
+                    f"retry in {wait:.2f} s",
                     retry_after_s=wait,
                 )
             costs = [s.cost_s() for s in self.sessions.values()]
@@ -154,10 +156,8 @@ class SessionManager:
 
     def close_if_open(self, sid: str, reason: str) -> None:
         """:meth:`close` unless the session is already closed (for the viewer's clean-up path)."""
-        try:
+        with contextlib.suppress(RuleError):
             self.close(sid, reason)
-        except RuleError:
-            pass
 
     def headroom(self) -> float:
         """Share of the chunk deadline left after every open session's measured p99 chunk cost."""
@@ -227,7 +227,10 @@ class SessionManager:
                     [({}, late)],
                 ),
                 "rf_serve_frames_sent_total": ("frames sent to viewers in their slot", [({}, sent)]),
-                "rf_serve_frames_dropped_total": ("frames that missed their slot (counted, not sent)", [({}, dropped)]),
+                "rf_serve_frames_dropped_total": (
+                    "frames that missed their slot (counted, not sent)",
+                    [({}, dropped)],
+                ),
                 "rf_serve_sessions_admitted_total": ("sessions admitted", [({}, admitted)]),
                 "rf_serve_sessions_refused_total": ("sessions refused, by rule", refused),
                 "rf_serve_sessions_closed_total": ("sessions closed, by reason", closed),

@@ -66,7 +66,9 @@ async function api(method, url, body) {
   }
   return data;
 }
-function fmt(x, digits) { return (x === null || x === undefined || Number.isNaN(x)) ? "-" : x.toFixed(digits); }
+function fmt(x, digits) {
+  return (x === null || x === undefined || Number.isNaN(x)) ? "-" : x.toFixed(digits);
+}
 function showStats(s) {
   $("r-status").textContent = s.closed ? "closed" : (s.playing ? "playing" : "buffering");
   $("r-latency").textContent = fmt(s.last_chunk_ms, 1) + " ms / " + fmt(s.p99_chunk_ms, 1) + " ms";

@@ -44,8 +44,10 @@ def first_frame_of_block(block: int, frames_per_block: int = 3, temporal_stride:
         raise ValueError(f"block must be >= 0, got {block}")
     if block == 0:
         return 0
-    return temporal_stride * frames_per_block - (temporal_stride - 1) + temporal_stride * frames_per_block * (
-        block - 1
+    return (
+        temporal_stride * frames_per_block
+        - (temporal_stride - 1)
+        + temporal_stride * frames_per_block * (block - 1)
     )
 
 
@@ -112,7 +114,11 @@ class PlayoutBuffer:
             for i, f in enumerate(frames):
                 if f.index != self.next_index + i:
                     raise ValueError(f"frame index {f.index} out of order (expected {self.next_index + i})")
-            if frames and self.t0 is not None and now > slot_time(self.t0, self.n0, frames[0].index, self.fps):
+            if (
+                frames
+                and self.t0 is not None
+                and now > slot_time(self.t0, self.n0, frames[0].index, self.fps)
+            ):
                 self.late_chunks += 1
             self._frames.extend(frames)
             self.next_index += len(frames)

@@ -145,7 +145,9 @@ class Session:
             frames = [Frame(first + i, out.block, img) for i, img in enumerate(out.images)]
             self.buffer.push(frames, now)
             # write_s of the generate report holds the image encoding here
-            row = ChunkTiming(out.block, now - self.start, len(frames), out.generate_s, out.decode_s, out.encode_s)
+            row = ChunkTiming(
+                out.block, now - self.start, len(frames), out.generate_s, out.decode_s, out.encode_s
+            )
             self.rows.append(row)
             self.last_cost_s = out.cost_s
             if out.block > 0:  # the first chunk carries the window warm-up: not a steady cost
@@ -172,25 +174,27 @@ class Session:
         now = time.perf_counter() if now is None else now
         cfg = self.engine.cfg
         buf = self.buffer
-        return json_safe({
-            "id": self.id,
-            "prompt": self.prompt,
-            "seed": self.seed,
-            "blocks": len(self.rows),
-            "last_chunk_ms": self.last_cost_s * 1e3,
-            "p99_chunk_ms": self.cost_s() * 1e3,
-            "deadline_ms": cfg.deadline_s * 1e3,
-            "buffer_frames": len(buf),
-            "buffer_depth": buf.depth,
-            "start_frames": buf.start_frames,
-            "lead_ms": buf.lead_s(now) * 1e3,
-            "playing": buf.started,
-            "frames_sent": buf.sent,
-            "frames_dropped": buf.dropped,
-            "late_chunks": buf.late_chunks,
-            "closed": self.closed,
-            "prompt_schedule": [{"prompt": s.prompt, "block": s.applied_block} for s in self.switches],
-        })
+        return json_safe(
+            {
+                "id": self.id,
+                "prompt": self.prompt,
+                "seed": self.seed,
+                "blocks": len(self.rows),
+                "last_chunk_ms": self.last_cost_s * 1e3,
+                "p99_chunk_ms": self.cost_s() * 1e3,
+                "deadline_ms": cfg.deadline_s * 1e3,
+                "buffer_frames": len(buf),
+                "buffer_depth": buf.depth,
+                "start_frames": buf.start_frames,
+                "lead_ms": buf.lead_s(now) * 1e3,
+                "playing": buf.started,
+                "frames_sent": buf.sent,
+                "frames_dropped": buf.dropped,
+                "late_chunks": buf.late_chunks,
+                "closed": self.closed,
+                "prompt_schedule": [{"prompt": s.prompt, "block": s.applied_block} for s in self.switches],
+            }
+        )
 
     def report(self) -> dict[str, Any]:
         """JSON report: ``generate --report-json``'s summary/meta/chunks plus a ``serve`` section."""
@@ -221,7 +225,8 @@ class Session:
             "chunk_cost_p99_s": self.costs.p99(),
             "prompt_schedule": [s.to_dict(fpb, ts) for s in self.switches],
         }
-        return json_safe(rep)  # type: ignore[no-any-return]
+        safe: dict[str, Any] = json_safe(rep)
+        return safe
 
 
 __all__ = ["RuleError", "Session", "Switch", "check_prompt", "json_safe"]
