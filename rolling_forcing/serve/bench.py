@@ -71,18 +71,28 @@ def bench_batching(chunks: int = 20, repeats: int = 3) -> dict[str, Any]:
 
 def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]]:
     """Run each count of sessions for ``seconds`` on one scheduler; measured figures per count."""
+    import torch
+
     from rolling_forcing.report import percentile
     from rolling_forcing.serve.config import ServeConfig
     from rolling_forcing.serve.engine import Engine
     from rolling_forcing.serve.manager import SessionManager, admission_refusal
+    from rolling_forcing.serve.playout import start_threshold
+    from rolling_forcing.serve.session import Session
 
     cfg = ServeConfig(max_sessions=max(counts), session_interval_s=0.0, connect_timeout_s=3600.0)
+    torch.set_num_threads(cfg.threads)
     rows = []
     for n in counts:
         engine = Engine(replace(cfg))
         engine.calibrate()
         mgr = SessionManager(engine)
-        sessions = [mgr.admit(f"prompt {i}", seed=i) for i in range(n)]
+        # past admission on purpose (to see what it protects against): sessions are added by hand
+        start = start_threshold(n * engine.chunk_cost_s(), cfg.fps, cfg.buffer_frames)
+        sessions = [Session(f"s{i}", engine, f"prompt {i}", i, start) for i in range(n)]
+        for s in sessions:
+            s.connected = True
+            mgr.sessions[s.id] = s
         stop = threading.Event()
 
         def viewer(sessions: list[Any] = sessions, stop: threading.Event = stop) -> None:
@@ -98,7 +108,9 @@ def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]
         time.sleep(seconds)
         stop.set()
         v.join()
-        costs = [r.generate_s + r.decode_s + r.write_s for s in sessions for r in s.rows if r.block > 0]
+        steady = [r for s in sessions for r in s.rows if r.block > 0]
+        costs = [r.generate_s + r.decode_s + r.write_s for r in steady]
+        calib = engine.calibration_s
         sent = sum(s.buffer.sent for s in sessions)
         dropped = sum(s.buffer.dropped for s in sessions)
         late = sum(s.buffer.late_chunks for s in sessions)
@@ -107,11 +119,18 @@ def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]
         rows.append({
             "kind": "measured",
             "sessions": n,
+            "calibration_p50_ms": percentile(calib, 50) * 1e3,
             "seconds": seconds,
             "chunks": len(costs) + n,
             "chunk_cost_p50_ms": percentile(costs, 50) * 1e3,
             "chunk_cost_p99_ms": p99 * 1e3,
+            "generate_p50_ms": percentile([r.generate_s for r in steady], 50) * 1e3,
+            "decode_p50_ms": percentile([r.decode_s for r in steady], 50) * 1e3,
+            "encode_p50_ms": percentile([r.write_s for r in steady], 50) * 1e3,
+            "bytes_per_frame": sum(len(f.data) for s in sessions for f in s.buffer._frames)
+            / max(1, sum(len(s.buffer) for s in sessions)),
             "frames_sent": sent,
+            "sent_fps_per_session": sent / n / seconds,
             "frames_dropped": dropped,
             "late_chunks": late,
             "admission_at_this_load": admission_refusal(
