@@ -37,12 +37,13 @@ TEST_CFG = ServeConfig(
     image_format="png", session_interval_s=0.0, prompt_interval_s=0.3, calibration_chunks=2,
     fps=32.0, headroom=0.0, max_session_s=60.0, connect_timeout_s=30.0,
 )  # fmt: skip
+WS = "ws://127.0.0.1:8000"  # the test client's WebSocket base (its default host is not loopback)
 WAIT_S = 60.0  # bound of every receive loop (the server sends a readout every 0.25 s)
 
 
 @contextmanager
 def serve(cfg: ServeConfig = TEST_CFG) -> Iterator[TestClient]:
-    with TestClient(create_app(cfg)) as client:
+    with TestClient(create_app(cfg), base_url=WS.replace("ws://", "http://")) as client:
         yield client
 
 
@@ -108,7 +109,7 @@ def test_prompt_switch_reaches_the_stream_frame_exact(recache: bool) -> None:
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
         frames: dict[int, tuple[int, np.ndarray]] = {}
-        with client.websocket_connect(r.json()["ws"]) as ws:
+        with client.websocket_connect(WS + r.json()["ws"]) as ws:
             receive(ws, frames, lambda f, s: max_block(f) >= 1)
             r = client.post(f"/api/sessions/{sid}/prompt", json={"prompt": b, "recache": recache})
             assert r.status_code == 202, r.text
@@ -155,7 +156,7 @@ def test_session_lifecycle_two_sessions_and_report() -> None:
         assert len(client.get("/api/sessions").json()) == 2
         for sid in ids:
             frames: dict[int, tuple[int, np.ndarray]] = {}
-            with client.websocket_connect(f"/api/sessions/{sid}/ws") as ws:
+            with client.websocket_connect(f"{WS}/api/sessions/{sid}/ws") as ws:
                 stats = receive(ws, frames, lambda f, s: len(f) >= 12 and "buffer_depth" in s)
                 assert stats["id"] == sid and stats["buffer_depth"] == TEST_CFG.buffer_frames
                 assert list(frames) == sorted(frames)  # arrival order is frame order (gaps: dropped frames)
@@ -186,7 +187,7 @@ def test_disconnect_frees_the_session_and_its_cache_within_seconds() -> None:
     with serve() as client:
         mgr = client.app.state.manager  # type: ignore[attr-defined]
         sid = client.post("/api/sessions", json={"prompt": "a cat"}).json()["id"]
-        with client.websocket_connect(f"/api/sessions/{sid}/ws") as ws:
+        with client.websocket_connect(f"{WS}/api/sessions/{sid}/ws") as ws:
             receive(ws, {}, lambda f, s: len(f) >= 1)
             cache = weakref.ref(mgr.sessions[sid].stream.pipe.state.cache)
             assert cache() is not None
@@ -251,7 +252,7 @@ def test_limits_name_the_rule() -> None:
 def test_metrics_follow_the_sessions() -> None:
     with serve() as client:
         sid = client.post("/api/sessions", json={"prompt": "a cat"}).json()["id"]
-        with client.websocket_connect(f"/api/sessions/{sid}/ws") as ws:
+        with client.websocket_connect(f"{WS}/api/sessions/{sid}/ws") as ws:
             receive(ws, {}, lambda f, s: len(f) >= 12)
             text = client.get("/metrics").text
         fams = {f.name: f for f in text_string_to_metric_families(text)}
@@ -271,3 +272,23 @@ def test_metrics_follow_the_sessions() -> None:
         assert fams["rf_serve_sessions"].samples[0].value == 0
         closed = {s.labels["reason"]: s.value for s in fams["rf_serve_sessions_closed"].samples}
         assert closed == {"viewer disconnected": 1.0}
+
+
+def test_loopback_server_refuses_foreign_hosts_and_cross_site_origins() -> None:
+    with serve() as client:
+        r = client.get("/api/config", headers={"host": "rebound.example:8000"})
+        assert r.status_code == 403 and "Host header 'rebound.example:8000'" in r.json()["detail"]
+        r = client.post("/api/sessions", json={"prompt": "a"}, headers={"origin": "http://evil.example"})
+        assert r.status_code == 403 and "cross-site requests are refused" in r.json()["detail"]
+        assert client.get("/api/sessions").json() == []  # nothing was created
+        ok = client.post("/api/sessions", json={"prompt": "a"}, headers={"origin": "http://127.0.0.1:8000"})
+        assert ok.status_code == 201
+        from starlette.websockets import WebSocketDisconnect
+
+        foreign = {"origin": "http://evil.example"}
+        with (
+            pytest.raises(WebSocketDisconnect) as e,
+            client.websocket_connect(WS + ok.json()["ws"], headers=foreign),
+        ):
+            pass
+        assert e.value.code == 1008

@@ -139,3 +139,27 @@ def test_prompt_rule_and_json_safety() -> None:
         "a": [1.0, None, {"b": None}],
         "c": "x",
     }
+
+
+def test_guard_rules() -> None:
+    from rolling_forcing.serve.guard import host_name, is_loopback, refusal
+
+    assert (
+        is_loopback("127.0.0.1")
+        and is_loopback("127.8.0.1")
+        and is_loopback("::1")
+        and is_loopback("localhost")
+    )
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2") and not is_loopback("example.org")
+    assert (
+        host_name("[::1]:8000") == "::1"
+        and host_name("LocalHost:80") == "localhost"
+        and host_name("a") == "a"
+    )
+    loop = ("127.0.0.1", "localhost", "::1")
+    assert refusal("127.0.0.1:8000", None, loop) is None
+    assert refusal("127.0.0.1:8000", "http://127.0.0.1:8000", loop) is None
+    assert "Host header" in (refusal("evil.example:8000", None, loop) or "")
+    assert "Origin" in (refusal("127.0.0.1:8000", "http://127.0.0.1:9999", loop) or "")  # another local port
+    assert refusal("example.org", None, ()) is None  # a non-loopback bind: any Host
+    assert ServeConfig().host_names == loop and ServeConfig(host="0.0.0.0").host_names == ()

@@ -16,7 +16,9 @@ HTTP API (JSON; errors are ``{"detail": "..."}`` naming the rule):
   Closing the socket closes the session (its stream and KV cache are freed at once).
 * ``GET /metrics``: Prometheus text format.
 
-The client never names a file: requests carry a prompt string, a seed and a flag only.
+The client never names a file: requests carry a prompt string, a seed and a flag only. A loopback server
+answers only Host headers naming this machine, and a browser's Origin must be the server itself
+(:mod:`rolling_forcing.serve.guard`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rolling_forcing.serve.config import ServeConfig
 from rolling_forcing.serve.engine import Engine
+from rolling_forcing.serve.guard import GuardMiddleware
 from rolling_forcing.serve.manager import SessionManager
 from rolling_forcing.serve.metrics import CONTENT_TYPE
 from rolling_forcing.serve.page import page_html
@@ -83,6 +86,9 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import torch
+
+        saved_threads = torch.get_num_threads()  # restored at shutdown (in-process use, tests)
         eng = engine if engine is not None else await asyncio.to_thread(build_engine, cfg)
         mgr = SessionManager(eng)
         mgr.start()
@@ -91,8 +97,10 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
             yield
         finally:
             await asyncio.to_thread(mgr.stop)
+            torch.set_num_threads(saved_threads)
 
     app = FastAPI(title="rolling-forcing serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(GuardMiddleware, allowed_hosts=cfg.host_names)
 
     def manager(request: Request | WebSocket) -> SessionManager:
         mgr: SessionManager = request.app.state.manager

@@ -30,6 +30,8 @@ class ServeConfig:
         threads: torch intra-op threads while serving (1: the tiny preset gains nothing from more).
         calibration_chunks: steady chunks of the untimed start-up stream that measure the chunk cost.
         cost_window: per-session chunk costs kept for its p99 (admission and buffer start).
+        allowed_hosts: Host header names accepted; None: the loopback names when ``host`` is loopback,
+            any otherwise (see :mod:`rolling_forcing.serve.guard`; a browser's Origin is always checked).
         report_dir: server-side directory for each closed session's JSON report (None: not written;
             reports are also returned by ``DELETE /api/sessions/{id}`` and ``GET /api/reports/{id}``).
     """
@@ -53,6 +55,7 @@ class ServeConfig:
     calibration_chunks: int = 6
     cost_window: int = 64
     report_dir: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.preset != "tiny":
@@ -93,6 +96,15 @@ class ServeConfig:
             raise ValueError(f"calibration_chunks must be >= 1, got {self.calibration_chunks}")
         if self.cost_window < 1:
             raise ValueError(f"cost_window must be >= 1, got {self.cost_window}")
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        """Host header names the server answers (empty: any; see ``allowed_hosts``)."""
+        from rolling_forcing.serve.guard import LOOPBACK_NAMES, is_loopback
+
+        if self.allowed_hosts is not None:
+            return tuple(h.lower() for h in self.allowed_hosts)
+        return LOOPBACK_NAMES if is_loopback(self.host) else ()
 
     @property
     def chunk_frames(self) -> int:
