@@ -151,7 +151,7 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
     async def switch_prompt(sid: str, body: PromptSwitch, request: Request) -> dict[str, Any]:
         s = manager(request).get(sid)
         prompt = check_prompt(body.prompt, cfg.max_prompt_chars)
-        sw = s.request_prompt(prompt, body.recache)
+        sw = await asyncio.to_thread(s.request_prompt, prompt, body.recache)
         return {"prompt": sw.prompt, "recache": sw.recache, "requested_play_index": sw.requested_play_index}
 
     @app.delete("/api/sessions/{sid}")

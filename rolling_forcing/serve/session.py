@@ -51,13 +51,15 @@ def check_prompt(prompt: object, max_chars: int) -> str:
 
 @dataclass
 class Switch:
-    """A prompt switch: when it was asked (seconds since the session start and the play index then) and
-    the block from which the stream runs under it (None until the scheduler applied it)."""
+    """A prompt switch: when it was asked (seconds since the session start, the play index and the
+    frames produced then) and the block from which the stream runs under it (None until applied: the
+    next chunk after the request, whose first frame is ``produced_index``)."""
 
     prompt: str
     recache: bool
     requested_s: float
     requested_play_index: int
+    produced_index: int
     applied_block: int | None = None
 
     def to_dict(self, frames_per_block: int, temporal_stride: int) -> dict[str, Any]:
@@ -85,7 +87,7 @@ class Session:
         self.buffer = PlayoutBuffer(cfg.buffer_frames, cfg.fps, start_frames)
         self.costs = CostTracker(cfg.cost_window)
         self.rows: list[ChunkTiming] = []
-        self.switches: list[Switch] = [Switch(prompt, False, 0.0, 0, 0)]
+        self.switches: list[Switch] = [Switch(prompt, False, 0.0, 0, 0, 0)]
         self._pending: Switch | None = None
         self._last_switch_s = -float("inf")
         self.connected = False
@@ -98,7 +100,8 @@ class Session:
     # ---- request side -------------------------------------------------------------------------
     def request_prompt(self, prompt: str, recache: bool) -> Switch:
         """Queue a prompt switch for the next chunk; :class:`RuleError` 429 inside ``prompt_interval_s``
-        of the previous one, 409 once the session is closed."""
+        of the previous one, 409 once the session is closed. Blocks while a chunk of this session is
+        being produced (call it off the event loop)."""
         cfg = self.engine.cfg
         now = time.perf_counter() - self.start
         with self.lock:
@@ -113,7 +116,10 @@ class Session:
                     retry_after_s=wait,
                 )
             self._last_switch_s = now
-            sw = Switch(prompt, bool(recache), now, self.buffer.sent + self.buffer.dropped)
+            # under the lock no chunk is in flight: the next one produced starts at next_index
+            sw = Switch(
+                prompt, bool(recache), now, self.buffer.sent + self.buffer.dropped, self.buffer.next_index
+            )
             self._pending = sw
             return sw
 
