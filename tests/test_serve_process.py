@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,55 +12,33 @@ import httpx
 from PIL import Image
 from websockets.sync.client import connect
 
-ROOT = Path(__file__).resolve().parent.parent
-START_S = 120.0  # model build + calibration on a busy 2-core machine
+from tests.serve_helpers import running_server
 
 
 def test_serve_command_streams_over_a_real_socket(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "rolling_forcing", "serve", "--port", "0", "--image-format", "png"]
-    cmd += ["--report-dir", str(tmp_path)]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        m = re.search(r"open (http://127\.0\.0\.1:(\d+)/)", line)
-        assert m, f"no URL printed: {line!r}"
-        url = m.group(1)
-        t_end = time.monotonic() + START_S
-        with httpx.Client(base_url=url, timeout=10.0) as http:
-            while True:  # the app answers once the model is built and calibrated
-                try:
-                    if http.get("/").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < t_end and proc.poll() is None, "server did not come up"
-                time.sleep(0.2)
-            r = http.post("/api/sessions", json={"prompt": "a lighthouse at dusk", "seed": 2})
-            assert r.status_code == 201, r.text
-            sid, ws_path = r.json()["id"], r.json()["ws"]
-            frames, stats = [], None
-            with connect(url.replace("http://", "ws://").rstrip("/") + ws_path, open_timeout=10) as ws:
-                while len(frames) < 3 or stats is None:
-                    msg = ws.recv(timeout=30)
-                    if isinstance(msg, bytes):
-                        frames.append(Image.open(io.BytesIO(msg[8:])).size)
-                    else:
-                        stats = json.loads(msg)
-            assert frames == [(64, 64)] * len(frames) and stats["id"] == sid
-            for _ in range(100):  # the disconnect closes the session within seconds
-                r = http.get(f"/api/reports/{sid}")
-                if r.status_code == 200:
-                    break
-                time.sleep(0.05)
-            assert r.status_code == 200 and r.json()["serve"]["close_reason"] == "viewer disconnected"
-            saved = json.loads((tmp_path / f"session-{sid}.json").read_text())
-            assert saved["meta"]["session"] == sid and saved["summary"]["chunks"] >= 1
-            metrics = http.get("/metrics")
-            assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with (
+        running_server(["--image-format", "png", "--report-dir", str(tmp_path)]) as url,
+        httpx.Client(base_url=url, timeout=10.0) as http,
+    ):
+        r = http.post("/api/sessions", json={"prompt": "a lighthouse at dusk", "seed": 2})
+        assert r.status_code == 201, r.text
+        sid, ws_path = r.json()["id"], r.json()["ws"]
+        frames, stats = [], None
+        with connect(url.replace("http://", "ws://").rstrip("/") + ws_path, open_timeout=10) as ws:
+            while len(frames) < 3 or stats is None:
+                msg = ws.recv(timeout=30)
+                if isinstance(msg, bytes):
+                    frames.append(Image.open(io.BytesIO(msg[8:])).size)
+                else:
+                    stats = json.loads(msg)
+        assert frames == [(64, 64)] * len(frames) and stats["id"] == sid
+        for _ in range(100):  # the disconnect closes the session within seconds
+            r = http.get(f"/api/reports/{sid}")
+            if r.status_code == 200:
+                break
+            time.sleep(0.05)
+        assert r.status_code == 200 and r.json()["serve"]["close_reason"] == "viewer disconnected"
+        saved = json.loads((tmp_path / f"session-{sid}.json").read_text())
+        assert saved["meta"]["session"] == sid and saved["summary"]["chunks"] >= 1
+        metrics = http.get("/metrics")
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")

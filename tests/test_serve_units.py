@@ -163,3 +163,21 @@ def test_guard_rules() -> None:
     assert "Origin" in (refusal("127.0.0.1:8000", "http://127.0.0.1:9999", loop) or "")  # another local port
     assert refusal("example.org", None, ()) is None  # a non-loopback bind: any Host
     assert ServeConfig().host_names == loop and ServeConfig(host="0.0.0.0").host_names == ()
+
+
+def test_serve_extra_holds_what_the_command_checks_and_the_test_extra_the_server() -> None:
+    from pathlib import Path
+
+    import tomllib
+
+    from rolling_forcing.serve.command import SERVE_MODULES
+
+    extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
+        "project"
+    ]["optional-dependencies"]
+
+    def names(reqs: list[str]) -> set[str]:
+        return {r.split(">")[0].split("=")[0].split("[")[0].strip() for r in reqs}
+
+    assert names(extras["serve"]) >= set(SERVE_MODULES.values()) | {"nki-ardiff"}  # nki-ardiff[cli]
+    assert names(extras["test"]) >= set(SERVE_MODULES.values()) | {"httpx", "prometheus-client"}
