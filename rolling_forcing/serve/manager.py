@@ -183,7 +183,10 @@ class SessionManager:
 
         torch.set_num_threads(self.cfg.threads)
         while not self._stop.is_set():
-            self._reap()
+            try:
+                self._reap()
+            except Exception as exc:  # e.g. a report that cannot be written: keep serving the others
+                self.error = f"reaper: {type(exc).__name__}: {exc}"
             s = self._pick(time.perf_counter())
             if s is None:
                 self._wake.wait(timeout=0.01)

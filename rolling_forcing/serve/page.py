@@ -72,7 +72,8 @@ function fmt(x, digits) {
 function showStats(s) {
   $("r-status").textContent = s.closed ? "closed" : (s.playing ? "playing" : "buffering");
   $("r-latency").textContent = fmt(s.last_chunk_ms, 1) + " ms / " + fmt(s.p99_chunk_ms, 1) + " ms";
-  $("r-deadline").textContent = fmt(s.deadline_ms, 0) + " ms / " + fmt(100 * s.headroom, 0) + " %";
+  const headroom = s.headroom === null ? null : 100 * s.headroom;
+  $("r-deadline").textContent = fmt(s.deadline_ms, 0) + " ms / " + fmt(headroom, 0) + " %";
   $("r-buffer").textContent = s.buffer_frames + " / " + s.buffer_depth + ", " + fmt(s.lead_ms, 0) + " ms";
   $("r-frames").textContent = s.frames_sent + " / " + s.frames_dropped;
   $("r-late").textContent = s.late_chunks;
