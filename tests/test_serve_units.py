@@ -181,3 +181,19 @@ def test_serve_extra_holds_what_the_command_checks_and_the_test_extra_the_server
 
     assert names(extras["serve"]) >= set(SERVE_MODULES.values()) | {"nki-ardiff"}  # nki-ardiff[cli]
     assert names(extras["test"]) >= set(SERVE_MODULES.values()) | {"httpx", "prometheus-client"}
+
+
+def test_serve_subcommand_is_registered_and_refuses_bad_options_before_starting() -> None:
+    from typer.testing import CliRunner
+
+    from rolling_forcing.cli import app
+
+    runner = CliRunner()
+    help_ = runner.invoke(app, ["serve", "--help"])
+    assert help_.exit_code == 0 and "--max-sessions" in help_.output and "127.0.0.1" in help_.output
+    bad = runner.invoke(app, ["serve", "--buffer-frames", "5"])
+    assert (
+        bad.exit_code == 2 and "buffer_frames must hold at least one chunk (12 frames), got 5" in bad.output
+    )
+    bad = runner.invoke(app, ["serve", "--preset", "wan2.1-1.3b"])
+    assert bad.exit_code == 2 and "preset: serve runs the tiny preset" in bad.output
