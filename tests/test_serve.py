@@ -131,7 +131,7 @@ def test_prompt_switch_reaches_the_stream_frame_exact(recache: bool) -> None:
     at = sched[1]["applied_block"]
     # the switch acts on the first chunk produced after it was asked, and shows within the buffer depth
     assert sched[1]["first_frame_index"] == sched[1]["produced_index"]
-    assert 1 <= sched[1]["frames_to_screen"] <= TEST_CFG.buffer_frames
+    assert 0 <= sched[1]["frames_to_screen"] <= TEST_CFG.buffer_frames
     last = max_block(frames)
     want = offline_frames(TEST_CFG, seed, [(0, a, False), (at, b, recache)], last + 1)
     plain = offline_frames(TEST_CFG, seed, [(0, a, False)], last + 1)

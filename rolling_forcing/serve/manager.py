@@ -199,10 +199,11 @@ class SessionManager:
                 self.close(s.id, f"error: {self.error}")
                 continue
             if out is not None:
-                self.chunk_hist.observe(out.cost_s)
                 if out.block > 0:
                     self.engine.costs.add(out.cost_s)
-                self.counts["chunks"] += 1
+                with self._lock:  # the histogram and the chunk counter move together
+                    self.chunk_hist.observe(out.cost_s)
+                    self.counts["chunks"] += 1
 
     # ---- metrics ------------------------------------------------------------------------------
     def metrics_text(self) -> str:
@@ -215,12 +216,13 @@ class SessionManager:
             refused = [({"reason": r}, float(n)) for r, n in sorted(self.refused.items())]
             closed = [({"reason": r}, float(n)) for r, n in sorted(self.closed_by.items())]
             chunks, admitted = self.counts["chunks"], self.counts["admitted"]
+            hist = self.chunk_hist.copy()
         p99 = self.engine.costs.p99()
         return prom.render(
             histograms={
                 "rf_serve_chunk_seconds": (
                     "measured wall-clock cost of one chunk (generate + decode + image encode)",
-                    self.chunk_hist,
+                    hist,
                 )
             },
             counters={

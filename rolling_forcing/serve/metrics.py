@@ -55,6 +55,13 @@ class Histogram:
                 if value <= b:
                     self.counts[i] += 1
 
+    def copy(self) -> Histogram:
+        """A snapshot (to render next to counters read at the same moment)."""
+        h = Histogram(self.buckets)
+        with self._lock:
+            h.counts, h.count, h.sum = list(self.counts), self.count, self.sum
+        return h
+
     def lines(self, name: str) -> list[str]:
         with self._lock:
             out = [f'{name}_bucket{{le="{_num(b)}"}} {c}' for b, c in zip(self.buckets, self.counts)]
