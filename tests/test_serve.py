@@ -294,3 +294,22 @@ def test_loopback_server_refuses_foreign_hosts_and_cross_site_origins() -> None:
         ):
             pass
         assert e.value.code == 1008
+
+
+def test_buffer_start_threshold_covers_the_measured_wait_of_every_session() -> None:
+    """Without the worker running, costs stay put: the second session's threshold is the p99 wait for a
+    chunk when two sessions share the worker, in frames."""
+    from rolling_forcing.serve.engine import Engine
+    from rolling_forcing.serve.manager import SessionManager
+    from rolling_forcing.serve.playout import start_threshold
+
+    engine = Engine(TEST_CFG)
+    engine.calibrate()
+    cost = engine.chunk_cost_s()
+    mgr = SessionManager(engine)
+    a, b = mgr.admit("a", 0), mgr.admit("b", 1)
+    assert a.buffer.start_frames == start_threshold(cost, TEST_CFG.fps, TEST_CFG.buffer_frames)
+    assert b.buffer.start_frames == start_threshold(2 * cost, TEST_CFG.fps, TEST_CFG.buffer_frames)
+    # enough frames to play through the wait (unless that is more than the buffer holds)
+    assert b.buffer.start_frames >= min(TEST_CFG.buffer_frames, 2 * cost * TEST_CFG.fps)
+    mgr.stop()
