@@ -308,6 +308,8 @@ def test_buffer_start_threshold_covers_the_measured_wait_of_every_session() -> N
     cost = engine.chunk_cost_s()
     mgr = SessionManager(engine)
     a, b = mgr.admit("a", 0), mgr.admit("b", 1)
+    assert a.stream is not None and b.stream is not None
+    assert a.stream.pipe is not b.stream.pipe and a.stream.pipe.model is b.stream.pipe.model  # shared weights
     assert a.buffer.start_frames == start_threshold(cost, TEST_CFG.fps, TEST_CFG.buffer_frames)
     assert b.buffer.start_frames == start_threshold(2 * cost, TEST_CFG.fps, TEST_CFG.buffer_frames)
     # enough frames to play through the wait (unless that is more than the buffer holds)
