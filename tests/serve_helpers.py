@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,10 +29,20 @@ def running_server(extra_args: Sequence[str] = ()) -> Iterator[str]:
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        m = re.search(r"open (http://127\.0\.0\.1:\d+/)", line)
-        assert m, f"no URL printed: {line!r}"
-        url = m.group(1)
+        stdout = proc.stdout
+        url = None
+        for _ in range(50):  # the URL line comes first, after any import-time warnings
+            m = re.search(r"open (http://127\.0\.0\.1:\d+/)", stdout.readline())
+            if m:
+                url = m.group(1)
+                break
+        assert url, "the server printed no URL"
+
+        def drain() -> None:  # keep reading the server's log, so it never blocks on a full pipe
+            for _ in stdout:
+                pass
+
+        threading.Thread(target=drain, daemon=True).start()
         t_end = time.monotonic() + START_S
         while True:  # the app answers once the model is built and calibrated
             try:

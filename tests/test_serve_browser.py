@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -89,12 +91,21 @@ CANVAS = (
 
 
 def devtools_url(browser: subprocess.Popen[str]) -> str:
-    assert browser.stderr is not None
-    for _ in range(200):
-        m = re.search(r"DevTools listening on (ws://\S+)", browser.stderr.readline())
-        if m:
-            return m.group(1)
-    raise AssertionError("Chromium printed no DevTools URL")
+    """The browser's DevTools WebSocket URL from its stderr (read in a thread: bounded by ``WAIT_S``)."""
+    found: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert browser.stderr is not None
+        for line in browser.stderr:  # keep draining it, so the browser never blocks on a full pipe
+            m = re.search(r"DevTools listening on (ws://\S+)", line)
+            if m:
+                found.put(m.group(1))
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return found.get(timeout=WAIT_S)
+    except queue.Empty:
+        raise AssertionError(f"Chromium printed no DevTools URL within {WAIT_S} s") from None
 
 
 def test_page_streams_and_switches_prompt_in_headless_chromium(tmp_path: Path) -> None:
