@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rolling_forcing.serve.command import register_serve
+
 app = typer.Typer(
     name="rolling-forcing",
     help="Rolling Forcing streaming video generation (Wan2.1 causal DiT) with NKI kernels.",
@@ -32,6 +34,7 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks (perf/): kernels on the emulator + cost model, end-to-end model.")
 app.add_typer(bench_app, name="bench")
+register_serve(app)
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,44 @@
+"""``rolling-forcing serve`` as a real process: uvicorn on a free loopback port (``--port 0``), driven over
+real HTTP and a real WebSocket (the ``websockets`` client); the test ends the process it started."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import httpx
+from PIL import Image
+from websockets.sync.client import connect
+
+from tests.serve_helpers import running_server
+
+
+def test_serve_command_streams_over_a_real_socket(tmp_path: Path) -> None:
+    with (
+        running_server(["--image-format", "png", "--report-dir", str(tmp_path)]) as url,
+        httpx.Client(base_url=url, timeout=10.0) as http,
+    ):
+        r = http.post("/api/sessions", json={"prompt": "a lighthouse at dusk", "seed": 2})
+        assert r.status_code == 201, r.text
+        sid, ws_path = r.json()["id"], r.json()["ws"]
+        frames, stats = [], None
+        with connect(url.replace("http://", "ws://").rstrip("/") + ws_path, open_timeout=10) as ws:
+            while len(frames) < 3 or stats is None:
+                msg = ws.recv(timeout=30)
+                if isinstance(msg, bytes):
+                    frames.append(Image.open(io.BytesIO(msg[8:])).size)
+                else:
+                    stats = json.loads(msg)
+        assert frames == [(64, 64)] * len(frames) and stats["id"] == sid
+        for _ in range(100):  # the disconnect closes the session within seconds
+            r = http.get(f"/api/reports/{sid}")
+            if r.status_code == 200:
+                break
+            time.sleep(0.05)
+        assert r.status_code == 200 and r.json()["serve"]["close_reason"] == "viewer disconnected"
+        saved = json.loads((tmp_path / f"session-{sid}.json").read_text())
+        assert saved["meta"]["session"] == sid and saved["summary"]["chunks"] >= 1
+        metrics = http.get("/metrics")
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
