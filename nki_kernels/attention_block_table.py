@@ -59,17 +59,16 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.attention import (
-    ALPHA_SETS,
-    HWDGE_ROWS,
-    PMAX,
-    _chunks,
+from nki_kernels.attention import _chunks, _flash_rows, _validate
+from nki_kernels.attention_pv import ALPHA_SETS, HWDGE_ROWS, PMAX
+from nki_kernels.attention_tiles import (
+    KC_FP32,
+    KC_TWO_BYTE,
     _dma_chunks,
     _dma_group,
     _flash_buffers,
-    _flash_rows,
-    _validate,
     fit_group,
+    flash_sbuf_bytes,
 )
 
 DMA_TRANSPOSE_CHUNKS = (1, 3)
@@ -276,7 +275,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
     dt = q.dtype
     two_byte = dt != nl.float32
     f32 = nl.float32
-    KC = 2048 if two_byte else 1024
+    KC = KC_TWO_BYTE if two_byte else KC_FP32
     nkt = (Lk + PMAX - 1) // PMAX
     ntile_blk = (T + PMAX - 1) // PMAX
     Dv = D + 1  # V's extra column: 1 for keys of valid entries (the PV matmul then also yields l)
@@ -298,17 +297,15 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         else None
     )
     chunks = _chunks(Lk, KC)
-    # P / P^T hold a whole DMA group (see nki_kernels.attention.DMA_GROUP_CHUNKS), lowered to what fits
-    gmax = 1
-    if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
-        # per-partition bytes of every other SBUF tile (K^T, V, K staging, q^T, scores, max tree, small), +4 KiB
-        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (
-            KC + KC // 2 + KC // 4
-        )
-        fixed += 4 * (Dv + 6 + ALPHA_SETS * dma_group) + 4 * 16 * NB * (G + 1)
+    # P / P^T hold a whole DMA group (see nki_kernels.attention_tiles.DMA_GROUP_CHUNKS), lowered to what fits
+    gmax = 0
+    if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:
+        # per-partition bytes of every other SBUF tile (K^T, V, K staging, flash tiles, offsets), +4 KiB
+        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D) + flash_sbuf_bytes(D, KC, 0, 2)
+        fixed += 4 * ALPHA_SETS * 2 * dma_group + 4 * 16 * NB * (G + 1)
         fixed += nkt * G  # V's valid column of each group (vcol, uint8)
-        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, KC * 2)
-    w = _flash_buffers(D, Dv, KC, gmax, dt, True)
+        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, 2 * KC * 2)
+    w = _flash_buffers(D, Dv, KC, gmax, dt)
 
     pair = 0
     n_grp = 0
@@ -324,7 +321,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                 _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
                 n_grp = _flash_rows(
                     w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale,
-                    return_lse, True,
+                    return_lse,
                 )  # fmt: skip
                 lo += nq
     if return_lse:

@@ -2,8 +2,9 @@
 :mod:`nki_kernels.attention_block_table`), standalone NKI 0.6 API, and the queue that software-pipelines it.
 
 A *unit* is one TensorE-transposed key chunk or one DMA-transposed group of chunks (see
-:func:`nki_kernels.attention.p_transpose_plan`), a list of ``(ci, c0, kc, slot, col)``: chunk index, first key,
-keys, slot in ``p_sb`` / ``pT_sb`` (-1 for a TensorE chunk: P in ``p_pe``, P^T in ``pT_pe``), alpha column.
+:func:`nki_kernels.attention_tiles.pair_plan`), a list of ``(ci, c0, kc, slot, col)``: chunk index, first key,
+keys, slot in ``p_sb`` / ``pT_sb`` (``-1 - buf`` for a TensorE chunk: P in ``p_pe[buf]``, P^T in
+``pT_pe[buf]``, transposed through ``pT_ps[buf]``), alpha column.
 """
 
 from __future__ import annotations
@@ -13,11 +14,6 @@ from typing import Any
 from nki_kernels._nki import nisa, nl
 
 PMAX = 128
-
-SCALAR_EVICT_NUM, SCALAR_EVICT_DEN = 2, 8
-"""Fraction of the TensorE-transposed P^T blocks evicted PSUM->SBUF by ScalarE (2/8; the rest on VectorE),
-chosen to balance VectorE (S copy, row max, evictions, statistics) against ScalarE (exp) in the trn2 cost
-model."""
 
 HWDGE_ROWS = 16
 """Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
@@ -37,16 +33,23 @@ def _pow2_pieces(n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc):
-    """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM, evicted to SBUF (VectorE,
-    ScalarE for :data:`SCALAR_EVICT_NUM` / :data:`SCALAR_EVICT_DEN` of the blocks)."""
-    for t in range((kc + PMAX - 1) // PMAX):
-        kr = min(PMAX, kc - t * PMAX)
-        nisa.nc_transpose(pT_ps[:kr, t, :qr], p_sb[:qr, t * PMAX : t * PMAX + kr])
-        if (t * SCALAR_EVICT_NUM) % SCALAR_EVICT_DEN < SCALAR_EVICT_NUM:
-            nisa.activation(pT_sb[:kr, t, :qr], nl.copy, pT_ps[:kr, t, :qr])
-        else:
-            nisa.tensor_copy(pT_sb[:kr, t, :qr], pT_ps[:kr, t, :qr], engine=nisa.vector_engine)
+def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc, nv_of):
+    """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM ``pT_ps``, evicted to SBUF
+    ``pT_sb`` by one VectorE ``tensor_copy`` of the first ``nv_of(full blocks)`` blocks (issued as soon as
+    their transposes are) and one ScalarE copy of the other full blocks; a partial last block (< 128 keys)
+    is evicted on its own by ScalarE."""
+    nfull = kc // PMAX
+    nv = nv_of(nfull)
+    for t in range(nfull):
+        nisa.nc_transpose(pT_ps[:PMAX, t, :qr], p_sb[:qr, t * PMAX : (t + 1) * PMAX])
+        if t == nv - 1:
+            nisa.tensor_copy(pT_sb[:, :nv, :qr], pT_ps[:, :nv, :qr], engine=nisa.vector_engine)
+    if nv < nfull:
+        nisa.activation(pT_sb[:, nv:nfull, :qr], nl.copy, pT_ps[:, nv:nfull, :qr])
+    kr = kc - nfull * PMAX
+    if kr:
+        nisa.nc_transpose(pT_ps[:kr, nfull, :qr], p_sb[:qr, nfull * PMAX : kc])
+        nisa.activation(pT_sb[:kr, nfull, :qr], nl.copy, pT_ps[:kr, nfull, :qr])
 
 
 def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
@@ -79,24 +82,32 @@ def _transpose_p_dma(pT_sb, p_sb, qr, nd):
         )
 
 
-def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc):
-    """P^T of one unit (:func:`_flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1, col)]`` (P in ``p_pe``, P^T
-    to ``pT_pe``) by :func:`_pe_transpose_p`, or a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to
-    ``pT_sb``) by :func:`_transpose_p_dma`."""
-    if unit[0][3] < 0:
-        _pe_transpose_p(pT_pe, pT_ps, p_pe, qr, unit[0][2])
+def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc, nv_of):
+    """P^T of one unit (:func:`nki_kernels.attention._flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1 - buf,
+    col)]`` (P in ``p_pe[buf]``, P^T to ``pT_pe[buf]`` through ``pT_ps[buf]``) by :func:`_pe_transpose_p`, or
+    a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to ``pT_sb``) by :func:`_transpose_p_dma`."""
+    slot = unit[0][3]
+    if slot < 0:
+        buf = -1 - slot
+        _pe_transpose_p(pT_pe[buf], pT_ps[buf], p_pe[buf], qr, unit[0][2], nv_of)
     else:
         _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
 
 
 def _issue_pv(unit, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
-    """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order."""
+    """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order; chunk
+    ``ci`` accumulates in ``pv_ps[ci % 2]`` (the next chunk's PV does not wait for this chunk's o update)."""
     for ci, c0, kc, slot, col in unit:
-        src = pT_pe if slot < 0 else pT_sb
+        src = pT_pe[-1 - slot] if slot < 0 else pT_sb
         _pv_update(
-            pv_ps, o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv, ci == 0
-        )
+            pv_ps[ci % 2], o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv,
+            ci == 0,
+        )  # fmt: skip
 
+
+PE_PV_DELAY = 1
+"""Key chunks a TensorE-transposed chunk's PV matmuls wait after its transposes are issued: TensorE runs
+``QK(c)``, ``P^T(c-1)``, ``PV(c-2)`` per chunk, so the PV never waits for the evictions just issued."""
 
 DMA_PV_DELAY = 2
 """Key chunks a DMA-transposed group's PV matmuls (and every later unit's, the o updates keep the chunk order)
