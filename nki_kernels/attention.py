@@ -112,7 +112,13 @@ def _transpose_unit(unit, queue, ci, alpha_set, w, qr, nbc, nv_of):
     :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A queued unit still reading
     the same P^T tile (``pT_pe[buf]`` or ``pT_sb``) is issued first."""
     slot = unit[0][3]
-    queue.flush_until(lambda st, u: u[0][3] == slot if slot < 0 else u[0][3] >= 0)
+    npt = len(w["pT_pe"])
+
+    def same_tile(st: int, u: list) -> bool:
+        s = u[0][3]
+        return (s < 0 and (-1 - s) % npt == (-1 - slot) % npt) if slot < 0 else s >= 0
+
+    queue.flush_until(same_tile)
     _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc, nv_of)
     queue.push(ci + (PE_PV_DELAY if slot < 0 else DMA_PV_DELAY), alpha_set, list(unit))
 
@@ -140,17 +146,26 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
     def nv_of(nb: int) -> int:
         return vector_evict_blocks(nb, VECTOR_EVICT)
 
+    def load_q(q0: int) -> None:
+        qr = min(PMAX, q_hi - q0)
+        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]
+        _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
+
+    load_q(q_lo)
     for q0 in range(q_lo, q_hi, PMAX):
         qr = min(PMAX, q_hi - q0)
-        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]  # the next tile's q^T loads during this one
-        _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
+        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]
+        if (
+            q0 + PMAX < q_hi
+        ):  # prefetch: the next tile's q^T loads while this tile runs (not behind its store)
+            load_q(q0 + PMAX)
         nm_old, nm_new = w["nm_a"], w["nm_b"]
         plan, n_grp = pair_plan(chunks, KC, max(slots // 2, 1), n_grp, dma_chunks if two_byte else (0, 1))
         pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
         done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
         queue = PvQueue(w["pv_ps"], o_acc, w["pT_sb"], w["pT_pe"], v_sb, alpha, qr, dv, nbc)
         unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile
-        npe = 0  # TensorE units started in this tile: their P / P^T alternate between two buffers
+        npe = 0  # TensorE units started in this tile: their P / P^T rotate over 2 / 3 buffers
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
             aset = unit % ALPHA_SETS
@@ -166,9 +181,10 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                     accumulate=False,
                 )
             s_view = s[:qr, :nsub, :wd]
-            # software pipeline: the previous unit's P^T goes here (TensorE: QK(c), P^T(c-1), PV(c-2)), the
-            # PVs after this chunk's exp, so the in-order engines work on three chunks at once
-            if done:
+            # software pipeline (TensorE: QK(c), P^T(c-1), PV(c-2)): a DMA group's P^T goes here, before this
+            # chunk's exp may rewrite its P slots; a TensorE chunk's P^T after this chunk's exp, so VectorE
+            # reduces this chunk's max before it evicts the previous chunk's P^T (no loop-carried wait)
+            if done and done[0][3] >= 0:
                 _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
                 done = []
             queue.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
@@ -177,7 +193,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             if dma:
                 p_dst = p_sb[:qr, slot * KC : slot * KC + kc]
             else:
-                p_dst = p_pe[npe % 2][:qr, :kc]
+                p_dst = p_pe[npe % len(p_pe)][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
             a_col = alpha[:qr, col : col + 1]
             if ci == 0:
@@ -196,6 +212,9 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
             # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
             nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
+            if done:
+                _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
+                done = []
             queue.issue_ready(ci)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
@@ -206,7 +225,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                     done, pending = pending, []
                     unit += 1
             else:
-                done = [(ci, c0, kc, -1 - npe % 2, col)]
+                done = [(ci, c0, kc, -1 - npe, col)]
                 npe += 1
                 unit += 1
             nm_old, nm_new = nm_new, nm_old

@@ -3,8 +3,8 @@
 
 A *unit* is one TensorE-transposed key chunk or one DMA-transposed group of chunks (see
 :func:`nki_kernels.attention_tiles.pair_plan`), a list of ``(ci, c0, kc, slot, col)``: chunk index, first key,
-keys, slot in ``p_sb`` / ``pT_sb`` (``-1 - buf`` for a TensorE chunk: P in ``p_pe[buf]``, P^T in
-``pT_pe[buf]``, transposed through ``pT_ps[buf]``), alpha column.
+keys, slot in ``p_sb`` / ``pT_sb`` (``-1 - n`` for the n-th TensorE chunk of a query tile: P in
+``p_pe[n % 2]``, P^T in ``pT_pe[n % 3]``, transposed through ``pT_ps[n % 2]``), alpha column.
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc, nv_of):
     a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to ``pT_sb``) by :func:`_transpose_p_dma`."""
     slot = unit[0][3]
     if slot < 0:
-        buf = -1 - slot
-        _pe_transpose_p(pT_pe[buf], pT_ps[buf], p_pe[buf], qr, unit[0][2], nv_of)
+        n = -1 - slot
+        _pe_transpose_p(
+            pT_pe[n % len(pT_pe)], pT_ps[n % len(pT_ps)], p_pe[n % len(p_pe)], qr, unit[0][2], nv_of
+        )
     else:
         _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
 
@@ -98,16 +100,19 @@ def _issue_pv(unit, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
     """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order; chunk
     ``ci`` accumulates in ``pv_ps[ci % 2]`` (the next chunk's PV does not wait for this chunk's o update)."""
     for ci, c0, kc, slot, col in unit:
-        src = pT_pe[-1 - slot] if slot < 0 else pT_sb
+        src = pT_pe[(-1 - slot) % len(pT_pe)] if slot < 0 else pT_sb
         _pv_update(
             pv_ps[ci % 2], o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv,
             ci == 0,
         )  # fmt: skip
 
 
-PE_PV_DELAY = 1
-"""Key chunks a TensorE-transposed chunk's PV matmuls wait after its transposes are issued: TensorE runs
-``QK(c)``, ``P^T(c-1)``, ``PV(c-2)`` per chunk, so the PV never waits for the evictions just issued."""
+PE_PV_DELAY = 2
+"""Key chunks a TensorE-transposed chunk's PV matmuls wait after its transposes are issued: per chunk c the
+program issues ``QK(c)``, max / exp of c, ``P^T(c-1)`` with its evictions, then ``PV(c-3)``. With a delay of 1
+(``PV(c-2)``) the in-order engines form a loop-carried chain ScalarE eviction -> PV -> QK -> VectorE max ->
+ScalarE exp -> eviction over two chunks (~4.2 us, above two VectorE-bound chunk periods); over three chunks it
+has slack. Needs three ``pT_pe`` tiles (P^T of c-3, c-2 and c-1 are live)."""
 
 DMA_PV_DELAY = 2
 """Key chunks a DMA-transposed group's PV matmuls (and every later unit's, the o updates keep the chunk order)

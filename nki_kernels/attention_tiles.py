@@ -39,7 +39,7 @@ full 1024-key chunks, the group's P stay in SBUF and one ``dma_transpose`` per 1
 (``512 x g`` B per destination partition). Costs ``(g - 1) x 8 KiB`` more SBUF per partition (P and P^T of
 the group): the kernel lowers g to what fits next to the resident K^T / V (:func:`fit_group`)."""
 
-VECTOR_EVICT = (3, 8)
+VECTOR_EVICT = (2, 8)
 """Fraction ``(num, den)`` of a chunk's TensorE-transposed P^T blocks evicted PSUM->SBUF by VectorE (one
 instruction for the first ``round(nb * num / den)`` blocks); ScalarE evicts the rest in one instruction. 3/8
 of the 8 blocks of a 1024-key chunk balances the two engines' per-chunk busy time in cost model v2 (table in
@@ -187,7 +187,7 @@ def flash_sbuf_bytes(D: int, KC: int, gmax: int, isz: int) -> int:
     ``isz`` bytes of q's dtype), for the kernels' capacity arithmetic."""
     slots = max(2 * gmax, 1)
     group = 2 * slots * KC if gmax else 0
-    return isz * (2 * PMAX + 2 * KC + 2 * KC + group + D) + 4 * (D + 1 + ALPHA_SETS * slots + 6)
+    return isz * (2 * PMAX + 2 * KC + 3 * KC + group + D) + 4 * (D + 1 + ALPHA_SETS * slots + 6)
 
 
 def _flash_buffers(D, dv, KC, gmax, dt):
@@ -195,8 +195,8 @@ def _flash_buffers(D, dv, KC, gmax, dt):
 
     PSUM (8 banks of 2 KiB per partition): ``s_ps`` two ``[128, KC/512, 512]`` fp32 score buffers (2 banks
     each at KC = 1024), ``pT_ps`` two ``[128, KC/128, 128]`` P^T buffers (1 bank each), ``pv_ps`` two
-    ``[128, dv]`` fp32 PV accumulators. SBUF: two q^T tiles, two P / P^T tiles of TensorE chunks (``p_pe`` /
-    ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), the fp32 accumulator
+    ``[128, dv]`` fp32 PV accumulators. SBUF: two q^T tiles, two P and three P^T tiles of TensorE chunks
+    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), the fp32 accumulator
     ``o_acc`` ``[128, dv]`` (its column D is l when V carries the ones column) and the statistics.
     """
     f32 = nl.float32
@@ -209,7 +209,7 @@ def _flash_buffers(D, dv, KC, gmax, dt):
         "pT_ps": [nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=pdt, buffer=nl.psum) for _ in range(2)],
         "pv_ps": [nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum) for _ in range(2)],
         "p_pe": [nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf) for _ in range(2)],
-        "pT_pe": [nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(2)],
+        "pT_pe": [nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(3)],
         "p_sb": nl.ndarray((PMAX, slots * KC), dtype=dt, buffer=nl.sbuf) if gmax else None,
         "pT_sb": nl.ndarray((PMAX, slots * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf) if gmax else None,
         "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
