@@ -107,10 +107,10 @@ reciprocal: only a query tile without any valid key (l = 0 exactly, block-table 
 contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
 
-def _transpose_unit(unit, queue, ci, alpha_set, w, qr, nbc, nv_of):
-    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV: due at chunk ``ci`` +
-    :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A queued unit still reading
-    the same P^T tile (``pT_pe[buf]`` or ``pT_sb``) is issued first."""
+def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at chunk
+    ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit queued on
+    any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued first."""
     slot = unit[0][3]
     npt = len(w["pT_pe"])
 
@@ -118,9 +118,19 @@ def _transpose_unit(unit, queue, ci, alpha_set, w, qr, nbc, nv_of):
         s = u[0][3]
         return (s < 0 and (-1 - s) % npt == (-1 - slot) % npt) if slot < 0 else s >= 0
 
-    queue.flush_until(same_tile)
+    for qu in queues:
+        qu.flush_until(same_tile)
     _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc, nv_of)
-    queue.push(ci + (PE_PV_DELAY if slot < 0 else DMA_PV_DELAY), alpha_set, list(unit))
+    queues[0].push(ci + (PE_PV_DELAY if slot < 0 else DMA_PV_DELAY), alpha_set, list(unit))
+
+
+class _Tail:
+    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are interleaved
+    with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
+
+    def __init__(self, queue, done, aset, q0, qr, o_acc, nm, nchunks):
+        self.queue, self.done, self.aset = queue, done, aset
+        self.q0, self.qr, self.o_acc, self.nm, self.nchunks = q0, qr, o_acc, nm, nchunks
 
 
 def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse):
@@ -140,7 +150,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
     slots = w["alpha"].shape[1] // ALPHA_SETS
     nbc = KC // PMAX
     s_ps, p_sb, p_pe = w["s_ps"], w["p_sb"], w["p_pe"]
-    o_acc, o_out, alpha, bmax = w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
+    o_out, alpha, bmax = w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
 
     def nv_of(nb: int) -> int:
@@ -151,23 +161,49 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
         qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]
         _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
 
+    def finish(t: _Tail, queues: list, ci: int | None) -> bool:
+        """Advance tile tail ``t`` at the next tile's chunk ``ci`` (None: drain it now); True once stored."""
+        if t.done:
+            _transpose_unit(t.done, [t.queue, *queues], t.nchunks, t.aset, w, t.qr, nbc, nv_of)
+            t.done = []
+        if ci is not None:
+            t.queue.issue_ready(t.nchunks + ci)
+            if t.queue.pending():
+                return False
+        t.queue.flush_until(lambda st, u: True)
+        # finalize: out = o / l ; lse = log(l) - nm  (nm holds the final negated scaled max)
+        qr, o_acc, nm_old = t.qr, t.o_acc, t.nm
+        l_col = o_acc[:qr, D : D + 1]
+        nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
+        nisa.reciprocal(rl[:qr], rl[:qr])
+        nisa.tensor_scalar(o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
+        nisa.dma_copy(dst=out[b, t.q0 : t.q0 + qr, h, :], src=o_out[:qr, :D])
+        if return_lse:
+            nisa.activation(lse_t[:qr], nl.log, l_col)
+            nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
+            nisa.dma_copy(dst=lse[b, t.q0 : t.q0 + qr, h : h + 1], src=lse_t[:qr])
+        return True
+
     load_q(q_lo)
-    for q0 in range(q_lo, q_hi, PMAX):
+    tail: _Tail | None = None  # the previous tile, finished during this one's first chunks
+    unit = 0  # P^T units (a TensorE chunk or a DMA group) started: alpha sets rotate over them
+    npe = 0  # TensorE units started: their P / P^T / PSUM P^T rotate over 2 / 3 / 2 buffers
+    for ti, q0 in enumerate(range(q_lo, q_hi, PMAX)):
         qr = min(PMAX, q_hi - q0)
-        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]
+        qT = w["qT_b"] if ti % 2 else w["qT_a"]
         if (
             q0 + PMAX < q_hi
         ):  # prefetch: the next tile's q^T loads while this tile runs (not behind its store)
             load_q(q0 + PMAX)
-        nm_old, nm_new = w["nm_a"], w["nm_b"]
+        o_acc = w["o_acc"][ti % 2]
+        nm_old, nm_new = w["nm"][2 * (ti % 2)], w["nm"][2 * (ti % 2) + 1]
         plan, n_grp = pair_plan(chunks, KC, max(slots // 2, 1), n_grp, dma_chunks if two_byte else (0, 1))
         pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
         done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
         queue = PvQueue(w["pv_ps"], o_acc, w["pT_sb"], w["pT_pe"], v_sb, alpha, qr, dv, nbc)
-        unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile
-        npe = 0  # TensorE units started in this tile: their P / P^T rotate over 2 / 3 buffers
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
+            queues = [queue] if tail is None else [queue, tail.queue]
             aset = unit % ALPHA_SETS
             col = aset * slots + slot
             nsub = (kc + BANK - 1) // BANK
@@ -181,13 +217,18 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                     accumulate=False,
                 )
             s_view = s[:qr, :nsub, :wd]
-            # software pipeline (TensorE: QK(c), P^T(c-1), PV(c-2)): a DMA group's P^T goes here, before this
+            # software pipeline (TensorE: QK(c), P^T(c-1), PV(c-3)): a DMA group's P^T goes here, before this
             # chunk's exp may rewrite its P slots; a TensorE chunk's P^T after this chunk's exp, so VectorE
             # reduces this chunk's max before it evicts the previous chunk's P^T (no loop-carried wait)
+            if tail is not None and tail.done and tail.done[0][3] >= 0:
+                finish(tail, [queue], None)
+                tail = None
+                queues = [queue]
             if done and done[0][3] >= 0:
-                _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
+                _transpose_unit(done, queues, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
                 done = []
-            queue.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
+            for qu in queues:
+                qu.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
             # row max: ONE VectorE reduce straight from PSUM (fp32, exact)
             nisa.tensor_reduce(bmax[:qr], nl.maximum, s_view, axis=(1, 2))
             if dma:
@@ -212,8 +253,11 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
             # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
             nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
+            if tail is not None and finish(tail, [queue], ci):
+                tail = None
             if done:
-                _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
+                _transpose_unit(done, [queue] if tail is None else [queue, tail.queue], ci,
+                                (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)  # fmt: skip
                 done = []
             queue.issue_ready(ci)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
@@ -229,19 +273,11 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 npe += 1
                 unit += 1
             nm_old, nm_new = nm_new, nm_old
-        if done:
-            _transpose_unit(done, queue, len(chunks), (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
-        queue.flush_until(lambda st, u: True)
-        # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
-        l_col = o_acc[:qr, D : D + 1]
-        nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
-        nisa.reciprocal(rl[:qr], rl[:qr])
-        nisa.tensor_scalar(o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
-        nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
-        if return_lse:
-            nisa.activation(lse_t[:qr], nl.log, l_col)
-            nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
-            nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+        if tail is not None:  # fewer chunks than the tail needed: drain it before this tile's
+            finish(tail, [queue], None)
+        tail = _Tail(queue, done, (unit - 1) % ALPHA_SETS, q0, qr, o_acc, nm_old, len(chunks))
+    if tail is not None:
+        finish(tail, [], None)
     return n_grp
 
 

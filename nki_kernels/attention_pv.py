@@ -144,6 +144,10 @@ class PvQueue:
             _issue_pv(u, *self._args)
         del self._q[:n]
 
+    def pending(self) -> int:
+        """Units queued and not issued."""
+        return len(self._q)
+
     def issue_ready(self, ci: int) -> None:
         n = 0
         while n < len(self._q) and self._q[n][0] <= ci:

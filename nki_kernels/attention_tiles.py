@@ -187,7 +187,7 @@ def flash_sbuf_bytes(D: int, KC: int, gmax: int, isz: int) -> int:
     ``isz`` bytes of q's dtype), for the kernels' capacity arithmetic."""
     slots = max(2 * gmax, 1)
     group = 2 * slots * KC if gmax else 0
-    return isz * (2 * PMAX + 2 * KC + 3 * KC + group + D) + 4 * (D + 1 + ALPHA_SETS * slots + 6)
+    return isz * (2 * PMAX + 2 * KC + 3 * KC + group + D) + 4 * (2 * (D + 1) + ALPHA_SETS * slots + 7)
 
 
 def _flash_buffers(D, dv, KC, gmax, dt):
@@ -196,8 +196,9 @@ def _flash_buffers(D, dv, KC, gmax, dt):
     PSUM (8 banks of 2 KiB per partition): ``s_ps`` two ``[128, KC/512, 512]`` fp32 score buffers (2 banks
     each at KC = 1024), ``pT_ps`` two ``[128, KC/128, 128]`` P^T buffers (1 bank each), ``pv_ps`` two
     ``[128, dv]`` fp32 PV accumulators. SBUF: two q^T tiles, two P and three P^T tiles of TensorE chunks
-    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), the fp32 accumulator
-    ``o_acc`` ``[128, dv]`` (its column D is l when V carries the ones column) and the statistics.
+    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), two fp32 accumulators
+    ``o_acc`` ``[128, dv]`` (column D is l; a tile's tail overlaps the next tile) and the statistics (``nm``: two
+    running-max pairs, one per tile parity).
     """
     f32 = nl.float32
     slots = max(2 * gmax, 1)  # gmax = 0: no DMA group tiles (every P^T on TensorE), one alpha column per set
@@ -212,11 +213,12 @@ def _flash_buffers(D, dv, KC, gmax, dt):
         "pT_pe": [nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(3)],
         "p_sb": nl.ndarray((PMAX, slots * KC), dtype=dt, buffer=nl.sbuf) if gmax else None,
         "pT_sb": nl.ndarray((PMAX, slots * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf) if gmax else None,
-        "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
+        "o_acc": [nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf) for _ in range(2)],
+        "nm": [nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf) for _ in range(4)],
         "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
         # two sets of one column per chunk of a group: the unit whose PV is deferred and the one being built
         "alpha": nl.ndarray((PMAX, ALPHA_SETS * slots), dtype=f32, buffer=nl.sbuf),
     }
-    for name in ("bmax", "nm_a", "nm_b", "rl", "lse_t"):
+    for name in ("bmax", "rl", "lse_t"):
         w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     return w
