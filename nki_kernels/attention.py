@@ -153,8 +153,8 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
     o_out, alpha, bmax = w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
 
-    def nv_of(nb: int) -> int:
-        return vector_evict_blocks(nb, VECTOR_EVICT)
+    def nv_of(nb: int, n: int) -> int:
+        return vector_evict_blocks(nb, n, VECTOR_EVICT)
 
     def load_q(q0: int) -> None:
         qr = min(PMAX, q_hi - q0)
@@ -171,6 +171,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             if t.queue.pending():
                 return False
         t.queue.flush_until(lambda st, u: True)
+        t.queue.issue_deferred()
         # finalize: out = o / l ; lse = log(l) - nm  (nm holds the final negated scaled max)
         qr, o_acc, nm_old = t.qr, t.o_acc, t.nm
         l_col = o_acc[:qr, D : D + 1]
@@ -184,23 +185,39 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             nisa.dma_copy(dst=lse[b, t.q0 : t.q0 + qr, h : h + 1], src=lse_t[:qr])
         return True
 
+    def qk(ti: int, ci: int, g: int) -> None:
+        """QK^T of chunk ``ci`` of tile ``ti`` into ``s_ps[g % 2]`` (``g``: chunks issued in this call)."""
+        q0 = q_lo + ti * PMAX
+        qr = min(PMAX, q_hi - q0)
+        qT = w["qT_b"] if ti % 2 else w["qT_a"]
+        c0, kc = chunks[ci]
+        wd = min(kc, BANK)
+        for j in range((kc + BANK - 1) // BANK):
+            nisa.nc_matmul(
+                s_ps[g % 2][:qr, j, :wd],
+                stationary=qT[:D, :qr],
+                moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
+                accumulate=False,
+            )
+
+    ntiles = (q_hi - q_lo + PMAX - 1) // PMAX
     load_q(q_lo)
+    qk(0, 0, 0)
+    g = 0  # chunks started in this call (the S buffer of chunk g is s_ps[g % 2])
     tail: _Tail | None = None  # the previous tile, finished during this one's first chunks
+    deferred: list = []  # o updates issued after the next chunk's row max (PvQueue)
     unit = 0  # P^T units (a TensorE chunk or a DMA group) started: alpha sets rotate over them
     npe = 0  # TensorE units started: their P / P^T / PSUM P^T rotate over 2 / 3 / 2 buffers
     for ti, q0 in enumerate(range(q_lo, q_hi, PMAX)):
         qr = min(PMAX, q_hi - q0)
-        qT = w["qT_b"] if ti % 2 else w["qT_a"]
-        if (
-            q0 + PMAX < q_hi
-        ):  # prefetch: the next tile's q^T loads while this tile runs (not behind its store)
+        if ti + 1 < ntiles:  # prefetch: the next tile's q^T loads while this tile runs (not behind its store)
             load_q(q0 + PMAX)
         o_acc = w["o_acc"][ti % 2]
         nm_old, nm_new = w["nm"][2 * (ti % 2)], w["nm"][2 * (ti % 2) + 1]
         plan, n_grp = pair_plan(chunks, KC, max(slots // 2, 1), n_grp, dma_chunks if two_byte else (0, 1))
         pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
         done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
-        queue = PvQueue(w["pv_ps"], o_acc, w["pT_sb"], w["pT_pe"], v_sb, alpha, qr, dv, nbc)
+        queue = PvQueue(w["pv_ps"], o_acc, w["pT_sb"], w["pT_pe"], v_sb, alpha, qr, dv, nbc, deferred)
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
             queues = [queue] if tail is None else [queue, tail.queue]
@@ -208,14 +225,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             col = aset * slots + slot
             nsub = (kc + BANK - 1) // BANK
             wd = min(kc, BANK)
-            s = s_ps[ci % 2]  # double-buffered: this chunk's QK^T overlaps the previous chunk's max and exp
-            for j in range(nsub):
-                nisa.nc_matmul(
-                    s[:qr, j, :wd],
-                    stationary=qT[:D, :qr],
-                    moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
-                    accumulate=False,
-                )
+            s = s_ps[g % 2]  # this chunk's scores, computed one chunk ahead
             s_view = s[:qr, :nsub, :wd]
             # software pipeline (TensorE: QK(c), P^T(c-1), PV(c-3)): a DMA group's P^T goes here, before this
             # chunk's exp may rewrite its P slots; a TensorE chunk's P^T after this chunk's exp, so VectorE
@@ -228,7 +238,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 _transpose_unit(done, queues, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
                 done = []
             for qu in queues:
-                qu.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
+                qu.flush_alpha(aset)  # this chunk's alpha column is free
             # row max: ONE VectorE reduce straight from PSUM (fp32, exact)
             nisa.tensor_reduce(bmax[:qr], nl.maximum, s_view, axis=(1, 2))
             if dma:
@@ -251,6 +261,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 )
                 # alpha = exp(nm_new - nm_old) = exp(scale*(m_old - m_new))
                 nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
+            queue.issue_deferred()  # VectorE: the previous unit's o update after this chunk's max
             # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
             nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
             if tail is not None and finish(tail, [queue], ci):
@@ -259,6 +270,13 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 _transpose_unit(done, [queue] if tail is None else [queue, tail.queue], ci,
                                 (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)  # fmt: skip
                 done = []
+            # QK^T one chunk ahead (TensorE: P^T(c-1), QK(c+1), PV(c-3)): S is double-buffered, so it waits
+            # only for the exp of chunk c-1, and the next chunk's max never waits behind this chunk's PVs
+            if ci + 1 < len(chunks):
+                qk(ti, ci + 1, g + 1)
+            elif ti + 1 < ntiles:
+                qk(ti + 1, 0, g + 1)
+            g += 1
             queue.issue_ready(ci)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in

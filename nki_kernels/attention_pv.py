@@ -33,13 +33,13 @@ def _pow2_pieces(n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc, nv_of):
+def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc, nv):
     """P^T of one chunk on TensorE: per 128-key block ``nc_transpose`` into PSUM ``pT_ps``, evicted to SBUF
-    ``pT_sb`` by one VectorE ``tensor_copy`` of the first ``nv_of(full blocks)`` blocks (issued as soon as
-    their transposes are) and one ScalarE copy of the other full blocks; a partial last block (< 128 keys)
-    is evicted on its own by ScalarE."""
+    ``pT_sb`` by one VectorE ``tensor_copy`` of the first ``nv`` full blocks (issued as soon as their
+    transposes are) and one ScalarE copy of the other full blocks; a partial last block (< 128 keys) is
+    evicted on its own by ScalarE."""
     nfull = kc // PMAX
-    nv = nv_of(nfull)
+    nv = min(nv, nfull)
     for t in range(nfull):
         nisa.nc_transpose(pT_ps[:PMAX, t, :qr], p_sb[:qr, t * PMAX : (t + 1) * PMAX])
         if t == nv - 1:
@@ -53,8 +53,9 @@ def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc, nv_of):
 
 
 def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
-    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks),
-    then ``o = PV`` (first chunk) or ``o = o * alpha + PV`` (VectorE, fp32)."""
+    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks);
+    returns the o update (``o = PV`` for the first chunk, else ``o = o * alpha + PV``, VectorE, fp32) as a
+    function for the caller to issue now or later."""
     for t in range((kc + PMAX - 1) // PMAX):
         kr = min(PMAX, kc - t * PMAX)
         kt = (c0 + t * PMAX) // PMAX
@@ -64,10 +65,14 @@ def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
             moving=v_sb[:kr, kt, :dv],
             accumulate=t > 0,
         )
-    if first:
-        nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :dv], engine=nisa.vector_engine)
-    else:
-        nisa.scalar_tensor_tensor(o_acc[:qr], o_acc[:qr], nl.multiply, alpha, nl.add, pv_ps[:qr, :dv])
+
+    def update() -> None:
+        if first:
+            nisa.tensor_copy(o_acc[:qr], pv_ps[:qr, :dv], engine=nisa.vector_engine)
+        else:
+            nisa.scalar_tensor_tensor(o_acc[:qr], o_acc[:qr], nl.multiply, alpha, nl.add, pv_ps[:qr, :dv])
+
+    return update
 
 
 def _transpose_p_dma(pT_sb, p_sb, qr, nd):
@@ -83,28 +88,48 @@ def _transpose_p_dma(pT_sb, p_sb, qr, nd):
 
 
 def _issue_p_transpose(unit, pT_sb, pT_pe, pT_ps, p_sb, p_pe, qr, nbc, nv_of):
-    """P^T of one unit (:func:`nki_kernels.attention._flash_rows`): a TensorE chunk ``[(ci, c0, kc, -1 - buf,
-    col)]`` (P in ``p_pe[buf]``, P^T to ``pT_pe[buf]`` through ``pT_ps[buf]``) by :func:`_pe_transpose_p`, or
+    """P^T of one unit (:func:`nki_kernels.attention._flash_rows`): the n-th TensorE chunk ``[(ci, c0, kc,
+    -1 - n, col)]`` (P in ``p_pe[n % 2]``, P^T to ``pT_pe[n % 3]`` through ``pT_ps[n % 2]``, ``nv_of(full
+    blocks, n)`` of them evicted by VectorE) by :func:`_pe_transpose_p`, or
     a DMA group (slots >= 0 of ``p_sb``, in chunk order, P^T to ``pT_sb``) by :func:`_transpose_p_dma`."""
     slot = unit[0][3]
     if slot < 0:
         n = -1 - slot
-        _pe_transpose_p(
-            pT_pe[n % len(pT_pe)], pT_ps[n % len(pT_ps)], p_pe[n % len(p_pe)], qr, unit[0][2], nv_of
-        )
+        nv = nv_of(unit[0][2] // PMAX, n)
+        _pe_transpose_p(pT_pe[n % len(pT_pe)], pT_ps[n % len(pT_ps)], p_pe[n % len(p_pe)], qr, unit[0][2], nv)
     else:
         _transpose_p_dma(pT_sb, p_sb, qr, len(unit) * nbc)
 
 
-def _issue_pv(unit, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
+def _issue_pv(unit, aset, deferred, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
     """PV matmuls and o updates of one unit's chunks (after :func:`_issue_p_transpose`), in chunk order; chunk
-    ``ci`` accumulates in ``pv_ps[ci % 2]`` (the next chunk's PV does not wait for this chunk's o update)."""
+    ``ci`` accumulates in ``pv_ps[ci % 2]`` (the next chunk's PV does not wait for this chunk's o update).
+
+    A TensorE unit's o update is appended to ``deferred`` (``(pv buffer, alpha set, issue)``, issued by
+    :meth:`PvQueue.issue_deferred` after the next chunk's row max); a DMA group's are issued at once, after any
+    deferred ones (the o updates keep the chunk order). Deferred updates reading the PSUM buffer a chunk's
+    matmuls are about to overwrite are issued first."""
+    defer = len(unit) == 1 and unit[0][3] < 0
     for ci, c0, kc, slot, col in unit:
+        b = ci % 2
+        _flush_deferred(deferred, lambda e, b=b: e[0] == b)
         src = pT_pe[(-1 - slot) % len(pT_pe)] if slot < 0 else pT_sb
-        _pv_update(
-            pv_ps[ci % 2], o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv,
-            ci == 0,
-        )  # fmt: skip
+        upd = _pv_update(
+            pv_ps[b], o_acc, src, v_sb, alpha[:qr, col : col + 1], max(slot, 0) * nbc, c0, kc, qr, dv, ci == 0
+        )
+        if defer:
+            deferred.append((b, aset, upd))
+        else:
+            _flush_deferred(deferred, lambda e: True)
+            upd()
+
+
+def _flush_deferred(deferred, pred) -> None:
+    """Issue the deferred o updates up to the last one matching ``pred(entry)`` (in order)."""
+    n = 1 + max((i for i, e in enumerate(deferred) if pred(e)), default=-1)
+    for _, _, upd in deferred[:n]:
+        upd()
+    del deferred[:n]
 
 
 PE_PV_DELAY = 2
@@ -119,8 +144,9 @@ DMA_PV_DELAY = 2
 wait after its transposes are issued, so the in-order TensorE / VectorE queues keep working on the next
 chunks' scores while the DMA runs (modelled; see docs/kernels/attention.md)."""
 
-ALPHA_SETS = DMA_PV_DELAY + 2
-"""Sets of alpha columns (one column per chunk of a unit): a unit's set is reused only after its PV."""
+ALPHA_SETS = DMA_PV_DELAY + 3
+"""Sets of alpha columns (one column per chunk of a unit): a unit's set is reused only after its PV and its
+(possibly deferred) o update."""
 
 
 class PvQueue:
@@ -132,16 +158,18 @@ class PvQueue:
     ``pred(alpha_set, unit)`` (a tile or alpha set about to be rewritten).
     """
 
-    def __init__(self, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc):
+    def __init__(self, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc, deferred=None):
         self._args = (pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
         self._q: list[tuple[int, int, list[tuple[int, int, int, int, int]]]] = []
+        # deferred o updates (pv buffer, alpha set, issue), shared by the queues of consecutive tiles
+        self._deferred: list[Any] = [] if deferred is None else deferred
 
     def push(self, ready_ci: int, alpha_set: int, unit: list[tuple[int, int, int, int, int]]) -> None:
         self._q.append((ready_ci, alpha_set, unit))
 
     def _issue(self, n: int) -> None:
-        for _, _, u in self._q[:n]:
-            _issue_pv(u, *self._args)
+        for _, st, u in self._q[:n]:
+            _issue_pv(u, st, self._deferred, *self._args)
         del self._q[:n]
 
     def pending(self) -> int:
@@ -154,5 +182,14 @@ class PvQueue:
             n += 1
         self._issue(n)
 
+    def issue_deferred(self) -> None:
+        """Issue every deferred o update (of any queue sharing the list)."""
+        _flush_deferred(self._deferred, lambda e: True)
+
     def flush_until(self, pred: Any) -> None:
         self._issue(1 + max((i for i, (_, st, u) in enumerate(self._q) if pred(st, u)), default=-1))
+
+    def flush_alpha(self, aset: int) -> None:
+        """Before alpha set ``aset`` is rewritten: issue the units and deferred o updates that read it."""
+        self.flush_until(lambda st, u: st == aset)
+        _flush_deferred(self._deferred, lambda e: e[1] == aset)

@@ -39,18 +39,20 @@ full 1024-key chunks, the group's P stay in SBUF and one ``dma_transpose`` per 1
 (``512 x g`` B per destination partition). Costs ``(g - 1) x 8 KiB`` more SBUF per partition (P and P^T of
 the group): the kernel lowers g to what fits next to the resident K^T / V (:func:`fit_group`)."""
 
-VECTOR_EVICT = (2, 8)
-"""Fraction ``(num, den)`` of a chunk's TensorE-transposed P^T blocks evicted PSUM->SBUF by VectorE (one
-instruction for the first ``round(nb * num / den)`` blocks); ScalarE evicts the rest in one instruction. 3/8
-of the 8 blocks of a 1024-key chunk balances the two engines' per-chunk busy time in cost model v2 (table in
-docs/kernels/attention.md): VectorE carries the row max (~1.2 us per chunk from PSUM), ScalarE the exp
-(~0.97 us); a bf16 block costs VectorE ~67 ns (2-byte PSUM source, 2x mode) and ScalarE ~107 ns."""
+VECTOR_EVICT = (3, 16)
+"""Fraction ``(num, den)`` of the TensorE-transposed P^T blocks evicted PSUM->SBUF by VectorE, dealt per chunk
+by a running counter (:func:`vector_evict_blocks`): 3/16 of the 8 blocks of a 1024-key chunk = 1 and 2 blocks
+on alternate chunks; ScalarE evicts the rest. It balances the two engines' busy time per chunk in cost model v2
+(table in docs/kernels/attention.md): VectorE carries the row max (~1.21 us per chunk from PSUM), the running
+max and the o update, ScalarE the exp (~0.97 us) and alpha; a bf16 block costs VectorE ~67 ns (2-byte PSUM
+source, 2x mode) and ScalarE ~107 ns, plus ~147 / ~114 ns per eviction instruction (PSUM access)."""
 
 
-def vector_evict_blocks(nb: int, split: tuple[int, int] = VECTOR_EVICT) -> int:
-    """P^T blocks (of ``nb``) of one chunk evicted by VectorE: ``round(nb * num / den)`` (half up)."""
+def vector_evict_blocks(nb: int, n: int, split: tuple[int, int] = VECTOR_EVICT) -> int:
+    """P^T blocks (of ``nb``) of the ``n``-th TensorE-transposed chunk evicted by VectorE: the running dealer
+    ``floor((n + 1) * nb * num / den) - floor(n * nb * num / den)`` (``nb * num / den`` on average)."""
     num, den = split
-    return (2 * nb * num + den) // (2 * den)
+    return (n + 1) * nb * num // den - n * nb * num // den
 
 
 def fit_group(group: int, sbuf_bytes: int, fixed_bytes: int, chunk_bytes: int) -> int:
