@@ -40,10 +40,10 @@ the last one overlapping; a tail under 16 rows on TensorE) into ``K^T`` (fp32: T
 skip in the emulator (the skip must be exact), hence the staging.
 
 The flash inner loop is the one of :mod:`nki_kernels.attention` (the same code,
-:func:`nki_kernels.attention._flash_rows`: chunking, row max, exp with the negated running max as bias, P^T by
-SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS` of groups of :data:`DMA_GROUP_CHUNKS` full
-chunks (1/3 of groups of 7 here), else TensorE), run with ``l_in_v``: l comes from the PV matmul's column D
-instead of the exp's row sum (which would count the duplicates) and is clamped at
+:func:`nki_kernels.attention._flash_rows`: 1024-key chunks, row max straight from PSUM, exp with the negated
+running max as bias, P^T on TensorE, or by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS`
+(none by default) of groups of :data:`DMA_GROUP_CHUNKS` 2048-key spans): l comes from the PV matmul's column
+D (V's valid column; an exp row sum would count the duplicates) and is clamped at
 :data:`nki_kernels.attention.L_FLOOR` before the reciprocal.
 Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
 sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
@@ -71,16 +71,14 @@ from nki_kernels.attention_tiles import (
     flash_sbuf_bytes,
 )
 
-DMA_TRANSPOSE_CHUNKS = (1, 3)
-"""Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks of a query tile)
-transposed by SBUF->SBUF DMAs (16-query hardware-DGE pieces, see
-:data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 2/3 because this kernel's K/V loads
-add DMA time (the trn2 cost model charges every per-source DMA of an entry, skipped ones included): at the
-merged Wan shapes 1/3 of groups of 7 balances DMA against TensorE (73.7 % vs 62.9 % with every P^T on
-TensorE; docs/kernels/attention_block_table.md). Results do not depend on it (exact copies)."""
+DMA_TRANSPOSE_CHUNKS = (0, 1)
+"""Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive 2048-key spans of a query tile)
+transposed by SBUF->SBUF DMAs: none, as :data:`nki_kernels.attention_tiles.DMA_TRANSPOSE_CHUNKS` (the DMA
+transpose price is unmeasured; every P^T is a TensorE transpose by default). The option stays; results do
+not depend on it (exact copies)."""
 
 DMA_GROUP_CHUNKS = 7
-"""Full chunks per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
+"""2048-key spans per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
 because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760); lowered
 further to what fits for longer key sequences."""
 
