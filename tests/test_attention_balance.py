@@ -101,3 +101,41 @@ def test_wan_key_length_fits_and_keeps_partition_rules(share: tuple[int, int] | 
     args = (_spec(40), _spec(32_760), _spec(32_760), 0.1, False) + ((share,) if share else ())
     _, tr = run(attention_kernel, *args, trace_only=True)
     assert tr.count(op="tensor_reduce") == 33  # 31 full chunks, a 512-key chunk and a 504-key tail
+
+
+def test_row_max_covers_both_psum_banks_of_a_chunk() -> None:
+    """bf16, one 1024-key chunk = two PSUM banks of S: for queries 0..19 the scaled scores of keys 0..511
+    exceed those of keys 512..1023 by > 200, for queries 20..39 the other way round, so a row max that missed
+    either bank overflows exp (non-finite rows) or underflows every weight. Baseline: float64 softmax of the
+    bf16-rounded inputs. Tolerance: P is rounded to bf16 before PV and l is summed from the same rounded P, so
+    each weight of the normalised average is off by <= 2 x 2^-9 relative: 2^-7 max|v| for out (+ its bf16
+    rounding, 2^-9 max|out|), 2^-7 for lse; plus the fp32 rounding of an exp argument |x| (2 |x| 2^-24)."""
+    import torch
+
+    from nki_kernels.attention import attention_emulated
+
+    b, lq, lk, h, d, scale = 1, 40, 1024 + 300, 1, 16, 4.0
+    g = torch.Generator().manual_seed(12)
+    e0 = torch.zeros(d)
+    e0[0] = 1.0
+    q = 0.3 * torch.randn(b, lq, h, d, generator=g)
+    q[:, :20] += 8.0 * e0
+    q[:, 20:] -= 8.0 * e0
+    k = 0.3 * torch.randn(b, lk, h, d, generator=g)
+    k[:, :512] += 4.0 * e0
+    k[:, 512:1024] -= 4.0 * e0
+    v = torch.randn(b, lk, h, d, generator=g)
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    x = scale * torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())
+    first, second = x[..., :512].amax(-1), x[..., 512:1024].amax(-1)
+    assert ((first - second)[..., :20] > 200).all() and ((second - first)[..., 20:] > 200).all(), "data"
+    want_l = torch.logsumexp(x, dim=-1)
+    want_o = torch.einsum("bhqk,bkhd->bqhd", torch.exp(x - want_l[..., None]), v.double())
+    out, lse = attention_emulated(q, k, v, scale=scale, return_lse=True)
+    assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all(), "non-finite output"
+    ext = 2 * x.abs().max().item() * 2.0**-24
+    tol_o = 2.0**-7 * v.float().abs().max().item() + 2.0**-9 * want_o.abs().max().item() + ext
+    assert (out.double() - want_o).abs().max().item() <= tol_o
+    assert (
+        lse.double() - want_l.permute(0, 2, 1)
+    ).abs().max().item() <= 2.0**-7 + ext * want_l.abs().max().item()
