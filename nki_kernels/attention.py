@@ -15,37 +15,32 @@ Layouts (no permute/transpose pass exists before or after the kernel):
   :func:`_load_transposed`); fp32 inputs use a
   permuted HBM view (``.permute((1, 0))``) in a plain ``dma_copy`` (element-sized descriptors: a
   correctness path for tests, not a fast one). v tiles are loaded as they are (keys on partitions).
-* Per (b, h) the whole K^T ``[D, Lk]`` and V ``[128, Lk/128, D]`` stay resident in SBUF (Wan: 2 x 64 KiB per
-  partition) and every query tile of 128 rows streams over them: k and v are read from HBM once per head.
-  Segments are loaded in place from the buffers into consecutive key positions (never gathered in HBM).
+* Per (b, h) the whole K^T ``[D, Lk]`` and V ``[128, Lk/128, D + 1]`` stay resident in SBUF (Wan: ~129 KiB per
+  partition; V's column D is 1, so the PV matmul also sums P into the softmax denominator l) and every query
+  tile of 128 rows streams over them: k and v are read from HBM once per head. Segments are loaded in place
+  from the buffers into consecutive key positions (never gathered in HBM).
 
-Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (2048 for 2-byte dtypes, four
-PSUM banks; 1024 for fp32):
+Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (1024 for 2-byte dtypes = two
+PSUM banks of S; 512 for fp32), S double-buffered in PSUM:
 
-1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank.
-2. Row max of the chunk: VectorE copies S to fp32 SBUF, GpSimdE halves it three times with ``maximum``,
-   VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
-3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
-   (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
-4. P^T: the full chunks of a query tile form groups of :data:`DMA_GROUP_CHUNKS` (g = 8) consecutive chunks;
-   for :data:`DMA_TRANSPOSE_CHUNKS` (3/5) of the groups the P of all g chunks stays in SBUF and one SBUF->SBUF
-   ``dma_transpose`` per 16 queries moves the group, in hardware-DGE-legal pieces
-   ``[16 q, 16 g, 128 k] -> [128 k, 16 g, 16 q]`` (8 per 128-query tile), before the group's PV matmuls; for
-   the other chunks TensorE transposes each 128x128 block (``nc_transpose`` into PSUM), evicted to SBUF (split
-   between VectorE and ScalarE). Then ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k,
-   D])`` accumulates the chunk in one PSUM bank. Both transposes are exact copies and the o updates keep the
-   chunk order, so the result does not depend on the split or the grouping.
-5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
+1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank, one chunk ahead.
+2. VectorE: ONE ``tensor_reduce`` max straight from PSUM (no copy of S); ``nm = min(nm_old, -scale*max)``.
+3. ScalarE: ``alpha = exp(nm - nm_old)``; ``P = exp(scale*S + nm)`` straight from PSUM into bf16 SBUF.
+4. P^T: TensorE transposes each 128x128 block into PSUM; VectorE evicts :data:`VECTOR_EVICT` (3/16) of the
+   blocks, ScalarE the rest (the split that balances the two engines). Optional DMA path: for
+   ``dma_transpose_chunks`` of the groups of ``dma_group`` 2048-key spans (two full chunks), P stays in SBUF
+   and one SBUF->SBUF ``dma_transpose`` per 16 queries moves the group in hardware-DGE-legal pieces
+   ``[16 q, 16 g, 128 k] -> [128 k, 16 g, 16 q]``. Then ``PV[q, :] = sum_t nc_matmul(stationary=P^T_t [128 k,
+   128 q], moving=V_t [128 k, D + 1])`` in one PSUM accumulation group (two PV buffers).
+5. VectorE: ``o = o*alpha + PV`` (column D is l).
 
-Buffering and order (cost model v2 prices the dependencies, docs/kernels/attention.md): the scores are copied
-once from PSUM to fp32 SBUF (``s_bf``; exp and the GpSimdE max tree read that copy, and the bf16 max equals the
-max of the bf16-rounded scores since rounding is monotone), so the next chunk's QK^T can reuse the 4 PSUM banks
-of S right after the copy; the chunks are software-pipelined: a unit's P^T (a TensorE chunk, or a DMA group) is
-issued after the next chunk's score copy and its PV / o updates after the next chunk's exp (a DMA group's
-:data:`DMA_PV_DELAY` chunks later; o updates stay in chunk order, :class:`~nki_kernels.attention_pv.PvQueue`).
-TensorE chunks keep P / P^T in their own tiles (``p_pe`` / ``pT_pe``), alpha has :data:`ALPHA_SETS` column
-sets, q^T two tiles (the next query tile's load overlaps). PSUM stays at S 4 + P^T 2 + PV 1 banks (of 8).
-Outputs are bit-identical to the unpipelined kernel.
+Software pipeline (cost model v2 prices the dependencies between in-order engines; docs/kernels/attention.md,
+"Engine balance"): per chunk c the program issues the max / exp of c, the P^T of c-1 with its evictions, the
+QK^T of c+1, the PV of c-3 (:data:`~nki_kernels.attention_pv.PE_PV_DELAY`; a DMA group's
+:data:`DMA_PV_DELAY` chunks after its transposes), and a TensorE chunk's o update after the next chunk's max;
+o updates stay in chunk order (:class:`~nki_kernels.attention_pv.PvQueue`), so out and lse do not depend on
+the transpose path. A tile's tail (its last P^T, PVs, o updates and store) is interleaved with the next
+tile's first chunks; the next tile's q^T is prefetched.
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
 ``lse = log(l) - nm``. Tails (Lq or Lk not multiples of 128 or 512) are handled by slicing with ``min``.
