@@ -79,7 +79,7 @@ def _dma_group(g: Any) -> int:
     if g is None:
         return DMA_GROUP_CHUNKS
     if isinstance(g, bool) or int(g) != g or int(g) < 1:
-        raise ValueError(f"dma_group={g!r} must be an int >= 1 (full chunks per DMA-transposed P^T group)")
+        raise ValueError(f"dma_group={g!r} must be an int >= 1 (2048-key spans per DMA-transposed P^T group)")
     return int(g)
 
 
