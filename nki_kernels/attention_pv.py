@@ -3,7 +3,7 @@
 
 A *unit* is one TensorE-transposed key chunk or one DMA-transposed group of chunks (see
 :func:`nki_kernels.attention_tiles.pair_plan`), a list of ``(ci, c0, kc, slot, col)``: chunk index, first key,
-keys, slot in ``p_sb`` / ``pT_sb`` (``-1 - n`` for the n-th TensorE chunk of a query tile: P in
+keys, slot in ``p_sb`` / ``pT_sb`` (``-1 - n`` for the n-th TensorE chunk of a ``_flash_rows`` call: P in
 ``p_pe[n % 2]``, P^T in ``pT_pe[n % 3]``, transposed through ``pT_ps[n % 2]``), alpha column.
 """
 
@@ -155,7 +155,9 @@ class PvQueue:
 
     ``push`` records a unit with the chunk index from which its PV may be issued; ``issue_ready(ci)`` issues the
     units due by chunk ``ci``; ``flush_until(pred)`` issues every unit up to the last one matching
-    ``pred(alpha_set, unit)`` (a tile or alpha set about to be rewritten).
+    ``pred(alpha_set, unit)`` (a P^T tile about to be rewritten); ``flush_alpha(set)`` also issues the deferred
+    o updates reading that alpha set. A TensorE unit's o update is deferred (``deferred``, a list shared by the
+    queues of consecutive tiles) until ``issue_deferred``, so VectorE reduces the next chunk's max first.
     """
 
     def __init__(self, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc, deferred=None):
