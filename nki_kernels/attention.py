@@ -78,6 +78,7 @@ from nki_kernels.attention_tiles import (
     _load_transposed,
     fit_group,
     flash_sbuf_bytes,
+    merge_remainder,
     p_transpose_plan,
     pair_plan,
     vector_evict_blocks,
@@ -186,12 +187,13 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
         qr = min(PMAX, q_hi - q0)
         qT = w["qT_b"] if ti % 2 else w["qT_a"]
         c0, kc = chunks[ci]
-        wd = min(kc, BANK)
-        for j in range((kc + BANK - 1) // BANK):
+        nsub = (kc + BANK - 1) // BANK
+        wd = kc // nsub  # equal banks (merge_remainder keeps kc % nsub == 0)
+        for j in range(nsub):
             nisa.nc_matmul(
                 s_ps[g % 2][:qr, j, :wd],
                 stationary=qT[:D, :qr],
-                moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
+                moving=kT_sb[:D, c0 + j * wd : c0 + (j + 1) * wd],
                 accumulate=False,
             )
 
@@ -219,7 +221,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             aset = unit % ALPHA_SETS
             col = aset * slots + slot
             nsub = (kc + BANK - 1) // BANK
-            wd = min(kc, BANK)
+            wd = kc // nsub
             s = s_ps[g % 2]  # this chunk's scores, computed one chunk ahead
             s_view = s[:qr, :nsub, :wd]
             # software pipeline (TensorE: QK(c), P^T(c-1), PV(c-3)): a DMA group's P^T goes here, before this
@@ -311,7 +313,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     # V carries a ones column D: the PV matmul then also sums P into l (written once; loads fill [0, D))
     v_sb = nl.ndarray((PMAX, nkt, D + 1), dtype=dt, buffer=nl.sbuf)
     nisa.memset(v_sb[:, :, D : D + 1], 1.0, engine=nisa.gpsimd_engine)
-    chunks = _chunks(Lk, KC)
+    chunks = merge_remainder(_chunks(Lk, KC), KC)
     # P / P^T hold a whole DMA group (dma_group 2048-key spans) when a span can be dealt to the DMA
     gmax = 0
     if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:

@@ -69,6 +69,7 @@ from nki_kernels.attention_tiles import (
     _flash_buffers,
     fit_group,
     flash_sbuf_bytes,
+    merge_remainder,
 )
 
 DMA_TRANSPOSE_CHUNKS = (0, 1)
@@ -294,7 +295,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         if not two_byte or 0 < T % PMAX < HWDGE_ROWS
         else None
     )
-    chunks = _chunks(Lk, KC)
+    chunks = merge_remainder(_chunks(Lk, KC), KC)
     # P / P^T hold a whole DMA group (see nki_kernels.attention_tiles.DMA_GROUP_CHUNKS), lowered to what fits
     gmax = 0
     if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:

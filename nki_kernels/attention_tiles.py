@@ -55,6 +55,29 @@ def vector_evict_blocks(nb: int, n: int, split: tuple[int, int] = VECTOR_EVICT) 
     return (n + 1) * nb * num // den - n * nb * num // den
 
 
+def merge_remainder(chunks: Sequence[tuple[int, int]], kc: int) -> list[tuple[int, int]]:
+    """Key chunks ``(c0, n)`` with the remainder after the full ``kc`` chunks in one chunk where possible.
+
+    :func:`nki_kernels.attention._chunks` ends with a multiple-of-512 chunk and a < 512 tail; when both exist
+    and their sum ``r`` is even, they become one chunk of ``r`` keys whose S fills two PSUM banks of ``r / 2``
+    columns (so it pays the fixed per-chunk work once). Any other list is returned unchanged. Every chunk of
+    the result satisfies ``n % ceil(n / 512) == 0`` (equal banks).
+    """
+    out = list(chunks)
+    if len(out) >= 2:
+        (c0, m), (c1, t) = out[-2], out[-1]
+        if (
+            m < kc
+            and m % BANK == 0
+            and 0 < t < BANK
+            and c1 == c0 + m
+            and (m + t) % 2 == 0
+            and m + t <= 2 * BANK
+        ):
+            out[-2:] = [(c0, m + t)]
+    return out
+
+
 def fit_group(group: int, sbuf_bytes: int, fixed_bytes: int, chunk_bytes: int) -> int:
     """Largest ``g <= group`` with ``fixed_bytes + 2 * g * chunk_bytes <= sbuf_bytes`` (P and P^T of g chunks
     next to everything else a kernel keeps in SBUF, per partition), at least 1."""

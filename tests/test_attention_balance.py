@@ -9,8 +9,14 @@ from collections import Counter
 
 import pytest
 
-from nki_kernels.attention import attention_kernel
-from nki_kernels.attention_tiles import KC_TWO_BYTE, VECTOR_EVICT, pair_plan, vector_evict_blocks
+from nki_kernels.attention import _chunks, attention_kernel
+from nki_kernels.attention_tiles import (
+    KC_TWO_BYTE,
+    VECTOR_EVICT,
+    merge_remainder,
+    pair_plan,
+    vector_evict_blocks,
+)
 from nki_kernels.emulator import TensorSpec, run
 
 pytestmark = pytest.mark.emulator
@@ -93,6 +99,39 @@ def test_pair_plan_maps_2048_key_spans_onto_1024_key_chunks() -> None:
     assert not any(dma for dma, _, _ in plan)
 
 
+def test_merge_remainder_one_chunk_of_two_equal_banks() -> None:
+    kc = KC_TWO_BYTE
+    got = merge_remainder(_chunks(32_760, kc), kc)
+    assert got[-1] == (31 * kc, 1016) and len(got) == 32 and sum(n for _, n in got) == 32_760
+    assert merge_remainder(_chunks(1736, kc), kc) == [(0, kc), (kc, 712)]
+    assert merge_remainder(_chunks(2637, kc), kc) == _chunks(2637, kc)  # 589 is odd: no equal banks
+    assert merge_remainder(_chunks(6444, kc), kc) == _chunks(6444, kc)  # a lone < 512 tail stays
+    assert merge_remainder(_chunks(1536, kc), kc) == [(0, kc), (kc, 512)]
+    for lk in range(1, 3 * kc, 37):
+        for _c0, n in merge_remainder(_chunks(lk, kc), kc):
+            assert 0 < n <= kc and n % -(-n // 512) == 0
+
+
+def test_merged_remainder_chunk_matches_reference() -> None:
+    """Lk = 1024 + 712: the remainder is one chunk whose S fills two banks of 356 columns (QK^T, max, exp,
+    P^T and PV over unequal bank widths); against the fp32 reference with the tolerance of
+    tests/numerics.py (derived from the bf16 reference's own error)."""
+    import torch
+
+    from nki_kernels.attention import attention_emulated
+    from reference.attention import attention
+    from tests.numerics import assert_within, reference_error
+
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(1, n, 2, 64, generator=g) for n in (150, 1736, 1736))
+    ref_err, (base_o, base_l) = reference_error(
+        attention, [q, k, v], torch.bfloat16, scale=0.2, return_lse=True
+    )
+    out, lse = attention_emulated(q.bfloat16(), k.bfloat16(), v.bfloat16(), scale=0.2, return_lse=True)
+    assert_within(out, base_o, torch.bfloat16, ref_err, what="attention merged remainder out")
+    assert_within(lse, base_l, torch.bfloat16, ref_err, what="attention merged remainder lse")
+
+
 @pytest.mark.parametrize("share", [None, (3, 5)])
 def test_wan_key_length_fits_and_keeps_partition_rules(share: tuple[int, int] | None) -> None:
     """Lk = 32,760 (Wan's key budget) with one short query tile: K^T, V (+ ones column), the flash tiles and,
@@ -100,7 +139,7 @@ def test_wan_key_length_fits_and_keeps_partition_rules(share: tuple[int, int] | 
     on any overflow or start-partition violation while tracing."""
     args = (_spec(40), _spec(32_760), _spec(32_760), 0.1, False) + ((share,) if share else ())
     _, tr = run(attention_kernel, *args, trace_only=True)
-    assert tr.count(op="tensor_reduce") == 33  # 31 full chunks, a 512-key chunk and a 504-key tail
+    assert tr.count(op="tensor_reduce") == 32  # 31 full chunks and the 1016-key remainder (2 banks of 508)
 
 
 def test_row_max_covers_both_psum_banks_of_a_chunk() -> None:
