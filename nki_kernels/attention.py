@@ -15,37 +15,32 @@ Layouts (no permute/transpose pass exists before or after the kernel):
   :func:`_load_transposed`); fp32 inputs use a
   permuted HBM view (``.permute((1, 0))``) in a plain ``dma_copy`` (element-sized descriptors: a
   correctness path for tests, not a fast one). v tiles are loaded as they are (keys on partitions).
-* Per (b, h) the whole K^T ``[D, Lk]`` and V ``[128, Lk/128, D]`` stay resident in SBUF (Wan: 2 x 64 KiB per
-  partition) and every query tile of 128 rows streams over them: k and v are read from HBM once per head.
-  Segments are loaded in place from the buffers into consecutive key positions (never gathered in HBM).
+* Per (b, h) the whole K^T ``[D, Lk]`` and V ``[128, Lk/128, D + 1]`` stay resident in SBUF (Wan: ~129 KiB per
+  partition; V's column D is 1, so the PV matmul also sums P into the softmax denominator l) and every query
+  tile of 128 rows streams over them: k and v are read from HBM once per head. Segments are loaded in place
+  from the buffers into consecutive key positions (never gathered in HBM).
 
-Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (2048 for 2-byte dtypes, four
-PSUM banks; 1024 for fp32):
+Per query tile (flash-style, fp32 statistics), per key chunk of ``KC`` keys (1024 for 2-byte dtypes = two
+PSUM banks of S; 512 for fp32), S double-buffered in PSUM:
 
-1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank.
-2. Row max of the chunk: VectorE copies S to fp32 SBUF, GpSimdE halves it three times with ``maximum``,
-   VectorE reduces the rest; new negated scaled max ``nm = min(nm_old, -scale*max)``.
-3. ScalarE: ``P = exp(scale*S + nm)`` (bf16/fp32) with the fp32 row sum in the same instruction
-   (``activation_reduce``); ``alpha = exp(nm - nm_old)``.
-4. P^T: the full chunks of a query tile form groups of :data:`DMA_GROUP_CHUNKS` (g = 8) consecutive chunks;
-   for :data:`DMA_TRANSPOSE_CHUNKS` (3/5) of the groups the P of all g chunks stays in SBUF and one SBUF->SBUF
-   ``dma_transpose`` per 16 queries moves the group, in hardware-DGE-legal pieces
-   ``[16 q, 16 g, 128 k] -> [128 k, 16 g, 16 q]`` (8 per 128-query tile), before the group's PV matmuls; for
-   the other chunks TensorE transposes each 128x128 block (``nc_transpose`` into PSUM), evicted to SBUF (split
-   between VectorE and ScalarE). Then ``PV[q, d] += nc_matmul(stationary=P^T [128 k, 128 q], moving=V [128 k,
-   D])`` accumulates the chunk in one PSUM bank. Both transposes are exact copies and the o updates keep the
-   chunk order, so the result does not depend on the split or the grouping.
-5. VectorE: ``o = o*alpha + PV``, ``l = l*alpha + rowsum``.
+1. TensorE: ``S[q, k] = nc_matmul(stationary=q^T [D, 128], moving=K^T [D, 512])`` per bank, one chunk ahead.
+2. VectorE: ONE ``tensor_reduce`` max straight from PSUM (no copy of S); ``nm = min(nm_old, -scale*max)``.
+3. ScalarE: ``alpha = exp(nm - nm_old)``; ``P = exp(scale*S + nm)`` straight from PSUM into bf16 SBUF.
+4. P^T: TensorE transposes each 128x128 block into PSUM; VectorE evicts :data:`VECTOR_EVICT` (3/16) of the
+   blocks, ScalarE the rest (the split that balances the two engines). Optional DMA path: for
+   ``dma_transpose_chunks`` of the groups of ``dma_group`` 2048-key spans (two full chunks), P stays in SBUF
+   and one SBUF->SBUF ``dma_transpose`` per 16 queries moves the group in hardware-DGE-legal pieces
+   ``[16 q, 16 g, 128 k] -> [128 k, 16 g, 16 q]``. Then ``PV[q, :] = sum_t nc_matmul(stationary=P^T_t [128 k,
+   128 q], moving=V_t [128 k, D + 1])`` in one PSUM accumulation group (two PV buffers).
+5. VectorE: ``o = o*alpha + PV`` (column D is l).
 
-Buffering and order (cost model v2 prices the dependencies, docs/kernels/attention.md): the scores are copied
-once from PSUM to fp32 SBUF (``s_bf``; exp and the GpSimdE max tree read that copy, and the bf16 max equals the
-max of the bf16-rounded scores since rounding is monotone), so the next chunk's QK^T can reuse the 4 PSUM banks
-of S right after the copy; the chunks are software-pipelined: a unit's P^T (a TensorE chunk, or a DMA group) is
-issued after the next chunk's score copy and its PV / o updates after the next chunk's exp (a DMA group's
-:data:`DMA_PV_DELAY` chunks later; o updates stay in chunk order, :class:`~nki_kernels.attention_pv.PvQueue`).
-TensorE chunks keep P / P^T in their own tiles (``p_pe`` / ``pT_pe``), alpha has :data:`ALPHA_SETS` column
-sets, q^T two tiles (the next query tile's load overlaps). PSUM stays at S 4 + P^T 2 + PV 1 banks (of 8).
-Outputs are bit-identical to the unpipelined kernel.
+Software pipeline (cost model v2 prices the dependencies between in-order engines; docs/kernels/attention.md,
+"Engine balance"): per chunk c the program issues the max / exp of c, the P^T of c-1 with its evictions, the
+QK^T of c+1, the PV of c-3 (:data:`~nki_kernels.attention_pv.PE_PV_DELAY`; a DMA group's
+:data:`DMA_PV_DELAY` chunks after its transposes), and a TensorE chunk's o update after the next chunk's max;
+o updates stay in chunk order (:class:`~nki_kernels.attention_pv.PvQueue`), so out and lse do not depend on
+the transpose path. A tile's tail (its last P^T, PVs, o updates and store) is interleaved with the next
+tile's first chunks; the next tile's q^T is prefetched.
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
 ``lse = log(l) - nm``. Tails (Lq or Lk not multiples of 128 or 512) are handled by slicing with ``min``.
@@ -64,141 +59,30 @@ from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
     DMA_PV_DELAY,
-    HWDGE_ROWS,
+    PE_PV_DELAY,
     PMAX,
     PvQueue,
     _issue_p_transpose,
 )
-
-BANK = 512
-"""fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
-
-DMA_TRANSPOSE_CHUNKS = (3, 5)
-"""Fraction ``(num, den)`` of the P^T *groups* (up to :data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks
-of one query tile, 2-byte dtypes) transposed SBUF->SBUF by the DMA instead of by 16 TensorE transposes per
-chunk; groups are dealt by a running counter per program. NKI 0.6 hardware-DGE transposes take at most 16
-source partitions, so a group costs one ``[<=16 q, 16 x g, 128 k] -> [128 k, 16 x g, <=16 q]`` DMA per 16
-queries (8 per 128-query tile), each landing ``512 x g`` bytes per destination partition. 3/5 (with g = 8)
-balanced TensorE against the DMA queues under cost model v1 (busy-time sums); under v2 (dependency-aware) a
-group's chained transposes sit on the critical path and lower shares model faster (sweep in
-docs/kernels/attention.md), not yet retuned."""
-
-DMA_GROUP_CHUNKS = 8
-"""Chunks per DMA-transposed P^T group (``g``): their P stay in SBUF and their PV matmuls wait until one
-transpose per 16 queries has moved all of them, so each lands ``512 x g`` B per destination partition (4 KiB
-at g = 8, ~97 % DMA efficiency in the trn2 cost model, vs 512 B / ~21 % for one chunk). Costs
-``(g - 1) x 8 KiB`` more SBUF per partition (p_sb and pT_sb): the kernel lowers g to what fits next to the
-resident K^T / V (:func:`fit_group`), so long key sequences still compile (with smaller groups)."""
-
-
-def fit_group(group: int, sbuf_bytes: int, fixed_bytes: int, chunk_bytes: int) -> int:
-    """Largest ``g <= group`` with ``fixed_bytes + 2 * g * chunk_bytes <= sbuf_bytes`` (P and P^T of g chunks
-    next to everything else a kernel keeps in SBUF, per partition), at least 1."""
-    g = group
-    while g > 1 and fixed_bytes + 2 * g * chunk_bytes > sbuf_bytes:
-        g -= 1
-    return g
-
-
-def _dma_chunks(frac: Any) -> tuple[int, int]:
-    """Validate the compile-time ``dma_transpose_chunks`` fraction (None = :data:`DMA_TRANSPOSE_CHUNKS`)."""
-    if frac is None:
-        return DMA_TRANSPOSE_CHUNKS
-    num, den = (int(x) for x in frac)
-    if den < 1 or not 0 <= num <= den:
-        raise ValueError(f"dma_transpose_chunks={frac!r} must be (num, den) with 0 <= num <= den, den >= 1")
-    return num, den
-
-
-def _dma_group(g: Any) -> int:
-    """Validate the compile-time ``dma_group`` (None = :data:`DMA_GROUP_CHUNKS`)."""
-    if g is None:
-        return DMA_GROUP_CHUNKS
-    if isinstance(g, bool) or int(g) != g or int(g) < 1:
-        raise ValueError(f"dma_group={g!r} must be an int >= 1 (full chunks per DMA-transposed P^T group)")
-    return int(g)
-
-
-def p_transpose_plan(
-    chunks: Sequence[tuple[int, int]], kc_full: int, group: int, n_grp: int, share: tuple[int, int]
-) -> tuple[list[tuple[bool, int, bool]], int]:
-    """Pure schedule of one query tile's P^T transposes.
-
-    The full chunks (``n == kc_full``) are cut into groups of ``group`` consecutive chunks (the last one
-    shorter); group number ``n_grp`` (a running counter carried across tiles, returned advanced) goes to the DMA
-    when ``(n_grp * num) % den < num``. Returns per chunk ``(dma, slot, flush)``: ``slot`` is the chunk's place
-    in its group (its P and alpha live at that slot; 0 for TensorE chunks) and ``flush`` marks the last chunk of
-    a DMA group (transpose the group, then its PV matmuls and o updates in chunk order). TensorE chunks
-    (including partial ones) are never inside a pending group, so the o updates keep the chunk order.
-    """
-    num, den = share
-    full = [i for i, (_, n) in enumerate(chunks) if n == kc_full]
-    plan: list[tuple[bool, int, bool]] = [(False, 0, False)] * len(chunks)
-    for g0 in range(0, len(full), group):
-        members = full[g0 : g0 + group]
-        dma = (n_grp * num) % den < num
-        n_grp += 1
-        for slot, i in enumerate(members):
-            plan[i] = (True, slot, slot == len(members) - 1) if dma else (False, 0, False)
-    return plan, n_grp
-
-
-def _load_transposed(dst, src, n, two_byte):
-    """``dst[:, :n] = src[:n, :].T`` for an HBM view ``src`` ``[n, D]`` (rows any stride) into SBUF ``dst``
-    ``[D, >= n]``, in hardware-DGE-legal forms (2-byte dtypes).
-
-    The first ``16 * (n // 16)`` rows go in ONE 3-D transpose of the row-permuted view
-    ``src3[a, c, :] = src[c*16 + a, :]`` (``[16, n/16, D]``, permutation (2, 1, 0)) into
-    ``dst`` viewed ``[D, n/16, 16]``: element ``dst[d, c, a] = src[c*16 + a, d]``, i.e. exactly the transpose,
-    with the same 2*D-byte row descriptors as a plain 2-D transpose. A tail of r < 16 rows re-transposes the
-    last 16 rows (2-D, ``src.shape[0] == 16``), rewriting overlapping columns with identical values; fewer than
-    16 rows in total (or fp32) take a ``dma_copy`` of the permuted view (element-sized descriptors).
-    """
-    n16 = (n // HWDGE_ROWS) * HWDGE_ROWS
-    if not two_byte or n16 == 0:
-        nisa.dma_copy(dst=dst[:, :n], src=src[:n, :].permute((1, 0)))
-        return
-    nc = n16 // HWDGE_ROWS
-    src3 = src[:n16, :].reshape_dim(0, (nc, HWDGE_ROWS)).permute((1, 0, 2))
-    nisa.dma_transpose(dst=dst[:, :n16].reshape_dim(1, (nc, HWDGE_ROWS)), src=src3, axes=(2, 1, 0))
-    if n16 < n:
-        nisa.dma_transpose(dst=dst[:, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0))
-
-
-GPSIMD_MAX_MIN_WIDTH = 512
-"""Rows at least this wide are halved with GpSimdE ``maximum`` (2048 -> 1024 -> 512 -> 256 for a full chunk)
-before VectorE reduces the rest: GpSimdE has headroom, VectorE does not."""
-
-
-def _copy_scores(s_bf, s_view, qr, kc, nsub, w):
-    """VectorE copies the fp32 PSUM scores ``s_view`` ``[qr, nsub, w]`` to the fp32 SBUF tile ``s_bf[:qr, :kc]``
-    (exact; half rate from PSUM): the input of :func:`_row_max` and of the exp, so PSUM's S is free after it."""
-    nisa.tensor_copy(s_bf[:qr, :kc].reshape_dim(1, (nsub, w)), s_view, engine=nisa.vector_engine)
-
-
-def _row_max(bmax, s_bf, mx_a, mx_b, qr, kc):
-    """Row max of the fp32 scores ``s_bf[:qr, :kc]`` (from :func:`_copy_scores`) into ``bmax`` ``[qr, 1]`` (q's
-    dtype; equal to the max of the rounded scores: rounding is monotone).
-
-    GpSimdE (which cannot read PSUM) halves the row with elementwise ``maximum`` while the row is >=
-    :data:`GPSIMD_MAX_MIN_WIDTH` and even; VectorE reduces the rest. The max is only the softmax
-    stabiliser: the same (bf16-rounded) value is used in every exp and in the lse, so the rounding cancels
-    exactly up to fp32 arithmetic.
-    """
-    cur = s_bf
-    width = kc
-    bufs = (mx_a, mx_b)
-    i = 0
-    while width >= GPSIMD_MAX_MIN_WIDTH and width % 2 == 0:
-        half = width // 2
-        dst = bufs[i % 2]
-        nisa.tensor_tensor(
-            dst[:qr, :half], cur[:qr, :half], cur[:qr, half:width], nl.maximum, engine=nisa.gpsimd_engine
-        )
-        cur = dst
-        width = half
-        i += 1
-    nisa.tensor_reduce(bmax[:qr], nl.maximum, cur[:qr, :width], axis=1)
+from nki_kernels.attention_tiles import (
+    BANK,
+    DMA_GROUP_CHUNKS,
+    DMA_TRANSPOSE_CHUNKS,
+    KC_FP32,
+    KC_TWO_BYTE,
+    VECTOR_EVICT,
+    _dma_chunks,
+    _dma_group,
+    _flash_buffers,
+    _load_kv,
+    _load_transposed,
+    fit_group,
+    flash_sbuf_bytes,
+    merge_remainder,
+    p_transpose_plan,
+    pair_plan,
+    vector_evict_blocks,
+)
 
 
 def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
@@ -213,136 +97,151 @@ def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
     return out
 
 
-def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
-    """Load the segments' keys (transposed) and values of head h into consecutive key positions."""
-    off = 0
-    for start, length in segments:
-        # [length, D] HBM view, rows H*D apart -> key columns [off, off + length) of K^T
-        _load_transposed(
-            kT_sb[:D, off : off + length], kbuf[b, start : start + length, h, :], length, two_byte
-        )
-        # values: key position j lives at partition j % 128 of tile j // 128
-        j = off
-        while j < off + length:
-            t, p = divmod(j, PMAX)
-            n = min(PMAX - p, off + length - j)
-            if p == 0 and n == PMAX:
-                nt = (off + length - j) // PMAX
-                src = vbuf[b, start + (j - off) : start + (j - off) + nt * PMAX, h, :]
-                src = src.reshape_dim(0, (nt, PMAX)).permute((1, 0, 2))
-                nisa.dma_copy(dst=v_sb[:, t : t + nt, :], src=src)
-                n = nt * PMAX
-            else:
-                src = vbuf[b, start + (j - off) : start + (j - off) + n, h, :]
-                nisa.dma_copy(dst=v_sb[p : p + n, t, :], src=src)
-            j += n
-        off += length
-
-
 L_FLOOR = 1e-30
-"""Lower clamp of the softmax denominator before the reciprocal when l comes from V's valid column
-(:func:`_flash_rows` with ``l_in_v``): only a query tile without any valid key (l = 0 exactly) reaches it (any
-valid key contributes ~1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
+"""Lower clamp of the softmax denominator l (the PV matmul's column D, :func:`_flash_rows`) before the
+reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid key
+contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
 
-def _flash_buffers(D, dv, KC, gmax, dt, l_in_v):
-    """SBUF/PSUM tiles of :func:`_flash_rows` (a dict with string keys): q^T, scores, P and P^T (``gmax`` chunks
-    of ``KC`` keys), the fp32 accumulator ``o_acc`` ``[128, dv]`` and statistics. ``rs`` / ``l_sum`` (the exp
-    row sums) only without ``l_in_v``."""
-    f32 = nl.float32
-    w = {
-        "qT_a": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
-        "qT_b": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
-        "s_ps": nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum),
-        "pT_ps": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.psum),
-        "pv_ps": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum),
-        "p_sb": nl.ndarray((PMAX, gmax * KC), dtype=dt, buffer=nl.sbuf),
-        "p_pe": nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf),
-        "pT_pe": nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
-        "pT_sb": nl.ndarray((PMAX, gmax * KC // PMAX, PMAX), dtype=dt, buffer=nl.sbuf),
-        "o_acc": nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.sbuf),
-        "o_out": nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf),
-        "bmax": nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf),
-        "s_bf": nl.ndarray((PMAX, KC), dtype=f32, buffer=nl.sbuf),
-        "mx_a": nl.ndarray((PMAX, KC // 2), dtype=f32, buffer=nl.sbuf),
-        "mx_b": nl.ndarray((PMAX, KC // 4), dtype=f32, buffer=nl.sbuf),
-    }
-    if not l_in_v:
-        w["rs"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-        w["l_sum"] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    # two sets of one column per chunk of a group: the unit whose PV is deferred and the one being built
-    w["alpha"] = nl.ndarray((PMAX, ALPHA_SETS * gmax), dtype=f32, buffer=nl.sbuf)
-    for name in ("nm_a", "nm_b", "rl", "lse_t"):
-        w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    return w
+def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at chunk
+    ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit queued on
+    any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued first."""
+    slot = unit[0][3]
+    npt = len(w["pT_pe"])
+
+    def same_tile(st: int, u: list) -> bool:
+        s = u[0][3]
+        return (s < 0 and (-1 - s) % npt == (-1 - slot) % npt) if slot < 0 else s >= 0
+
+    for qu in queues:
+        qu.flush_until(same_tile)
+    _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc, nv_of)
+    queues[0].push(ci + (PE_PV_DELAY if slot < 0 else DMA_PV_DELAY), alpha_set, list(unit))
 
 
-def _transpose_unit(unit, queue, ci, alpha_set, w, qr, nbc):
-    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV: due at chunk ``ci`` for a
-    TensorE chunk, :data:`DMA_PV_DELAY` chunks later for a DMA group. A queued unit still reading the same P^T
-    tile (``pT_pe`` or ``pT_sb``) is issued first."""
-    is_pe = unit[0][3] < 0
-    queue.flush_until(lambda st, u: (u[0][3] < 0) == is_pe)
-    _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc)
-    queue.push(ci + (0 if is_pe else DMA_PV_DELAY), alpha_set, list(unit))
+class _Tail:
+    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are interleaved
+    with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
+
+    def __init__(self, queue, done, aset, q0, qr, o_acc, nm, nchunks):
+        self.queue, self.done, self.aset = queue, done, aset
+        self.q0, self.qr, self.o_acc, self.nm, self.nchunks = q0, qr, o_acc, nm, nchunks
 
 
-def _flash_rows(
-    w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse, l_in_v
-):
+def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse):
     """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` / ``v_sb``
-    ``[128, Lk/128, dv]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the module
+    ``[128, Lk/128, D + 1]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the module
     docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
-    :func:`_flash_buffers` (KC = its ``s_bf`` width, the group size its ``alpha`` width).
+    :func:`~nki_kernels.attention_tiles._flash_buffers` (KC = the width of its ``p_pe`` tiles).
 
-    The denominator l is the exp's fp32 row sum, or with ``l_in_v`` the PV matmul's last column (V carries
-    ``dv = D + 1`` columns, the last one 1 for keys that count, 0 for keys that must not), clamped at
-    :data:`L_FLOOR` before the reciprocal. ``n_grp`` (P^T groups seen, dealt to the DMA by
-    ``dma_chunks``) is returned advanced.
+    V's column D is 1 for keys that count and 0 for keys that must not, so the PV matmul's last column is the
+    softmax denominator l (summed from the same rounded P as the numerator), clamped at :data:`L_FLOOR` before
+    the reciprocal. ``n_grp`` (P^T groups seen, dealt to the DMA by ``dma_chunks``) is returned advanced.
     """
     D = q.shape[3]
     dv = v_sb.shape[2]
     two_byte = q.dtype != nl.float32
-    KC = w["s_bf"].shape[1]
-    gmax = w["alpha"].shape[1] // ALPHA_SETS
+    KC = w["p_pe"][0].shape[1]
+    slots = w["alpha"].shape[1] // ALPHA_SETS
     nbc = KC // PMAX
-    s_ps, p_sb, pT_sb, pT_pe = w["s_ps"], w["p_sb"], w["pT_sb"], w["pT_pe"]
-    pv_ps, o_acc, o_out, alpha, bmax = w["pv_ps"], w["o_acc"], w["o_out"], w["alpha"], w["bmax"]
+    s_ps, p_sb, p_pe = w["s_ps"], w["p_sb"], w["p_pe"]
+    o_out, alpha, bmax = w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
-    for q0 in range(q_lo, q_hi, PMAX):
+
+    def nv_of(nb: int, n: int) -> int:
+        return vector_evict_blocks(nb, n, VECTOR_EVICT)
+
+    def load_q(q0: int) -> None:
         qr = min(PMAX, q_hi - q0)
-        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]  # the next tile's q^T loads during this one
+        qT = w["qT_b"] if (q0 - q_lo) // PMAX % 2 else w["qT_a"]
         _load_transposed(qT[:D, :qr], q[b, q0 : q0 + qr, h, :], qr, two_byte)
-        nm_old, nm_new = w["nm_a"], w["nm_b"]
-        plan, n_grp = p_transpose_plan(chunks, KC, gmax, n_grp, dma_chunks if two_byte else (0, 1))
+
+    def finish(t: _Tail, queues: list, ci: int | None) -> bool:
+        """Advance tile tail ``t`` at the next tile's chunk ``ci`` (None: drain it now); True once stored."""
+        if t.done:
+            _transpose_unit(t.done, [t.queue, *queues], t.nchunks, t.aset, w, t.qr, nbc, nv_of)
+            t.done = []
+        if ci is not None:
+            t.queue.issue_ready(t.nchunks + ci)
+            if t.queue.pending():
+                return False
+        t.queue.flush_until(lambda st, u: True)
+        t.queue.issue_deferred()
+        # finalize: out = o / l ; lse = log(l) - nm  (nm holds the final negated scaled max)
+        qr, o_acc, nm_old = t.qr, t.o_acc, t.nm
+        l_col = o_acc[:qr, D : D + 1]
+        nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
+        nisa.reciprocal(rl[:qr], rl[:qr])
+        nisa.tensor_scalar(o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
+        nisa.dma_copy(dst=out[b, t.q0 : t.q0 + qr, h, :], src=o_out[:qr, :D])
+        if return_lse:
+            nisa.activation(lse_t[:qr], nl.log, l_col)
+            nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
+            nisa.dma_copy(dst=lse[b, t.q0 : t.q0 + qr, h : h + 1], src=lse_t[:qr])
+        return True
+
+    def qk(ti: int, ci: int, g: int) -> None:
+        """QK^T of chunk ``ci`` of tile ``ti`` into ``s_ps[g % 2]`` (``g``: chunks issued in this call)."""
+        q0 = q_lo + ti * PMAX
+        qr = min(PMAX, q_hi - q0)
+        qT = w["qT_b"] if ti % 2 else w["qT_a"]
+        c0, kc = chunks[ci]
+        nsub = (kc + BANK - 1) // BANK
+        wd = kc // nsub  # equal banks (merge_remainder keeps kc % nsub == 0)
+        for j in range(nsub):
+            nisa.nc_matmul(
+                s_ps[g % 2][:qr, j, :wd],
+                stationary=qT[:D, :qr],
+                moving=kT_sb[:D, c0 + j * wd : c0 + (j + 1) * wd],
+                accumulate=False,
+            )
+
+    ntiles = (q_hi - q_lo + PMAX - 1) // PMAX
+    load_q(q_lo)
+    qk(0, 0, 0)
+    g = 0  # chunks started in this call (the S buffer of chunk g is s_ps[g % 2])
+    tail: _Tail | None = None  # the previous tile, finished during this one's first chunks
+    deferred: list = []  # o updates issued after the next chunk's row max (PvQueue)
+    unit = 0  # P^T units (a TensorE chunk or a DMA group) started: alpha sets rotate over them
+    npe = 0  # TensorE units started: their P / P^T / PSUM P^T rotate over 2 / 3 / 2 buffers
+    for ti, q0 in enumerate(range(q_lo, q_hi, PMAX)):
+        qr = min(PMAX, q_hi - q0)
+        if ti + 1 < ntiles:  # prefetch: the next tile's q^T loads while this tile runs (not behind its store)
+            load_q(q0 + PMAX)
+        o_acc = w["o_acc"][ti % 2]
+        nm_old, nm_new = w["nm"][2 * (ti % 2)], w["nm"][2 * (ti % 2) + 1]
+        plan, n_grp = pair_plan(chunks, KC, max(slots // 2, 1), n_grp, dma_chunks if two_byte else (0, 1))
         pending: list[tuple[int, int, int, int, int]] = []  # (ci, c0, kc, slot, col) of the open DMA group
         done: list[tuple[int, int, int, int, int]] = []  # the unit completed by the previous chunk
-        queue = PvQueue(pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc)
-        unit = 0  # P^T units (a TensorE chunk or a DMA group) started in this tile
+        queue = PvQueue(w["pv_ps"], o_acc, w["pT_sb"], w["pT_pe"], v_sb, alpha, qr, dv, nbc, deferred)
         for ci, (c0, kc) in enumerate(chunks):
             dma, slot, flush = plan[ci]
+            queues = [queue] if tail is None else [queue, tail.queue]
             aset = unit % ALPHA_SETS
-            col = aset * gmax + slot
+            col = aset * slots + slot
             nsub = (kc + BANK - 1) // BANK
-            wd = min(kc, BANK)
-            for j in range(nsub):
-                nisa.nc_matmul(
-                    s_ps[:qr, j, :wd],
-                    stationary=qT[:D, :qr],
-                    moving=kT_sb[:D, c0 + j * BANK : c0 + j * BANK + wd],
-                    accumulate=False,
-                )
-            _copy_scores(w["s_bf"], s_ps[:qr, :nsub, :wd], qr, kc, nsub, wd)
-            s_view = w["s_bf"][:qr, :kc].reshape_dim(1, (nsub, wd))
-            # software pipeline: the previous unit's P^T goes here (it reads P before this chunk's exp
-            # overwrites it), PVs after this chunk's exp (a DMA group's DMA_PV_DELAY chunks later), so the
-            # in-order engines work on several chunks at once
-            if done:
-                _transpose_unit(done, queue, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc)
+            wd = kc // nsub
+            s = s_ps[g % 2]  # this chunk's scores, computed one chunk ahead
+            s_view = s[:qr, :nsub, :wd]
+            # software pipeline (TensorE: QK(c), P^T(c-1), PV(c-3)): a DMA group's P^T goes here, before this
+            # chunk's exp may rewrite its P slots; a TensorE chunk's P^T after this chunk's exp, so VectorE
+            # reduces this chunk's max before it evicts the previous chunk's P^T (no loop-carried wait)
+            if tail is not None and tail.done and tail.done[0][3] >= 0:
+                finish(tail, [queue], None)
+                tail = None
+                queues = [queue]
+            if done and done[0][3] >= 0:
+                _transpose_unit(done, queues, ci, (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)
                 done = []
-            queue.flush_until(lambda st, u, a=aset: st == a)  # this chunk's alpha column is free
-            _row_max(bmax, w["s_bf"], w["mx_a"], w["mx_b"], qr, kc)
-            p_dst = p_sb[:qr, slot * KC : slot * KC + kc] if dma else w["p_pe"][:qr, :kc]
+            for qu in queues:
+                qu.flush_alpha(aset)  # this chunk's alpha column is free
+            # row max: ONE VectorE reduce straight from PSUM (fp32, exact)
+            nisa.tensor_reduce(bmax[:qr], nl.maximum, s_view, axis=(1, 2))
+            if dma:
+                p_dst = p_sb[:qr, slot * KC : slot * KC + kc]
+            else:
+                p_dst = p_pe[npe % len(p_pe)][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
             a_col = alpha[:qr, col : col + 1]
             if ci == 0:
@@ -359,17 +258,22 @@ def _flash_rows(
                 )
                 # alpha = exp(nm_new - nm_old) = exp(scale*(m_old - m_new))
                 nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
-            if l_in_v:
-                nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
-            else:
-                rsum = w["l_sum"][:qr] if ci == 0 else w["rs"][:qr]
-                nisa.activation_reduce(
-                    p_view, nl.exp, s_view, reduce_op=nl.add, reduce_res=rsum, bias=nm_new[:qr], scale=scale
-                )
-                if ci > 0:
-                    nisa.scalar_tensor_tensor(
-                        w["l_sum"][:qr], w["l_sum"][:qr], nl.multiply, a_col, nl.add, w["rs"][:qr]
-                    )
+            queue.issue_deferred()  # VectorE: the previous unit's o update after this chunk's max
+            # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
+            nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
+            if tail is not None and finish(tail, [queue], ci):
+                tail = None
+            if done:
+                _transpose_unit(done, [queue] if tail is None else [queue, tail.queue], ci,
+                                (unit - 1) % ALPHA_SETS, w, qr, nbc, nv_of)  # fmt: skip
+                done = []
+            # QK^T one chunk ahead (TensorE: P^T(c-1), QK(c+1), PV(c-3)): S is double-buffered, so it waits
+            # only for the exp of chunk c-1, and the next chunk's max never waits behind this chunk's PVs
+            if ci + 1 < len(chunks):
+                qk(ti, ci + 1, g + 1)
+            elif ti + 1 < ntiles:
+                qk(ti + 1, 0, g + 1)
+            g += 1
             queue.issue_ready(ci)
             # P^T: a DMA group's P waits in p_sb (its slot) until the group's last chunk, then one
             # dma_transpose per 16 queries moves the whole group and its PV / o updates follow in
@@ -380,26 +284,15 @@ def _flash_rows(
                     done, pending = pending, []
                     unit += 1
             else:
-                done = [(ci, c0, kc, -1, col)]
+                done = [(ci, c0, kc, -1 - npe, col)]
+                npe += 1
                 unit += 1
             nm_old, nm_new = nm_new, nm_old
-        if done:
-            _transpose_unit(done, queue, len(chunks), (unit - 1) % ALPHA_SETS, w, qr, nbc)
-        queue.flush_until(lambda st, u: True)
-        # finalize: out = o / l ; lse = log(l) - nm  (nm_old holds the final negated scaled max)
-        if l_in_v:
-            l_col = o_acc[:qr, D : D + 1]
-            nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)
-            nisa.reciprocal(rl[:qr], rl[:qr])
-        else:
-            l_col = w["l_sum"][:qr]
-            nisa.reciprocal(rl[:qr], l_col)
-        nisa.tensor_scalar(o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
-        nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=o_out[:qr, :D])
-        if return_lse:
-            nisa.activation(lse_t[:qr], nl.log, l_col)
-            nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
-            nisa.dma_copy(dst=lse[b, q0 : q0 + qr, h : h + 1], src=lse_t[:qr])
+        if tail is not None:  # fewer chunks than the tail needed: drain it before this tile's
+            finish(tail, [queue], None)
+        tail = _Tail(queue, done, (unit - 1) % ALPHA_SETS, q0, qr, o_acc, nm_old, len(chunks))
+    if tail is not None:
+        finish(tail, [], None)
     return n_grp
 
 
@@ -409,7 +302,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     dt = q.dtype
     two_byte = dt != nl.float32
     f32 = nl.float32
-    KC = 2048 if two_byte else 1024
+    KC = KC_TWO_BYTE if two_byte else KC_FP32
     nkt = (Lk + PMAX - 1) // PMAX
     out = nl.ndarray(q.shape, dtype=dt, buffer=nl.shared_hbm)
     lse: Any = nl.ndarray((B, Lq, H), dtype=f32, buffer=nl.shared_hbm) if return_lse else None
@@ -417,19 +310,19 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     nprog = nl.num_programs()
 
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
-    v_sb = nl.ndarray((PMAX, nkt, D), dtype=dt, buffer=nl.sbuf)
-    chunks = _chunks(Lk, KC)
-    # P / P^T hold a whole DMA group (dma_group chunks) when any full chunk can be dealt to the DMA
-    gmax = 1
-    if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
-        isz = 2
+    # V carries a ones column D: the PV matmul then also sums P into l (written once; loads fill [0, D))
+    v_sb = nl.ndarray((PMAX, nkt, D + 1), dtype=dt, buffer=nl.sbuf)
+    nisa.memset(v_sb[:, :, D : D + 1], 1.0, engine=nisa.gpsimd_engine)
+    chunks = merge_remainder(_chunks(Lk, KC), KC)
+    # P / P^T hold a whole DMA group (dma_group 2048-key spans) when a span can be dealt to the DMA
+    gmax = 0
+    if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:
         # per-partition bytes of K^T, V and the other _flash_buffers tiles, plus a 1 KiB margin
-        fixed = isz * (nkt * PMAX + nkt * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (
-            KC + KC // 2 + KC // 4 + D + 7
+        fixed = (
+            2 * (nkt * PMAX + nkt * (D + 1)) + flash_sbuf_bytes(D, KC, 0, 2) + 4 * ALPHA_SETS * 2 * dma_group
         )
-        fixed += 4 * ALPHA_SETS * dma_group
-        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, KC * isz)
-    w = _flash_buffers(D, D, KC, gmax, dt, False)
+        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, 2 * KC * 2)
+    w = _flash_buffers(D, D + 1, KC, gmax, dt)
 
     pair = 0
     n_grp = 0  # P^T groups seen by this program: the DMA-transposed ones are dealt by this counter
@@ -441,7 +334,7 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
                 continue
             _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
             n_grp = _flash_rows(
-                w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse, False
+                w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse
             )
     if return_lse:
         return out, lse
@@ -591,8 +484,12 @@ def attention_segments_emulated(
 _ = np
 
 __all__ = [
+    "DMA_GROUP_CHUNKS",
+    "DMA_TRANSPOSE_CHUNKS",
     "attention_emulated",
     "attention_kernel",
     "attention_segments_emulated",
     "attention_segments_kernel",
+    "fit_group",
+    "p_transpose_plan",
 ]

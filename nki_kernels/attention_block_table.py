@@ -40,10 +40,10 @@ the last one overlapping; a tail under 16 rows on TensorE) into ``K^T`` (fp32: T
 skip in the emulator (the skip must be exact), hence the staging.
 
 The flash inner loop is the one of :mod:`nki_kernels.attention` (the same code,
-:func:`nki_kernels.attention._flash_rows`: chunking, row max, exp with the negated running max as bias, P^T by
-SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS` of groups of :data:`DMA_GROUP_CHUNKS` full
-chunks (1/3 of groups of 7 here), else TensorE), run with ``l_in_v``: l comes from the PV matmul's column D
-instead of the exp's row sum (which would count the duplicates) and is clamped at
+:func:`nki_kernels.attention._flash_rows`: 1024-key chunks, row max straight from PSUM, exp with the negated
+running max as bias, P^T on TensorE, or by SBUF->SBUF DMA transpose for a share :data:`DMA_TRANSPOSE_CHUNKS`
+(none by default) of groups of :data:`DMA_GROUP_CHUNKS` 2048-key spans): l comes from the PV matmul's column
+D (V's valid column; an exp row sum would count the duplicates) and is clamped at
 :data:`nki_kernels.attention.L_FLOOR` before the reciprocal.
 Layouts as :mod:`nki_kernels.attention`: q ``[B, Lq, H, D]``,
 sources ``[B, S_i, H, D]``, out ``[B, Lq, H, D]``, lse ``[B, Lq, H]`` fp32; no transpose pass before or after.
@@ -59,29 +59,27 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.attention import (
-    ALPHA_SETS,
-    HWDGE_ROWS,
-    PMAX,
-    _chunks,
+from nki_kernels.attention import _chunks, _flash_rows, _validate
+from nki_kernels.attention_pv import ALPHA_SETS, HWDGE_ROWS, PMAX
+from nki_kernels.attention_tiles import (
+    KC_FP32,
+    KC_TWO_BYTE,
     _dma_chunks,
     _dma_group,
     _flash_buffers,
-    _flash_rows,
-    _validate,
     fit_group,
+    flash_sbuf_bytes,
+    merge_remainder,
 )
 
-DMA_TRANSPOSE_CHUNKS = (1, 3)
-"""Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive full 2048-key chunks of a query tile)
-transposed by SBUF->SBUF DMAs (16-query hardware-DGE pieces, see
-:data:`nki_kernels.attention.DMA_TRANSPOSE_CHUNKS`). Lower than attention's 2/3 because this kernel's K/V loads
-add DMA time (the trn2 cost model charges every per-source DMA of an entry, skipped ones included): at the
-merged Wan shapes 1/3 of groups of 7 balances DMA against TensorE (73.7 % vs 62.9 % with every P^T on
-TensorE; docs/kernels/attention_block_table.md). Results do not depend on it (exact copies)."""
+DMA_TRANSPOSE_CHUNKS = (0, 1)
+"""Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive 2048-key spans of a query tile)
+transposed by SBUF->SBUF DMAs: none, as :data:`nki_kernels.attention_tiles.DMA_TRANSPOSE_CHUNKS` (the DMA
+transpose price is unmeasured; every P^T is a TensorE transpose by default). The option stays; results do
+not depend on it (exact copies)."""
 
 DMA_GROUP_CHUNKS = 7
-"""Full chunks per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
+"""2048-key spans per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
 because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760); lowered
 further to what fits for longer key sequences."""
 
@@ -276,7 +274,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
     dt = q.dtype
     two_byte = dt != nl.float32
     f32 = nl.float32
-    KC = 2048 if two_byte else 1024
+    KC = KC_TWO_BYTE if two_byte else KC_FP32
     nkt = (Lk + PMAX - 1) // PMAX
     ntile_blk = (T + PMAX - 1) // PMAX
     Dv = D + 1  # V's extra column: 1 for keys of valid entries (the PV matmul then also yields l)
@@ -297,18 +295,16 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         if not two_byte or 0 < T % PMAX < HWDGE_ROWS
         else None
     )
-    chunks = _chunks(Lk, KC)
-    # P / P^T hold a whole DMA group (see nki_kernels.attention.DMA_GROUP_CHUNKS), lowered to what fits
-    gmax = 1
-    if two_byte and dma_chunks[0] and any(n == KC for _, n in chunks):
-        # per-partition bytes of every other SBUF tile (K^T, V, K staging, q^T, scores, max tree, small), +4 KiB
-        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D + 2 * PMAX + 2 * KC + D + 1) + 4 * (
-            KC + KC // 2 + KC // 4
-        )
-        fixed += 4 * (Dv + 6 + ALPHA_SETS * dma_group) + 4 * 16 * NB * (G + 1)
+    chunks = merge_remainder(_chunks(Lk, KC), KC)
+    # P / P^T hold a whole DMA group (see nki_kernels.attention_tiles.DMA_GROUP_CHUNKS), lowered to what fits
+    gmax = 0
+    if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:
+        # per-partition bytes of every other SBUF tile (K^T, V, K staging, flash tiles, offsets), +4 KiB
+        fixed = 2 * (nkt * PMAX + nkt * Dv + ntile_blk * D) + flash_sbuf_bytes(D, KC, 0, 2)
+        fixed += 4 * ALPHA_SETS * 2 * dma_group + 4 * 16 * NB * (G + 1)
         fixed += nkt * G  # V's valid column of each group (vcol, uint8)
-        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, KC * 2)
-    w = _flash_buffers(D, Dv, KC, gmax, dt, True)
+        gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, 2 * KC * 2)
+    w = _flash_buffers(D, Dv, KC, gmax, dt)
 
     pair = 0
     n_grp = 0
@@ -324,7 +320,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
                 _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
                 n_grp = _flash_rows(
                     w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale,
-                    return_lse, True,
+                    return_lse,
                 )  # fmt: skip
                 lo += nq
     if return_lse:

@@ -116,9 +116,39 @@ def _scaled_us(prof: KernelProfile, ns: float, scale: float) -> float:
 def _v2(tr: Any, lnc: int, scale: float = 1.0) -> tuple[KernelProfile, dict[str, Any]]:
     """Nominal profile plus the v2 extras: latency at both ends of every unmeasured parameter, model,
     bounds, critical path (work x ``scale``, fixed time once; see :func:`_scaled_us`)."""
+    p, lo, hi = _v2_profiles(tr, lnc)
+    return p, _v2_extras(p, lo, hi, scale)
+
+
+def _v2_profiles(tr: Any, lnc: int) -> tuple[KernelProfile, KernelProfile, KernelProfile]:
+    """Nominal, low-end and high-end profiles of one trace."""
     p = profile(tr, cores=lnc)
     lo, hi = profile_range(tr, cores=lnc)
-    return p, {
+    return p, lo, hi
+
+
+def tensore_figures(
+    profs: dict[str, KernelProfile], scale: float, useful_flops: float, lnc: int
+) -> dict[str, float]:
+    """Both TensorE figures per parameter end (``nominal`` / ``low`` / ``high``), as percentages.
+
+    ``tensore_busy_pct_<end>``: TensorE active time (matmuls and transposes) / makespan, the work part x
+    ``scale`` and the fixed per-kernel time once (as the latency). ``useful_flop_pct_<end>``:
+    ``useful_flops`` (attention: ``4 * Lq * Lk * H * D`` per layer) / (latency x bf16 peak x ``lnc`` cores).
+    """
+    out: dict[str, float] = {}
+    for end, pr in profs.items():
+        lat_ns = (pr.latency_ns - pr.fixed_ns) * scale + pr.fixed_ns
+        busy_ns = pr.engine_busy_ns.get("tensor", 0.0) * scale
+        out[f"tensore_busy_pct_{end}"] = round(100 * busy_ns / lat_ns, 1)
+        out[f"useful_flop_pct_{end}"] = round(
+            100 * useful_flops / (lat_ns * 1e-9 * pr.peak_flops_per_core * lnc), 1
+        )
+    return out
+
+
+def _v2_extras(p: KernelProfile, lo: KernelProfile, hi: KernelProfile, scale: float) -> dict[str, Any]:
+    return {
         "latency_us_low": _scaled_us(lo, lo.latency_ns, scale),
         "latency_us_high": _scaled_us(hi, hi.latency_ns, scale),
         "model": p.model,
@@ -153,11 +183,21 @@ def _prof(
 
 
 def _attention_fn(
-    kernel: Any, args: tuple, lnc: int, heads_total: int, hbm_min: int, extra: dict, heads_per_core: int = 1
+    kernel: Any,
+    args: tuple,
+    lnc: int,
+    heads_total: int,
+    hbm_min: int,
+    extra: dict,
+    useful_flops: float,
+    heads_per_core: int = 1,
 ) -> Callable:
     def fn() -> dict[str, Any]:
         tr = _trace(kernel, args, lnc)
-        p, v2 = _v2(tr, lnc, scale=heads_total / lnc / heads_per_core)  # low/high per layer, like latency
+        scale = heads_total / lnc / heads_per_core
+        p, lo, hi = _v2_profiles(tr, lnc)
+        v2 = _v2_extras(p, lo, hi, scale)  # low/high per layer, like latency
+        v2.update(tensore_figures({"nominal": p, "low": lo, "high": hi}, scale, useful_flops, lnc))
         # heads_per_core traced heads on each core; the fixed per-kernel time is paid once per launch
         per_head_us = (p.latency_ns - p.fixed_ns) / 1e3 / heads_per_core
         figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
@@ -168,6 +208,7 @@ def _attention_fn(
                 "per_head_us": round(per_head_us, 1),
                 "per_layer_us": round(per_head_us * heads_total / lnc + p.fixed_ns / 1e3, 1),
                 "latency_is": f"per layer = per_head x {heads_total} heads / {lnc} cores + fixed per kernel",
+                "useful_flops_per_layer": useful_flops,
                 "engine_busy_us_per_head": {k: round(v / 1e3, 1) for k, v in p.engine_busy_ns.items()},
                 "transpose_passes_over_hbm": sum(
                     n for r, n in tr.entries() if r.engine == "dma" and r.direction == "hbm->hbm"
@@ -248,18 +289,25 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
     acfg = {"B": 1, "Lq": lq, "Lk": lk, "H": h, "D": d, "dtype": "bf16", "traced_heads": th}
     amin = th * (lq * 2 + 2 * lk) * d * BF16
     att_args = (_spec(1, lq, th, d), _spec(1, lk, th, d), _spec(1, lk, th, d), 1.0 / d**0.5, False)
-    tgt = {"target": "TensorE util >= 70%, zero transpose passes over HBM"}
-    out.append(
-        ("attention", "flash_fused_lnc2", acfg, _attention_fn(attention_kernel, att_args, 2, h, amin, tgt))
-    )
-    # the same kernel with every P^T on TensorE (the design before the DMA share): the comparison point
-    pe_args = (*att_args, (0, 1))
+    tgt = {"target": "TensorE util >= 70% at the pessimistic end, zero transpose passes over HBM"}
+    useful = 4.0 * lq * lk * h * d
     out.append(
         (
             "attention",
-            "pe_transposes_only_lnc2",
-            {**acfg, "dma_transpose_chunks": [0, 1]},
-            _attention_fn(attention_kernel, pe_args, 2, h, amin, tgt),
+            "flash_fused_lnc2",
+            acfg,
+            _attention_fn(attention_kernel, att_args, 2, h, amin, tgt, useful),
+        )
+    )
+    # the same kernel with 3/5 of the P^T groups on the SBUF->SBUF DMA (the previous default): its price is
+    # unmeasured, so the comparison shows what the design would gain or lose at either end of it
+    dma_args = (*att_args, (3, 5))
+    out.append(
+        (
+            "attention",
+            "dma_transpose_3of5_lnc2",
+            {**acfg, "dma_transpose_chunks": [3, 5]},
+            _attention_fn(attention_kernel, dma_args, 2, h, amin, tgt, useful),
         )
     )
     # per-core shape of the TP4 x SP2 plan (perf/e2e/): H/4 heads x ceil(Lq/2) queries over all keys, 1 core
@@ -277,6 +325,7 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
                 hc,
                 hc * (lqc * 2 + 2 * lk) * d * BF16,
                 {**tgt, "per_layer_is": "one core's share of a layer (the 8 cores run in parallel)"},
+                4.0 * lqc * lk * hc * d,
                 heads_per_core=hc,
             ),
         )
@@ -296,7 +345,7 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
             "attention_segments",
             "in_place_segments_lnc2",
             {**acfg, "S": cache, "segments": [list(x) for x in segs]},
-            _attention_fn(attention_segments_kernel, seg_args, 2, h, amin, tgt),
+            _attention_fn(attention_segments_kernel, seg_args, 2, h, amin, tgt, useful),
         )
     )
     out.extend(block_table_cases(s))
@@ -327,12 +376,13 @@ def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callabl
            "D": d, "dtype": "bf16", "traced_heads": th}  # fmt: skip
     hbm_min = th * (2 * lq + 2 * 2 * nb * blk) * d * BF16  # q, out, each group's k and v read once
     extra = {"target": "TensorE util >= 70% (as attention); one kernel for every table"}
-    fn = _attention_fn(attention_block_table_kernel, args, 2, h, hbm_min, extra)
+    useful = 4.0 * sum(groups) * nb * blk * h * d  # every query over its group's nb blocks of keys
+    fn = _attention_fn(attention_block_table_kernel, args, 2, h, hbm_min, extra, useful)
     # bound: one source holding every block = traffic when skipped DMAs cost nothing (default P^T share)
     one = (_spec(1, s.cache, th, d),)
     args1 = (args[0], one, one, *args[3:])
     cfg1 = {**cfg, "sources_S": [s.cache], "note": "skip-free bound"}
-    fn1 = _attention_fn(attention_block_table_kernel, args1, 2, h, hbm_min, extra)
+    fn1 = _attention_fn(attention_block_table_kernel, args1, 2, h, hbm_min, extra, useful)
     return [
         ("attention_block_table", "merged_update_plus_window_lnc2", cfg, fn),
         ("attention_block_table", "one_source_skip_free_bound_lnc2", cfg1, fn1),
@@ -345,6 +395,11 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     ap.add_argument("--quick", action="store_true", help="small shapes (seconds) instead of Wan shapes")
     ap.add_argument("--no-save", action="store_true", help="print only, do not append to perf/results")
     ap.add_argument("--bound-only", action="store_true", help="no event log: the v2 bound model (faster)")
+    ap.add_argument(
+        "--ops",
+        default="",
+        help="comma-separated op names to run (e.g. attention,attention_segments); default: every op",
+    )
     add_measure_args(ap)
     a = ap.parse_args(argv)
     check_measure_args(ap, a)
@@ -352,18 +407,22 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     USE_EVENTS = not a.bound_only
     shapes = QUICK if a.quick else WAN
     name = "bench_kernels_quick" if a.quick else "bench_kernels"
+    todo = cases(shapes)
+    if a.ops:
+        want = {o.strip() for o in a.ops.split(",") if o.strip()}
+        known = {op for op, _, _, _ in todo}
+        if not want <= known:
+            ap.error(f"--ops: unknown op(s) {sorted(want - known)}; known: {sorted(known)}")
+        todo = [c for c in todo if c[0] in want]
     if a.measure:
         try:
-            rows = run_measure(cases(shapes), workdir=a.workdir)
+            rows = run_measure(todo, workdir=a.workdir)
         except NeuronUnavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         name += "_measured"
     else:
-        rows = [
-            run_case(fn, op=op, variant=var, config=cfg, kind="modelled")
-            for op, var, cfg, fn in cases(shapes)
-        ]
+        rows = [run_case(fn, op=op, variant=var, config=cfg, kind="modelled") for op, var, cfg, fn in todo]
     if not a.no_save:
         append_rows(rows, name)
     print_table(rows)
@@ -380,6 +439,11 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
             "min_descriptor_bytes",
             "target",
             "kernel_us",
+            *(
+                f"{f}_{e}"
+                for f in ("tensore_busy_pct", "useful_flop_pct")
+                for e in ("nominal", "low", "high")
+            ),
         )
         print(f"{r.kind} {r.op}/{r.variant}: " + ", ".join(f"{k}={ex[k]}" for k in keys if k in ex))
     return rows
