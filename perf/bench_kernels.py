@@ -352,6 +352,61 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
     return out
 
 
+def _dense_fn(kernel: Any, args: tuple, hbm_min: int, useful: float, extra: dict[str, Any]) -> Callable:
+    """A dense-layer row (linear / conv): latency at both ends, TensorE busy and useful-FLOP % per end."""
+
+    def fn() -> dict[str, Any]:
+        tr = _trace(kernel, args, 1)
+        p, lo, hi = _v2_profiles(tr, 1)
+        figs = figures_from_profile(p, hbm_bytes_min=hbm_min)
+        figs["extra"].update(_v2_extras(p, lo, hi, 1.0))
+        figs["extra"].update(tensore_figures({"nominal": p, "low": lo, "high": hi}, 1.0, useful, 1))
+        figs["extra"].update({"engine_busy_us": {k: round(v / 1e3, 2) for k, v in p.engine_busy_ns.items()}})
+        figs["extra"].update(extra)
+        return figs
+
+    return attach_call(fn, KernelCall(kernel, args, 1))
+
+
+def dense_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
+    """Linear layers (``nki_kernels.linear``) at one core's token share of Wan's merged forward (3,510 of
+    28,080 tokens on 8 cores; 256 with ``quick``) and the VAE decoder's main convolutions
+    (``nki_kernels.conv3d``) on one core's rows of 480x832 (``ceil(H / 8)``), bf16 with bias."""
+    from nki_kernels.conv3d import conv3d_causal_kernel
+    from nki_kernels.linear import linear_kernel
+
+    m = 256 if quick else 3510
+    lin = [("ffn_up", 1536, 8960), ("ffn_down", 8960, 1536), ("qkv_proj", 1536, 4608), ("o_proj", 1536, 1536)]
+    conv = [
+        ("384x384_k333_60x104", 384, 384, 1, 60, 104, (3, 3, 3)),
+        ("192x192_k333_240x416", 192, 192, 4, 240, 416, (3, 3, 3)),
+        ("96x96_k333_480x832", 96, 96, 4, 480, 832, (3, 3, 3)),
+        ("384x192_k133_240x416", 384, 192, 4, 240, 416, (1, 3, 3)),
+    ]
+    if quick:
+        lin, conv = lin[:1], [("32x32_k333_16x24", 32, 32, 1, 16, 24, (3, 3, 3))]
+    out: list[tuple[str, str, dict[str, Any], Callable[[], Any]]] = []
+    for name, k, n in lin:
+        args = (_spec(m, k), _spec(k, n), _spec(n, dtype="float32"))
+        cfg = {"M": m, "K": k, "N": n, "dtype": "bf16", "bias": True}
+        extra = {"target": "useful-FLOP % >= 85 (full tiles)", "per_core": f"{m} tokens"}
+        hbm = (m * k + k * n + m * n) * BF16 + 4 * n
+        out.append(("linear", name, cfg, _dense_fn(linear_kernel, args, hbm, 2.0 * m * k * n, extra)))
+    for name, ci, co, t, h, w, ks in conv:
+        hc = -(-h // 8) if not quick else h
+        taps = ks[0] * ks[1] * ks[2]
+        args = (_spec(ci, t + ks[0] - 1, hc, w), _spec(taps, ci, co), _spec(co, dtype="float32"), ks)
+        cfg = {"C_in": ci, "C_out": co, "T": t, "H": hc, "W": w, "ksize": list(ks), "dtype": "bf16"}
+        extra = {
+            "target": "useful-FLOP % >= min(C_in, C_out)^2 / 128^2 share",
+            "per_core": f"{hc} of {h} rows",
+        }
+        hbm = (ci * (t + ks[0] - 1) + co * t) * hc * w * BF16 + taps * ci * co * BF16
+        useful = 2.0 * t * hc * w * ci * taps * co
+        out.append(("conv3d_causal", name, cfg, _dense_fn(conv3d_causal_kernel, args, hbm, useful, extra)))
+    return out
+
+
 def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
     """Merged-forward attention (``attention_block_table``): one launch, 2 query groups.
 
@@ -407,7 +462,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     USE_EVENTS = not a.bound_only
     shapes = QUICK if a.quick else WAN
     name = "bench_kernels_quick" if a.quick else "bench_kernels"
-    todo = cases(shapes)
+    todo = cases(shapes) + dense_cases(a.quick)
     if a.ops:
         want = {o.strip() for o in a.ops.split(",") if o.strip()}
         known = {op for op, _, _, _ in todo}
