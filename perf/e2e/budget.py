@@ -36,6 +36,7 @@ LAYER_ORDER = (
     "rope3d",
     "kv_cache_write",
     "sharding_comm",
+    "attn_merged",
     "attn_update",
     "attn_denoise",
     "o_proj",

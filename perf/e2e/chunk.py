@@ -137,7 +137,8 @@ def steady_forwards(m: ModelConfig, p: PipelineConfig, variant: str) -> list[For
     win = p.window_frames * m.tokens_per_frame
     keys = p.key_budget_tokens(m)
     if variant == "merged":
-        return [Forward("merged", merged_tokens(m, p), (("update", blk, keys), ("denoise", win, keys)))]
+        groups = (("update", blk, keys), ("denoise", win, keys))
+        return [Forward("merged", merged_tokens(m, p), groups, block_tokens=blk)]
     if variant == "two_pass":
         return [
             Forward("denoise", win, (("denoise", win, keys),)),

@@ -129,11 +129,16 @@ def _elementwise(
 
 @dataclass(frozen=True)
 class Forward:
-    """Shapes of one forward: ``tokens`` (chip-wide), attention calls ``(name, Lq, Lk)`` (chip-wide)."""
+    """Shapes of one forward: ``tokens`` (chip-wide), attention calls ``(name, Lq, Lk)`` (chip-wide).
+
+    ``block_tokens`` > 0: the forward runs its attention groups as ONE block-table kernel call over key
+    blocks of that many tokens (the merged forward's ``attention_block_table``); 0: one attention call per
+    group."""
 
     name: str
     tokens: int
     attention: tuple[tuple[str, int, int], ...]
+    block_tokens: int = 0
 
 
 def forward_components(
@@ -231,25 +236,47 @@ def forward_components(
                 )
             )
 
-    for name, lq, lk in fwd.attention:
-        lql = math.ceil(lq / sp)
-        c = kernels.attention(lql, lk, hl, hd)
-        t = contended_s(c, point)
+    groups_fn = getattr(kernels, "attention_groups", None)
+    if fwd.block_tokens and groups_fn is not None and len(fwd.attention) > 1:
+        lqs = tuple(math.ceil(lq / sp) for _, lq, _ in fwd.attention)
+        nb = max(math.ceil(lk / fwd.block_tokens) for _, _, lk in fwd.attention)
+        c = groups_fn(lqs, nb, fwd.block_tokens, hl, hd)
         out.append(
             Component(
-                f"attn_{name}",
+                "attn_merged",
                 "attention",
-                t,
+                contended_s(c, point),
                 L,
-                4 * lq * lk * d,
+                sum(4 * lq * lk * d for _, lq, lk in fwd.attention),
                 1,
                 True,
                 c.source,
-                hbm_bytes=2 * (2 * lql + 2 * lk) * hl * hd,
+                hbm_bytes=2 * (2 * sum(lqs) + 2 * len(lqs) * nb * fwd.block_tokens) * hl * hd,
                 bound=busiest(c.engine_busy_s, "tensor"),
             )
         )
-        add_layout(f"attn_{name}_layout", "attention", lql, lk, hl, True)
+        for name, lq, lk in fwd.attention:
+            add_layout(f"attn_{name}_layout", "attention", math.ceil(lq / sp), lk, hl, True)
+    else:
+        for name, lq, lk in fwd.attention:
+            lql = math.ceil(lq / sp)
+            c = kernels.attention(lql, lk, hl, hd)
+            t = contended_s(c, point)
+            out.append(
+                Component(
+                    f"attn_{name}",
+                    "attention",
+                    t,
+                    L,
+                    4 * lq * lk * d,
+                    1,
+                    True,
+                    c.source,
+                    hbm_bytes=2 * (2 * lql + 2 * lk) * hl * hd,
+                    bound=busiest(c.engine_busy_s, "tensor"),
+                )
+            )
+            add_layout(f"attn_{name}_layout", "attention", lql, lk, hl, True)
     cq, ch = (ns, hl) if tpl else (n, m.num_heads)
     c = getattr(kernels, "cross_attention", kernels.attention)(cq, m.text_len, ch, hd)
     out.append(

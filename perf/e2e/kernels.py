@@ -222,6 +222,47 @@ class TracedKernels:
             lambda: self._fallback.attention(lq, lk, heads, head_dim),
         )
 
+    def attention_groups(
+        self, lqs: tuple[int, ...], blocks: int, block_tokens: int, heads: int, head_dim: int
+    ) -> KernelCost:
+        """One call of ``nki_kernels.attention_block_table.attention_block_table_kernel``: query groups of
+        ``lqs`` tokens, each over ``blocks`` key blocks of ``block_tokens`` (the merged forward's attention).
+        Traced with ONE key source holding every block (what moves on hardware: the kernel's other sources'
+        loads are skipped out of bounds, which the trace would charge); heads as :meth:`attention`."""
+
+        def compute() -> KernelCost:
+            import ml_dtypes
+            import numpy as np
+
+            from nki_kernels.attention_block_table import attention_block_table_kernel
+
+            lq = sum(lqs)
+            flops = 4 * lq * blocks * block_tokens * heads * head_dim
+            h = heads
+            if heads > self.max_heads:
+                h = max(x for x in range(1, self.max_heads + 1) if heads % x == 0)
+            bf = ml_dtypes.bfloat16
+            q = self._spec((1, lq, h, head_dim), bf)
+            src = [self._spec((1, blocks * block_tokens, h, head_dim), bf)]
+            table = self._spec((len(lqs), blocks, 2), np.int32)
+            scale = 1.0 / math.sqrt(head_dim)
+            prof = self._trace(
+                attention_block_table_kernel, q, src, src, table, lqs, block_tokens, scale, False
+            )
+            what = "traced block table" if h == heads else f"traced block table at {h} heads x {heads // h}"
+            return _profile_cost(*prof, flops, what, heads // h)
+
+        def fallback() -> KernelCost:
+            parts = [self._fallback.attention(n, blocks * block_tokens, heads, head_dim) for n in lqs]
+            return replace(
+                parts[0],
+                time_s=sum(c.time_s for c in parts),
+                flops=sum(c.flops for c in parts),
+                time_high_s=None,
+            )
+
+        return self._cached(("attn_groups", lqs, blocks, block_tokens, heads, head_dim), compute, fallback)
+
     def rope(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
         def compute() -> KernelCost:
             import ml_dtypes
