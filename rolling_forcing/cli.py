@@ -16,6 +16,7 @@ before any model is built (:mod:`rolling_forcing.cli_checks`), the run itself
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,7 +25,7 @@ import typer
 
 from rolling_forcing.cli_bench import bench_app
 from rolling_forcing.cli_checks import MAX_SECONDS
-from rolling_forcing.cli_errors import fail, reported_errors
+from rolling_forcing.cli_errors import click_exceptions, fail, reported_errors, usage_error_line
 from rolling_forcing.cli_options import (
     Backend,
     DType,
@@ -77,6 +78,7 @@ def _main_options(
 
 
 def generate(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="output .mp4 path")] = Path("demo.mp4"),
     preset: Annotated[Preset, typer.Option(help="model preset")] = Preset.tiny,
     seconds: Annotated[
@@ -165,7 +167,7 @@ def generate(
         cores=cores, merged=merged, compile=compile, method=method.value, lora=lora,
         prompt_schedule=prompt_schedule, switch_frames=switch_frames, noise=noise.value,
     )  # fmt: skip
-    with reported_errors("generate"):
+    with reported_errors("generate", ctx):
         run_generate(opts, echo=typer.echo)
 
 
@@ -203,8 +205,25 @@ for _name, _group in GROUPS.items():
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point ``rolling-forcing``."""
-    app(args=list(argv) if argv is not None else None, prog_name="rolling-forcing")
+    """Console entry point ``rolling-forcing``: exits 0, or 2 with one ``error:`` line for a usage error.
+
+    Click's own usage errors (unknown option, a value not in a choice list, a non-number) are printed as
+    one ``error: <option>: <rule>`` line too, instead of click's three-line usage block.
+    """
+    exc_mod = click_exceptions()
+    args = list(argv) if argv is not None else sys.argv[1:]
+    try:
+        rv = app(args=args, prog_name="rolling-forcing", standalone_mode=False)
+    except exc_mod.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx is not None else str(exc))
+        raise SystemExit(0) from None
+    except exc_mod.UsageError as exc:
+        sys.stderr.write(usage_error_line(exc) + "\n")
+        raise SystemExit(exc.exit_code) from None
+    except exc_mod.Abort:
+        sys.stderr.write("aborted\n")
+        raise SystemExit(130) from None
+    raise SystemExit(rv if isinstance(rv, int) else 0)
 
 
 __all__ = ["COMMANDS", "GROUPS", "GenerateOptions", "app", "command_line", "main", "run_generate"]

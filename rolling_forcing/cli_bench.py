@@ -40,14 +40,14 @@ def run_module_main(module: str, args: Sequence[str]) -> None:
 @bench_app.command("kernels", context_settings=_PASS_THROUGH)
 def bench_kernels(ctx: typer.Context) -> None:
     """Kernel benchmarks (perf.bench_kernels); extra arguments are passed through."""
-    with reported_errors("bench"):
+    with reported_errors("bench", ctx):
         run_module_main("perf.bench_kernels", ctx.args)
 
 
 @bench_app.command("e2e", context_settings=_PASS_THROUGH)
 def bench_e2e(ctx: typer.Context) -> None:
     """End-to-end model (perf.e2e); extra arguments are passed through."""
-    with reported_errors("bench"):
+    with reported_errors("bench", ctx):
         run_module_main("perf.e2e", ctx.args)
 
 

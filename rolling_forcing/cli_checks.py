@@ -55,10 +55,10 @@ def partial_path(out: Path) -> Path:
 
 def _check_output(path: Path, flag: str, suffix: str) -> None:
     """``path`` is a file name with ``suffix`` whose directory accepts a new file (probed, not assumed)."""
-    if path.suffix.lower() != suffix:
-        raise CliError(flag, f"must end with {suffix}, got {str(path)!r}")
     if path.is_dir():
         raise CliError(flag, f"{str(path)!r} is a directory; give a file name ending with {suffix}")
+    if path.suffix.lower() != suffix:
+        raise CliError(flag, f"must end with {suffix}, got {str(path)!r}")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:  # the writer creates missing directories
         parent = parent.parent

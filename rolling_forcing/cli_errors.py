@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
-import click
 import typer
 
 from rolling_forcing.cli_checks import CliError
@@ -24,12 +24,31 @@ DEBUG_ENV = "NKI_ARDIFF_DEBUG"
 _USAGE = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
 
 
-def debug_enabled() -> bool:
-    """``--debug`` on the command line or ``NKI_ARDIFF_DEBUG`` set to 1/true/yes."""
+def debug_enabled(ctx: typer.Context | None = None) -> bool:
+    """``--debug`` (a root parameter of ``ctx``) or ``NKI_ARDIFF_DEBUG`` = 1/true/yes."""
     if os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes"):
         return True
-    ctx = click.get_current_context(silent=True)
     return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+def click_exceptions() -> Any:
+    """The click exceptions module typer raises (typer >= 0.2x vendors click as ``typer._click``)."""
+    try:
+        from typer._click import exceptions
+    except ImportError:  # older typer: the click package
+        from click import exceptions  # type: ignore[no-redef]
+    return exceptions
+
+
+def usage_error_line(exc: Any) -> str:
+    """One ``error: <argument>: <rule>`` line for a click usage error (bad value, unknown option ...)."""
+    param = getattr(exc, "param", None)
+    opts = getattr(param, "opts", None)
+    arg = opts[0] if opts else (getattr(exc, "option_name", None) or "usage")
+    msg = one_line(exc.format_message() if param is None else exc.message)
+    msg = msg.removeprefix("Value error, ")
+    cmd = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "rolling-forcing"
+    return f"error: {arg}: {msg} (see {cmd} -h)"
 
 
 def one_line(message: str) -> str:
@@ -44,7 +63,7 @@ def fail(argument: str, rule: str, code: int = 2) -> typer.Exit:
 
 
 @contextlib.contextmanager
-def reported_errors(command: str = "generate") -> Iterator[None]:
+def reported_errors(command: str = "generate", ctx: typer.Context | None = None) -> Iterator[None]:
     """Turn anticipated failures inside the block into one stderr line and an exit code (see module)."""
     from rolling_forcing.cli_run import Interrupted
 
@@ -54,17 +73,17 @@ def reported_errors(command: str = "generate") -> Iterator[None]:
         typer.secho(one_line(str(exc)), err=True, fg=typer.colors.YELLOW)
         raise typer.Exit(code=exc.exit_code) from None
     except CliError as exc:
-        if debug_enabled():
+        if debug_enabled(ctx):
             raise
         raise fail(exc.argument, exc.rule, exc.exit_code) from None
     except _USAGE as exc:
-        if debug_enabled():
+        if debug_enabled(ctx):
             raise
         raise fail(command, str(exc)) from None
     except RuntimeError as exc:
         from sharding.launch import LaunchError
 
-        if debug_enabled() or not isinstance(exc, LaunchError):
+        if debug_enabled(ctx) or not isinstance(exc, LaunchError):
             raise
         first = one_line(str(exc).split("\n", 1)[0])
         raise fail(
@@ -72,4 +91,12 @@ def reported_errors(command: str = "generate") -> Iterator[None]:
         ) from None
 
 
-__all__ = ["DEBUG_ENV", "debug_enabled", "fail", "one_line", "reported_errors"]
+__all__ = [
+    "DEBUG_ENV",
+    "click_exceptions",
+    "debug_enabled",
+    "fail",
+    "one_line",
+    "reported_errors",
+    "usage_error_line",
+]
