@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except exc_mod.UsageError as exc:
         sys.stderr.write(usage_error_line(exc) + "\n")
         raise SystemExit(exc.exit_code) from None
-    except exc_mod.Abort:
+    except typer.Abort:
         sys.stderr.write("aborted\n")
         raise SystemExit(130) from None
     raise SystemExit(rv if isinstance(rv, int) else 0)

@@ -201,12 +201,21 @@ def noise_upfront(opts: GenerateOptions, num_blocks: int) -> bool:
     return top is not None and num_blocks <= top
 
 
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported (found without importing it; a ``None`` entry in
+    ``sys.modules`` counts as absent, as ``import`` treats it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ValueError, ImportError):
+        return False
+
+
 def _check_extras_and_backend(opts: GenerateOptions) -> None:
     for flag, p, mod in (
         ("--vae", opts.vae, "diffusers"),
         ("--text-encoder", opts.text_encoder, "transformers"),
     ):
-        if p is not None and importlib.util.find_spec(mod) is None:
+        if p is not None and not _importable(mod):
             raise CliError(flag, f"needs the hf extra ({mod} is not installed): {HF_EXTRA}")
     if opts.backend == "neuron":
         from nki_kernels import ops

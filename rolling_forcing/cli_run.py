@@ -44,19 +44,29 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
+class _Received:
+    """The first SIGINT/SIGTERM seen (a library may wrap the :class:`Interrupted` it raised, e.g. the
+    video writer's pipe turns it into ``OSError``; this record still tells the run it was stopped)."""
+
+    signum: int | None = None
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
+def _signals_raise() -> Iterator[_Received]:
     """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while the block runs."""
+    got = _Received()
     if sys.platform == "win32" or not _in_main_thread():
-        yield
+        yield got
         return
-    saved = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        if got.signum is None:
+            got.signum = signum
+        raise Interrupted(signum)
+
+    saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield got
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
@@ -298,8 +308,9 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                 write_json_atomic(opts.report_json, data)
             return {"report": report, "data": data}
 
+    got = _Received()
     try:
-        with _signals_raise():
+        with _signals_raise() as got:
             torch.manual_seed(opts.seed)
             with phase(f"building the {opts.preset} model"):
                 model = CausalWanModel(model_cfg)
@@ -384,7 +395,8 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                         video = decoder.decode(chunk.latents.float())
                         t_dec = time.perf_counter()
                         frames = to_uint8_frames(video)
-                        writer.write(frames)
+                        with _signals_deferred():  # a chunk is in the video whole or not at all
+                            writer.write(frames)
                         t_wr = time.perf_counter()
                         timer.add(
                             int(chunk.block), frames.shape[0],
@@ -404,8 +416,11 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                 raise CliError(
                     "generate", f"wrote {writer.frames_written} frames, expected {total_frames}", exit_code=1
                 )
-    except (Interrupted, KeyboardInterrupt) as exc:
-        signum = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+    except BaseException as exc:
+        if not isinstance(exc, (Interrupted, KeyboardInterrupt)) and got.signum is None:
+            finish({"interrupted": False, "signal": None, "error": f"{type(exc).__name__}: {exc}"})
+            raise
+        signum = got.signum or (exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT))
         done = finish({"interrupted": True, "signal": signal.Signals(signum).name, "error": None})
         kept = done["data"].get("partial_video")
         where = (
@@ -413,9 +428,6 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
         )
         rep = f"; report {opts.report_json}" if opts.report_json is not None else ""
         raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}: {where}{rep}") from None
-    except BaseException as exc:
-        finish({"interrupted": False, "signal": None, "error": f"{type(exc).__name__}: {exc}"})
-        raise
     done = finish({"interrupted": False, "signal": None, "error": None})
     report = done["report"]
     say(report.format_table())
