@@ -268,3 +268,78 @@ def test_generate_compiled_merged(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     meta = json.loads(rep.read_text())["meta"]
     assert meta["compile"] is True and meta["merged"] is True and meta["command"].endswith("--compile")
+
+
+def test_help_fits_80_columns_and_names_the_backend_env_var() -> None:
+    """Every help screen is at most 80 columns wide (max_content_width, whatever the terminal); the
+    backend flag shows NKI_ARDIFF_BACKEND; --preset lists every preset of rolling_forcing.config."""
+    from rolling_forcing.config import PRESETS
+
+    for args in (["-h"], ["generate", "-h"], ["plan", "-h"], ["bench", "-h"]):
+        r = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+        wide = [line for line in r.output.splitlines() if len(line) > 80]
+        assert wide == [], (args, wide)
+    text = runner.invoke(app, ["generate", "-h"], env={"COLUMNS": "200"}).output
+    assert "[env var: NKI_ARDIFF_BACKEND" in text
+    assert f"--preset <{'|'.join(['tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
+    from rolling_forcing.cli_options import Preset
+
+    assert {p.value for p in Preset} == set(PRESETS)
+
+
+def test_backend_env_var_is_the_flag_default(monkeypatch, tmp_path) -> None:
+    """NKI_ARDIFF_BACKEND sets --backend's default as it sets the library's; the flag wins over it."""
+    import rolling_forcing.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "run_generate", lambda opts, echo: seen.append(opts.backend))
+    out = ["--out", str(tmp_path / "x.mp4")]
+    monkeypatch.setenv("NKI_ARDIFF_BACKEND", "emulator")
+    assert runner.invoke(app, ["generate", *out]).exit_code == 0
+    assert runner.invoke(app, ["generate", "--backend", "reference", *out]).exit_code == 0
+    monkeypatch.delenv("NKI_ARDIFF_BACKEND")
+    assert runner.invoke(app, ["generate", *out]).exit_code == 0
+    assert seen == ["emulator", "reference", "reference"]
+
+
+def test_progress_bars_only_when_asked_or_on_a_terminal_and_quiet(tmp_path) -> None:
+    """Not a terminal (CliRunner's stderr): no bar by default; --progress forces the warm-up and stream
+    bars (tqdm, on stderr) and the build phases; --quiet prints only the result line."""
+    base = ["generate", "--blocks", "5", "--out", str(tmp_path / "p.mp4")]
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0 and "streaming" not in r.stderr and "warm-up:" not in r.stderr
+    assert "per-chunk latency" in r.stdout
+    r = runner.invoke(app, [*base, "--progress"])
+    assert r.exit_code == 0, r.output
+    assert "streaming: 100%" in r.stderr and "warm-up: 100%" in r.stderr
+    assert "building the tiny model ..." in r.stderr
+    r = runner.invoke(app, [*base, "--quiet", "--progress"])
+    assert r.exit_code == 0 and r.stderr == ""
+    assert r.stdout.strip().splitlines() == [f"video written to {tmp_path / 'p.mp4'} (57 frames)"]
+
+
+def test_make_bench_targets_leave_tracked_results_alone() -> None:
+    """`make bench|e2e|bench-pipeline|bench-long-stream` print only or write under build/ (untracked);
+    UPDATE=1 regenerates perf/results. Read from `make -n` (what make would run)."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed: the Makefile targets cannot be checked")
+    root = Path(__file__).resolve().parents[1]
+
+    def dry(*args: str) -> list[str]:
+        r = subprocess.run(["make", "-n", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return [line for line in r.stdout.splitlines() if "-m perf." in line]
+
+    assert dry("bench", "e2e", "bench-pipeline", "bench-long-stream") == [
+        "python -m perf.bench_kernels --no-save",
+        "python -m perf.e2e --out-dir build/perf",
+        "python -m perf.bench_pipeline --no-write",
+        "python -m perf.bench_long_stream --no-save",
+    ]
+    assert dry("bench", "e2e", "UPDATE=1") == ["python -m perf.bench_kernels ", "python -m perf.e2e "]
+    ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "build/perf/REPORT_quick.md"])
+    assert ignored.returncode == 0
