@@ -259,22 +259,27 @@ def test_stopped_stream(tmp_path: Path, cores: int, sig: signal.Signals) -> None
         _cmd([*args, "--out", str(out), "--report-json", str(rep)]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
     )  # fmt: skip
-    deadline = time.monotonic() + 90
-    while not list(tmp_path.glob(".demo.*.tmp.mp4")) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.1)
-    time.sleep(0.5)
-    family = _descendants(proc.pid)
-    assert len(family) >= (3 if cores == 2 else 0), family  # forkserver + 2 ranks (+ resource tracker)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
-    t_end = time.monotonic() + 5
-    while any(_running(p) for p in family) and time.monotonic() < t_end:
-        time.sleep(0.1)
-    alive = [p for p in family if _running(p)]
-    for p in alive:  # do not leak them into the rest of the suite, but fail
-        os.kill(p, signal.SIGKILL)
-    assert alive == [], f"processes of the run still alive 5 s after {sig.name}: {alive}"
+    family: set[int] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while not list(tmp_path.glob(".demo.*.tmp.mp4")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        family = _descendants(proc.pid)
+        assert len(family) >= (3 if cores == 2 else 0), family  # forkserver + 2 ranks (+ resource tracker)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        t_end = time.monotonic() + 5
+        while any(_running(p) for p in family) and time.monotonic() < t_end:
+            time.sleep(0.1)
+        alive = [p for p in family if _running(p)]
+        assert alive == [], f"processes of the run still alive 5 s after {sig.name}: {alive}"
+    finally:  # never leak the run's processes into the rest of the suite (they are killed, the test fails)
+        for p in [proc.pid, *family]:
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=10)
     assert not out.exists()
     if sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL and not rep.exists()
