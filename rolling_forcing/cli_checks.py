@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,11 +131,10 @@ def _check_numbers(opts: GenerateOptions) -> None:
             continue
         if n < 1:
             raise CliError(flag, f"must be >= 1, got {n}")
-        if n > cpus:
-            warnings.warn(
-                f"{flag} {n} is more than this machine's {cpus} CPUs: the processes share them and every "
-                "wall-clock figure (and the deadline) suffers",
-                stacklevel=2,
+        if n > cpus:  # allowed (a deliberate oversubscription test), but never silently
+            sys.stderr.write(
+                f"warning: {flag}: {n} is more than this machine's {cpus} CPUs: they share them and every "
+                "wall-clock figure (and the deadline) suffers\n"
             )
 
 
@@ -270,8 +269,8 @@ def _check_combinations(opts: GenerateOptions) -> None:
 def check_generate(opts: GenerateOptions) -> RunPlan:
     """Run every check of ``generate`` (numbers, paths, extras, backend, combinations) before any build.
 
-    Raises :class:`CliError` (exit code 2) naming the option and the rule. Warns (``UserWarning``) when
-    ``--threads`` or ``--cores`` exceed ``os.cpu_count()``.
+    Raises :class:`CliError` (exit code 2) naming the option and the rule. Prints one ``warning:`` line
+    on stderr when ``--threads`` or ``--cores`` exceed ``os.cpu_count()``.
     """
     from rolling_forcing.config import get_preset
     from rolling_forcing.video import VideoSpec

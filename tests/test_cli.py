@@ -352,3 +352,19 @@ def test_make_bench_targets_leave_tracked_results_alone() -> None:
     assert dry("bench", "e2e", "UPDATE=1") == ["python -m perf.bench_kernels ", "python -m perf.e2e "]
     ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "build/perf/REPORT_quick.md"])
     assert ignored.returncode == 0
+
+
+def test_threads_and_cores_above_the_cpu_count_warn_in_one_line(tmp_path, capsys) -> None:
+    import os
+    from pathlib import Path
+
+    from rolling_forcing.cli_checks import check_generate
+    from rolling_forcing.cli_options import GenerateOptions
+
+    n = (os.cpu_count() or 1) + 1
+    plan = check_generate(GenerateOptions(out=Path(tmp_path / "a.mp4"), blocks=5, threads=n))
+    assert plan.num_blocks == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: --threads: {n} is more than")
+    check_generate(GenerateOptions(out=Path(tmp_path / "a.mp4"), blocks=5, threads=n - 1))
+    assert capsys.readouterr().err == ""
