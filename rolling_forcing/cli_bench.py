@@ -12,6 +12,7 @@ from rolling_forcing.cli_errors import reported_errors
 
 bench_app = typer.Typer(
     help="Benchmarks (perf/): kernels on the emulator + cost model, end-to-end model.",
+    no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

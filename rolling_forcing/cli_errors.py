@@ -44,13 +44,13 @@ def usage_error_line(exc: Any) -> str:
     """One ``error: <argument>: <rule>`` line for a click usage error (bad value, unknown option ...)."""
     param = getattr(exc, "param", None)
     opts = getattr(param, "opts", None)
-    arg = opts[0] if opts else (getattr(exc, "option_name", None) or "usage")
+    cmd = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "rolling-forcing"
+    arg = opts[0] if opts else (getattr(exc, "option_name", None) or cmd)
     msg = one_line(exc.format_message() if param is None else exc.message)
     msg = msg.removeprefix("Value error, ")
     env = getattr(param, "envvar", None)
     if isinstance(env, str) and os.environ.get(env):
         msg += f" ({env}={os.environ[env]!r} sets its default)"
-    cmd = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "rolling-forcing"
     return f"error: {arg}: {msg} (see {cmd} -h)"
 
 
