@@ -98,8 +98,9 @@ def _peak_rss_mib(blocks: int, out: Path) -> float:
 def test_cli_memory_is_flat_in_the_stream_length(tmp_path: Path) -> None:
     """``generate`` with the default ``--noise auto`` beyond the table (per block): the peak RSS of a
     1,500-block stream is that of a 300-block one. Up-front noise would add 1,200 x 3 x 16x8x8 fp32 =
-    14.1 MiB (measured with --noise upfront: 370.4 -> 388.6 MiB); the bound (6 MiB) leaves the rest to allocator
-    noise and the per-chunk rows of the report (~0.5 MiB). Measured (peak VmHWM): 367.6 -> 366.4 MiB."""
+    14.1 MiB (measured with --noise upfront: 370.4 -> 388.6 MiB peak VmHWM); the bound (6 MiB) leaves
+    the rest to allocator noise and the report's per-chunk rows (~0.5 MiB). Measured with the default:
+    367.6 -> 366.4 MiB."""
     short = _peak_rss_mib(300, tmp_path / "short.mp4")
     long = _peak_rss_mib(1500, tmp_path / "long.mp4")
     assert long - short < 6.0, (short, long)
