@@ -192,10 +192,10 @@ def end_with_parent(main_pid: int, cancel: Any = None) -> threading.Thread:
     """Make this rank process end when the stream's main process ends, however it ends.
 
     Two guards: on Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` kills the rank if its parent process (the
-    multiprocessing forkserver, not the main process) dies; and a daemon watchdog thread checks every ``WATCHDOG_PERIOD_S`` that ``main_pid`` still runs and that ``cancel``
-    (a ``multiprocessing`` Event, set when the consumer closes the stream early) is not set, else
-    ``os._exit(1)`` (no cleanup: the collectives of the other ranks would wait for this one). Returns
-    the watchdog thread.
+    multiprocessing forkserver, not the main process) dies; and a daemon watchdog thread checks every
+    ``WATCHDOG_PERIOD_S`` that ``main_pid`` still runs and that ``cancel`` (a ``multiprocessing`` Event,
+    set when the consumer closes the stream early) is not set, else ``os._exit(1)`` (no cleanup: the
+    collectives of the other ranks would wait for this one). Returns the watchdog thread.
     """
     if sys.platform.startswith("linux"):
         try:
