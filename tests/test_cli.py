@@ -41,6 +41,8 @@ def test_generate_tiny_writes_video_and_report(tmp_path) -> None:
     assert video.shape == (frames, 8 * 8, 8 * 8, 3)  # tiny latents 8x8, spatial stride 8
     assert video.std() > 1.0  # not a blank video
     data = json.loads(rep.read_text())
+    assert data["interrupted"] is False and data["error"] is None and data["signal"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.mp4", "report.json"]  # no temporary left
     s = data["summary"]
     assert s["kind"] == "measured"
     assert s["chunks"] == blocks and s["video_frames"] == frames
