@@ -1,4 +1,10 @@
 PY ?= python
+# `make bench`, `make e2e`, ... leave the tracked results (perf/results, perf/REPORT.md) untouched: the
+# kernel/pipeline/long-stream benchmarks print only, the end-to-end model writes under $(SCRATCH)
+# (untracked). `make <target> UPDATE=1` regenerates the tracked files instead.
+SCRATCH ?= build/perf
+UPDATE ?=
+NOSAVE := $(if $(UPDATE),,--no-save)
 
 .PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate
 
@@ -21,16 +27,16 @@ format:
 	$(PY) -m ruff check --fix .
 
 bench:
-	$(PY) -m perf.bench_kernels
+	$(PY) -m perf.bench_kernels $(NOSAVE)
 
 e2e:
-	$(PY) -m perf.e2e
+	$(PY) -m perf.e2e $(if $(UPDATE),,--out-dir $(SCRATCH))
 
 bench-pipeline:
-	$(PY) -m perf.bench_pipeline
+	$(PY) -m perf.bench_pipeline $(if $(UPDATE),,--no-write)
 
 bench-long-stream:
-	$(PY) -m perf.bench_long_stream
+	$(PY) -m perf.bench_long_stream $(NOSAVE)
 
 # Mutation check (not in CI): curated mutants in tools/mutants.py, each in a scratch copy of HEAD.
 mutate:

@@ -218,6 +218,32 @@ def unwrap_checkpoint(obj: object, *, use_ema: bool = False) -> dict[str, torch.
     return {k.replace("_fsdp_wrapped_module.", ""): v for k, v in state.items()}
 
 
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """``safetensors.torch.load_file`` on CPU; a truncated or corrupt file raises :class:`CheckpointError`."""
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(
+            f"{str(path)!r} is not a readable .safetensors file (truncated or corrupt): {exc}"
+        ) from None
+
+
+def check_tensors(state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Refuse non-floating or non-finite tensors, naming the first bad key (:class:`CheckpointError`).
+
+    Floating dtypes only (a model's weights; an int32 tensor here is a wrong file, not a quantised one),
+    and every value finite: a NaN or inf weight would stream an all-black video without an error.
+    """
+    for key, t in state.items():
+        if not t.is_floating_point():
+            raise CheckpointError(f"{source}: tensor {key!r} has dtype {t.dtype}; weights must be floating")
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(f"{source}: tensor {key!r} has {bad} non-finite values (NaN/inf)")
+
+
 def _torch_load_weights_only(path: Path) -> object:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -252,10 +278,10 @@ def read_state_dict(path: str | Path) -> object:
             raise CheckpointError(f"directory {str(p)!r} holds no .safetensors files")
         merged: dict[str, torch.Tensor] = {}
         for f in files:
-            merged.update(load_file(str(f), device="cpu"))
+            merged.update(read_safetensors(f))
         return merged
     if p.name.endswith(SAFETENSORS_SUFFIXES):
-        return load_file(str(p), device="cpu")
+        return read_safetensors(p)
     if p.name.endswith(PICKLE_SUFFIXES):
         return _torch_load_weights_only(p)
     raise CheckpointError(
@@ -296,12 +322,14 @@ def load_into(
     """Copy a Wan-layout state dict into ``model`` (strict), casting to each parameter's dtype.
 
     Raises :class:`CheckpointError` listing every missing, unexpected and mis-shaped key if the dict does
-    not fit exactly; the model is left untouched in that case.
+    not fit exactly, or naming the first tensor that is not floating or holds NaN/inf
+    (:func:`check_tensors`); the model is left untouched in both cases.
     """
     expected = model.state_dict()
     report = compare_keys(state, expected)
     if not report.ok:
         raise CheckpointError(f"{source} does not fit {type(model).__name__}:\n{report.describe()}")
+    check_tensors(state, source)
     cast = {k: v.to(dtype=expected[k].dtype) for k, v in state.items()}
     model.load_state_dict(cast, strict=True)
     return report

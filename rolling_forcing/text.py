@@ -147,7 +147,8 @@ def validate_prompt_embeds(
     batch: int | None = None,
     name: str = "prompt_embeds",
 ) -> torch.Tensor:
-    """Check ``embeds`` is ``[1 or B, text_len, text_dim]`` and floating; expand a batch of 1 to ``batch``."""
+    """Check ``embeds`` is ``[1 or B, text_len, text_dim]``, floating and finite; expand a batch of 1 to
+    ``batch``. A NaN/inf value raises ``ValueError`` naming ``name`` (it would stream a blank video)."""
     if not isinstance(embeds, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(embeds).__name__}")
     if not embeds.is_floating_point():
@@ -159,6 +160,9 @@ def validate_prompt_embeds(
         raise ValueError(
             f"{name} must have shape [{want_b}, text_len={text_len}, text_dim={text_dim}], got {list(shape)}"
         )
+    if not bool(torch.isfinite(embeds).all()):
+        bad = int((~torch.isfinite(embeds)).sum())
+        raise ValueError(f"{name} has {bad} non-finite values (NaN/inf)")
     if batch is not None and shape[0] == 1 and batch > 1:
         embeds = embeds.expand(batch, -1, -1)
     return embeds
@@ -176,7 +180,14 @@ def load_prompt_embeds(
         raise ValueError(f"prompt_embeds file {str(p)!r} does not exist")
     if not p.name.endswith(".safetensors"):
         raise ValueError(f"prompt_embeds must be a .safetensors file, got {str(p)!r}")
-    tensors = load_file(str(p), device="cpu")
+    try:
+        tensors = load_file(str(p), device="cpu")
+    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise ValueError(
+            f"{str(p)!r} is not a readable .safetensors file (truncated or corrupt): {exc}"
+        ) from None
     want = key or PROMPT_EMBEDS_KEY
     if want in tensors:
         embeds = tensors[want]

@@ -63,11 +63,16 @@ consumer, so "the next window" would depend on timing. Batch > 1 is untested.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import io
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +92,7 @@ from rolling_forcing.pipeline import (
     num_calls,
     resolve_positions,
 )
+from rolling_forcing.stream import NoiseSource
 from sharding.attention import (
     DEFAULT_TIMEOUT_S,
     build_groups,
@@ -158,10 +164,66 @@ class _Job:
     merged: bool
     prompts: tuple[tuple[int, torch.Tensor, bool], ...] = ()
     method: StreamMethod | str = "rolling-forcing"
+    upfront: bool = True
 
 
-def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
-    """Body of one spawned rank: build groups, run the stream, rank 0 puts every chunk on ``chunks``."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCHDOG_PERIOD_S = 0.2
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def end_with_parent(main_pid: int, cancel: Any = None) -> threading.Thread:
+    """Make this rank process end when the stream's main process ends, however it ends.
+
+    Two guards: on Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` kills the rank if its parent process (the
+    multiprocessing forkserver, not the main process) dies; and a daemon watchdog thread checks every
+    ``WATCHDOG_PERIOD_S`` that ``main_pid`` still runs and that ``cancel`` (a ``multiprocessing`` Event,
+    set when the consumer closes the stream early) is not set, else ``os._exit(1)`` (no cleanup: the
+    collectives of the other ranks would wait for this one). Returns the watchdog thread.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the watchdog alone
+            pass
+
+    def watch() -> None:
+        while True:
+            if not _process_alive(main_pid) or (cancel is not None and cancel.is_set()):
+                os._exit(1)
+            time.sleep(WATCHDOG_PERIOD_S)
+
+    thread = threading.Thread(target=watch, name="end-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
+def _rank_main(
+    rank: int, world: int, job: _Job, chunks: Any, cancel: Any = None, main_pid: int | None = None
+) -> dict[str, Any]:
+    """Body of one spawned rank: build groups, run the stream, rank 0 puts every chunk on ``chunks``.
+
+    With ``main_pid`` the rank ends when that process ends or ``cancel`` is set (:func:`end_with_parent`).
+    """
+    if main_pid is not None:
+        end_with_parent(main_pid, cancel)
     if world != job.plan.world_size:
         raise ValueError(f"launched {world} ranks for a plan of {job.plan.world_size}")
     groups = build_groups(job.plan, timeout_s=job.timeout_s)
@@ -175,9 +237,13 @@ def _rank_main(rank: int, world: int, job: _Job, chunks: Any) -> dict[str, Any]:
     gen.set_state(job.generator_state)
     kept: list[torch.Tensor] = []
     prompts = {w: (emb, recache) for w, emb, recache in job.prompts}
-    for chunk in runner.stream(
-        job.text_embeds, job.num_blocks, generator=gen, noise=job.noise, prompts=prompts
-    ):
+    noise: Any = job.noise
+    if noise is None and not job.upfront:  # per-block draws from the replicated generator
+        noise = NoiseSource(
+            job.text_embeds.shape[0], job.model_cfg.latent_frame_shape(), job.pipe_cfg.frames_per_block,
+            job.num_blocks, job.pipe_cfg.torch_dtype, generator=gen, upfront=False,
+        )  # fmt: skip
+    for chunk in runner.stream(job.text_embeds, job.num_blocks, generator=gen, noise=noise, prompts=prompts):
         if rank == 0 and chunks is not None:
             buf = io.BytesIO()
             torch.save((chunk.block, chunk.latents, chunk.final, chunk.last, chunk.window), buf)
@@ -302,6 +368,7 @@ class ShardedRollingForcingPipeline:
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
         return_latents: bool = False,
+        upfront: bool = True,
     ) -> Iterator[Chunk]:
         """Spawn the ranks, stream the video, yield each chunk as soon as rank 0 has it final.
 
@@ -313,8 +380,13 @@ class ShardedRollingForcingPipeline:
         every rank's forward counts come back in :attr:`last_results` (``"forwards"``: kind -> count,
         ``"signatures"``: (kind, input signature) -> count, see :attr:`RankStream.stats`).
 
+        ``upfront``: without ``noise``, draw the initial noise up front (the original's RNG order) or per
+        block (False: constant memory in the stream length; see :class:`~rolling_forcing.stream.NoiseSource`).
+
         Raises :class:`sharding.launch.LaunchError` if a rank fails (its traceback in the message).
-        Closing the generator early waits for the ranks to finish the stream.
+        Closing the generator early (or an exception in the consumer) cancels the ranks: they exit within
+        about ``WATCHDOG_PERIOD_S`` and the launcher reaps them before the close returns. Every rank also
+        ends by itself when this process dies (:func:`end_with_parent`).
         """
         cfg = self.pipe_cfg
         check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)  # first
@@ -326,6 +398,7 @@ class ShardedRollingForcingPipeline:
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
             self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())), self.method,
+            upfront,
         )  # fmt: skip
         self._streaming = True
         try:
@@ -339,6 +412,7 @@ class ShardedRollingForcingPipeline:
         ctx: Any = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
         chunks = ctx.Queue()
+        cancel = ctx.Event()
         box: dict[str, Any] = {}
         # the launch deadline (2 * timeout + 30 s) must cover the whole stream; dead or stuck ranks are
         # caught by the collectives' own timeout_s (every group above is created with it)
@@ -347,8 +421,9 @@ class ShardedRollingForcingPipeline:
         def run() -> None:
             try:
                 box["results"] = launch(
-                    _rank_main, self.plan.world_size, job, chunks, timeout_s=launch_timeout, preload=PRELOAD
-                )
+                    _rank_main, self.plan.world_size, job, chunks, cancel, os.getpid(),
+                    timeout_s=launch_timeout, preload=PRELOAD,
+                )  # fmt: skip
             except BaseException as exc:  # handed to the consuming thread
                 box["error"] = exc
 
@@ -374,6 +449,8 @@ class ShardedRollingForcingPipeline:
                 received += 1
                 yield Chunk(block, latents, final, last, window)
         finally:
+            if received < num_blocks:  # closed early or the consumer raised: stop the ranks now
+                cancel.set()
             thread.join()
             chunks.close()
         if "error" in box:

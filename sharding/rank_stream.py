@@ -115,7 +115,7 @@ class RankStream:
         num_blocks: int,
         *,
         generator: torch.Generator | None = None,
-        noise: torch.Tensor | None = None,
+        noise: torch.Tensor | NoiseSource | None = None,
         prompts: PromptSchedule | None = None,
     ) -> Iterator[Chunk]:
         """Generate ``num_blocks`` blocks; yield each :class:`~rolling_forcing.pipeline.Chunk` when final.
@@ -133,8 +133,18 @@ class RankStream:
         check_prompts(self.model, cfg, sched, bsz, num_blocks, self.method)
         self.stats = ForwardStats()
         device = self.model.patch_embedding.weight.device
-        src = NoiseSource(
-            bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype, generator=generator, initial_noise=noise
+        src = (
+            noise
+            if isinstance(noise, NoiseSource)
+            else NoiseSource(
+                bsz,
+                mcfg.latent_frame_shape(),
+                fpb,
+                num_blocks,
+                dtype,
+                generator=generator,
+                initial_noise=noise,
+            )
         )
         hpc = self.plan.heads_per_core
         self.cache = cache = RollingKVCache(mcfg, tim, bsz, dtype=dtype, num_heads=hpc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -40,6 +41,8 @@ def test_generate_tiny_writes_video_and_report(tmp_path) -> None:
     assert video.shape == (frames, 8 * 8, 8 * 8, 3)  # tiny latents 8x8, spatial stride 8
     assert video.std() > 1.0  # not a blank video
     data = json.loads(rep.read_text())
+    assert data["interrupted"] is False and data["error"] is None and data["signal"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.mp4", "report.json"]  # no temporary left
     s = data["summary"]
     assert s["kind"] == "measured"
     assert s["chunks"] == blocks and s["video_frames"] == frames
@@ -268,3 +271,102 @@ def test_generate_compiled_merged(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     meta = json.loads(rep.read_text())["meta"]
     assert meta["compile"] is True and meta["merged"] is True and meta["command"].endswith("--compile")
+
+
+def test_help_fits_80_columns_and_names_the_backend_env_var() -> None:
+    """Every help screen is at most 80 columns wide (max_content_width, whatever the terminal); the
+    backend flag shows NKI_ARDIFF_BACKEND; --preset lists every preset of rolling_forcing.config."""
+    from rolling_forcing.config import PRESETS
+
+    # a real process on a 200-column "terminal" (CliRunner's output is not measured against COLUMNS)
+    code = (
+        "import sys\nfrom rolling_forcing.cli import main\n"
+        "for args in (['-h'], ['generate', '-h'], ['plan', '-h'], ['bench', '-h']):\n"
+        "    try:\n        main(args)\n"
+        "    except SystemExit as e:\n        assert e.code == 0, (args, e.code)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NKI_ARDIFF_BACKEND"} | {"COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("Usage: rolling-forcing") == 4
+    wide = [line for line in r.stdout.splitlines() if len(line) > 80]
+    assert wide == [], wide
+    text = runner.invoke(app, ["generate", "-h"]).output
+    assert "[env var: NKI_ARDIFF_BACKEND" in text
+    assert f"--preset <{'|'.join(['tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
+    from rolling_forcing.cli_options import Preset
+
+    assert {p.value for p in Preset} == set(PRESETS)
+
+
+def test_backend_env_var_is_the_flag_default(monkeypatch, tmp_path) -> None:
+    """NKI_ARDIFF_BACKEND sets --backend's default as it sets the library's; the flag wins over it."""
+    import rolling_forcing.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "run_generate", lambda opts, echo: seen.append(opts.backend))
+    out = ["--out", str(tmp_path / "x.mp4")]
+    monkeypatch.setenv("NKI_ARDIFF_BACKEND", "emulator")
+    assert runner.invoke(app, ["generate", *out]).exit_code == 0
+    assert runner.invoke(app, ["generate", "--backend", "reference", *out]).exit_code == 0
+    monkeypatch.delenv("NKI_ARDIFF_BACKEND")
+    assert runner.invoke(app, ["generate", *out]).exit_code == 0
+    assert seen == ["emulator", "reference", "reference"]
+
+
+def test_progress_bars_only_when_asked_or_on_a_terminal_and_quiet(tmp_path) -> None:
+    """Not a terminal (CliRunner's stderr): no bar by default; --progress forces the warm-up and stream
+    bars (tqdm, on stderr) and the build phases; --quiet prints only the result line."""
+    base = ["generate", "--blocks", "5", "--out", str(tmp_path / "p.mp4")]
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0 and "streaming" not in r.stderr and "warm-up:" not in r.stderr
+    assert "per-chunk latency" in r.stdout
+    r = runner.invoke(app, [*base, "--progress"])
+    assert r.exit_code == 0, r.output
+    assert "streaming: 100%" in r.stderr and "warm-up: 100%" in r.stderr
+    assert "building the tiny model ..." in r.stderr
+    r = runner.invoke(app, [*base, "--quiet", "--progress"])
+    assert r.exit_code == 0 and r.stderr == ""
+    assert r.stdout.strip().splitlines() == [f"video written to {tmp_path / 'p.mp4'} (57 frames)"]
+
+
+def test_make_bench_targets_leave_tracked_results_alone() -> None:
+    """`make bench|e2e|bench-pipeline|bench-long-stream` print only or write under build/ (untracked);
+    UPDATE=1 regenerates perf/results. Read from `make -n` (what make would run)."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed: the Makefile targets cannot be checked")
+    root = Path(__file__).resolve().parents[1]
+
+    def dry(*args: str) -> list[str]:
+        r = subprocess.run(["make", "-n", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return [line for line in r.stdout.splitlines() if "-m perf." in line]
+
+    assert dry("bench", "e2e", "bench-pipeline", "bench-long-stream") == [
+        "python -m perf.bench_kernels --no-save",
+        "python -m perf.e2e --out-dir build/perf",
+        "python -m perf.bench_pipeline --no-write",
+        "python -m perf.bench_long_stream --no-save",
+    ]
+    assert dry("bench", "e2e", "UPDATE=1") == ["python -m perf.bench_kernels ", "python -m perf.e2e "]
+    ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "build/perf/REPORT_quick.md"])
+    assert ignored.returncode == 0
+
+
+def test_threads_and_cores_above_the_cpu_count_warn_in_one_line(tmp_path, capsys) -> None:
+    import os
+    from pathlib import Path
+
+    from rolling_forcing.cli_checks import check_generate
+    from rolling_forcing.cli_options import GenerateOptions
+
+    n = (os.cpu_count() or 1) + 1
+    plan = check_generate(GenerateOptions(out=Path(tmp_path / "a.mp4"), blocks=5, threads=n))
+    assert plan.num_blocks == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: --threads: {n} is more than")
+    check_generate(GenerateOptions(out=Path(tmp_path / "a.mp4"), blocks=5, threads=n - 1))
+    assert capsys.readouterr().err == ""

@@ -114,7 +114,7 @@ def test_generate_longlive_base_plus_lora(tmp_path) -> None:
     r = runner.invoke(
         app, ["generate", "--blocks", "5", "--lora", str(lora), "--out", str(tmp_path / "x.mp4")]
     )
-    assert r.exit_code == 2 and "--lora needs --checkpoint" in r.output
+    assert r.exit_code == 2 and "error: --lora: needs --checkpoint" in r.output
 
 
 def test_generate_sequential_method_on_2_cores(tmp_path) -> None:

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # requires-python is >=3.10: the test extra installs tomli there (same API)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI_DISTS = {"typer", "tqdm", "matplotlib", "imageio", "imageio-ffmpeg"}
@@ -58,3 +61,13 @@ def test_cli_extra_matches_the_entry_points_check_and_test_extra_includes_it() -
     assert test >= CLI_DISTS
     assert not CLI_DISTS & {d.split(">")[0].split("=")[0].strip() for d in meta["dependencies"]}
     assert "einops" not in str(meta["dependencies"])
+
+
+def test_toml_reader_is_declared_for_every_supported_python() -> None:
+    """requires-python admits 3.10, which has no tomllib: the test extra must bring tomli there."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["requires-python"] == ">=3.10"
+    assert any(
+        d.replace(" ", "").startswith("tomli>=2;python_version<'3.11'")
+        for d in meta["optional-dependencies"]["test"]
+    )

@@ -75,7 +75,7 @@ def test_generate_with_a_prompt_schedule(tmp_path) -> None:
     diff = float(abs(vids[0][first:] - vids[1][first:]).mean())
     assert same < 0.5 < 2.0 < diff, (same, diff)  # H.264 noise of equal streams < 0.5 (test_cli.py)
     r = runner.invoke(app, ["generate", "--switch-frames", "3", "--out", str(tmp_path / "x.mp4")])
-    assert r.exit_code == 2 and "--switch-frames needs --prompt-schedule" in r.output
+    assert r.exit_code == 2 and "error: --switch-frames: needs --prompt-schedule" in r.output
 
 
 @pytest.mark.parametrize("method", ["longlive", "rolling-forcing"])

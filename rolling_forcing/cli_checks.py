@@ -1,0 +1,307 @@
+"""Checks of ``rolling-forcing generate``'s options, all run before any model is built.
+
+Every anticipated mistake raises :class:`CliError`, which the command prints as ONE line
+``error: <argument>: <rule>`` and turns into exit code 2 (usage: the input is wrong) or 1 (runtime: the
+input was fine but the run failed, e.g. a non-finite latent). :func:`check_generate` returns the facts the
+run needs (:class:`RunPlan`); it builds nothing and imports no model code beyond the configurations.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rolling_forcing.cli_options import GenerateOptions
+
+MAX_SECONDS = 86_400.0
+"""Longest ``--seconds`` (24 h of video): the per-chunk latency report is kept in memory (~200 bytes a
+chunk), so a run is bounded; loop the command for longer streams."""
+
+MAX_SEED = 2**63 - 2
+"""Largest ``--seed``: ``torch.manual_seed`` takes a 64-bit seed and the warm-up stream uses seed + 1."""
+
+HF_EXTRA = "pip install -e '.[hf]'"
+
+
+class CliError(Exception):
+    """An anticipated failure, printed as ``error: <argument>: <rule>``.
+
+    ``exit_code``: 2 for a usage error (bad option or input file), 1 for a runtime failure.
+    """
+
+    def __init__(self, argument: str, rule: str, *, exit_code: int = 2) -> None:
+        super().__init__(f"{argument}: {rule}")
+        self.argument, self.rule, self.exit_code = argument, rule, exit_code
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the checks established: stream length and how the initial noise is drawn."""
+
+    num_blocks: int
+    upfront: bool
+    partial_path: Path
+
+
+def partial_path(out: Path) -> Path:
+    """Where an interrupted run keeps its video: ``demo.mp4`` -> ``demo.partial.mp4`` (same directory)."""
+    return out.with_name(f"{out.stem}.partial{out.suffix}")
+
+
+def _check_output(path: Path, flag: str, suffix: str) -> None:
+    """``path`` is a file name with ``suffix`` whose directory accepts a new file (probed, not assumed)."""
+    if path.is_dir():
+        raise CliError(flag, f"{str(path)!r} is a directory; give a file name ending with {suffix}")
+    if path.suffix.lower() != suffix:
+        raise CliError(flag, f"must end with {suffix}, got {str(path)!r}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:  # the writer creates missing directories
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CliError(flag, f"{str(parent)!r} is not a directory, so {str(path)!r} cannot be created")
+    try:  # os.access is wrong for root and read-only mounts: try what the writer will do
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".rolling-forcing-probe-"):
+            pass
+    except OSError as exc:
+        raise CliError(flag, f"cannot create a file in {str(parent)!r} ({exc.strerror or exc})") from None
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+def _check_paths(opts: GenerateOptions) -> None:
+    _check_output(opts.out, "--out", ".mp4")
+    part = partial_path(opts.out)
+    if opts.report_json is not None:
+        _check_output(opts.report_json, "--report-json", ".json")
+        if _same(opts.report_json, opts.out) or _same(opts.report_json, part):
+            raise CliError(
+                "--report-json", f"must differ from --out ({str(opts.out)!r}): it would replace it"
+            )
+    inputs = {
+        "--checkpoint": opts.checkpoint,
+        "--lora": opts.lora,
+        "--vae": opts.vae,
+        "--text-encoder": opts.text_encoder,
+        "--prompt-embeds": opts.prompt_embeds,
+        "--prompt-schedule": opts.prompt_schedule,
+    }
+    for flag, p in inputs.items():
+        if p is None:
+            continue
+        if not p.exists():
+            raise CliError(flag, f"{str(p)!r} does not exist (local paths only; nothing is downloaded)")
+        for oflag, o in (("--out", opts.out), ("--report-json", opts.report_json)):
+            if o is not None and _same(o, p):
+                raise CliError(oflag, f"must differ from {flag} ({str(p)!r}): it would overwrite the input")
+    for flag, p, want_dir in (
+        ("--vae", opts.vae, True),
+        ("--text-encoder", opts.text_encoder, True),
+        ("--prompt-embeds", opts.prompt_embeds, False),
+        ("--prompt-schedule", opts.prompt_schedule, False),
+        ("--lora", opts.lora, False),
+    ):
+        if p is not None and p.is_dir() != want_dir:
+            raise CliError(flag, f"{str(p)!r} must be a {'directory' if want_dir else 'file'}")
+    if opts.prompt_embeds is not None and opts.prompt_embeds.suffix != ".safetensors":
+        raise CliError("--prompt-embeds", f"must be a .safetensors file, got {str(opts.prompt_embeds)!r}")
+
+
+def _check_numbers(opts: GenerateOptions) -> None:
+    s = opts.seconds
+    if not (math.isfinite(s) and s > 0):
+        raise CliError("--seconds", f"must be a finite number > 0, got {s!r}")
+    if s > MAX_SECONDS:
+        raise CliError(
+            "--seconds",
+            f"at most {MAX_SECONDS:g} (24 h of video) per run, got {s:g}: the latency report keeps a row "
+            "per chunk in memory",
+        )
+    if not 0 <= opts.seed <= MAX_SEED:
+        raise CliError("--seed", f"must be in [0, 2**63 - 2], got {opts.seed}")
+    cpus = os.cpu_count() or 1
+    for flag, n in (("--threads", opts.threads), ("--cores", opts.cores)):
+        if n is None:
+            continue
+        if n < 1:
+            raise CliError(flag, f"must be >= 1, got {n}")
+        if n > cpus:  # allowed (a deliberate oversubscription test), but never silently
+            sys.stderr.write(
+                f"warning: {flag}: {n} is more than this machine's {cpus} CPUs: they share them and every "
+                "wall-clock figure (and the deadline) suffers\n"
+            )
+
+
+def _max_blocks_for_seconds() -> int:
+    from rolling_forcing.video import VideoSpec
+
+    return VideoSpec().blocks_for_seconds(MAX_SECONDS, 3)
+
+
+def _check_length(opts: GenerateOptions, num_blocks: int) -> None:
+    from rolling_forcing.config import PipelineConfig
+    from rolling_forcing.methods import get_method
+    from rolling_forcing.video import VideoSpec
+
+    method = get_method(opts.method)
+    flag = "--blocks" if opts.blocks is not None else "--seconds"
+    spec, fpb = VideoSpec(), method.frames_per_block
+    if not method.sequential:
+        wb = PipelineConfig().window_blocks
+        if num_blocks < wb:
+            min_s = spec.video_frames(wb, fpb) / spec.fps
+            raise CliError(
+                flag,
+                f"the stream needs at least window_blocks={wb} blocks (Rolling Forcing's window schedule "
+                f"breaks with fewer); got {num_blocks} blocks - ask for --seconds >= {min_s:g} or "
+                f"--blocks >= {wb}",
+            )
+    top = method.max_blocks(opts.positions)
+    if top is not None and num_blocks > top:
+        top_s = spec.video_frames(top, fpb) / spec.fps
+        what = (
+            f"its {method.attention_frames}-frame KV cache"
+            if method.absolute_limit == "cache"
+            else f"the {method.rope_table_size}-position RoPE table"
+        )
+        fix = (
+            "switch with --positions relative for longer streams"
+            if method.absolute_limit != "cache"
+            else "use --positions relative (the cache then rolls) for longer streams"
+        )
+        raise CliError(
+            flag,
+            f"{num_blocks} blocks exceed what --method {method.name} fits with --positions absolute: at most "
+            f"{top} blocks ({top_s:g} s) fit {what}; {fix}",
+        )
+
+
+def noise_upfront(opts: GenerateOptions, num_blocks: int) -> bool:
+    """Whether the stream's initial noise is drawn up front (the originals' RNG order) or per block.
+
+    ``--noise auto``: up front for streams the original could run (at most ``max_blocks("absolute")``
+    blocks: memory bounded by that table) and per block beyond, so memory does not grow with
+    ``--seconds``. The per-block draw interleaves the initial draws with the re-noise draws, so it gives a
+    different (equally distributed) stream than the up-front order: it is not bit-identical.
+    """
+    if opts.noise == "upfront":
+        return True
+    if opts.noise == "per-block":
+        return False
+    from rolling_forcing.methods import get_method
+
+    top = get_method(opts.method).max_blocks("absolute")
+    return top is not None and num_blocks <= top
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported (found without importing it; a ``None`` entry in
+    ``sys.modules`` counts as absent, as ``import`` treats it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ValueError, ImportError):
+        return False
+
+
+def _check_extras_and_backend(opts: GenerateOptions) -> None:
+    for flag, p, mod in (
+        ("--vae", opts.vae, "diffusers"),
+        ("--text-encoder", opts.text_encoder, "transformers"),
+    ):
+        if p is not None and not _importable(mod):
+            raise CliError(flag, f"needs the hf extra ({mod} is not installed): {HF_EXTRA}")
+    if opts.backend == "neuron":
+        from nki_kernels import ops
+
+        try:
+            ops.resolve_backend("neuron")
+        except RuntimeError:
+            raise CliError(
+                "--backend",
+                "neuron needs the AWS Neuron SDK's nki package (import nki failed or NKI_ARDIFF_BACKEND="
+                "emulator forces the emulator); use --backend emulator (CPU emulator) or reference",
+            ) from None
+
+
+def _check_combinations(opts: GenerateOptions) -> None:
+    from rolling_forcing.methods import get_method
+
+    method = get_method(opts.method)
+    if opts.prompt_embeds is not None and opts.text_encoder is not None:
+        raise CliError("--prompt-embeds", "give at most one of --prompt-embeds and --text-encoder")
+    if opts.preset != "tiny" and opts.checkpoint is None:
+        raise CliError("--checkpoint", f"preset {opts.preset!r} needs weights (random ones only for tiny)")
+    if opts.preset != "tiny" and opts.prompt_embeds is None and opts.text_encoder is None:
+        raise CliError(
+            "--text-encoder",
+            f"preset {opts.preset!r} needs real text conditioning: pass --text-encoder DIR (umT5) or "
+            "--prompt-embeds FILE.safetensors (seeded embeddings are only for the tiny preset)",
+        )
+    if opts.lora is not None and opts.checkpoint is None:
+        raise CliError("--lora", "needs --checkpoint (the base weights the LoRA is merged into)")
+    if opts.switch_frames is not None and opts.prompt_schedule is None:
+        raise CliError("--switch-frames", "needs --prompt-schedule")
+    if opts.prompt_schedule is not None and opts.prompt_embeds is not None:
+        raise CliError("--prompt-schedule", "encodes its prompts: it cannot be combined with --prompt-embeds")
+    if opts.compile and opts.cores != 1:
+        raise CliError(
+            "--compile",
+            "--compile applies to the single-process pipeline: the sharded stream (--cores > 1) runs eager "
+            "forwards on its ranks; drop --compile or use --cores 1",
+        )
+    if opts.compile and method.sequential:
+        raise CliError(
+            "--compile",
+            f"generate compiles --method rolling-forcing only; drop it with --method {method.name}",
+        )
+    if opts.compile and opts.merged is False:
+        raise CliError("--compile", "compile= applies to the merged forward only; drop --two-pass")
+    if opts.merged and method.sequential and opts.cores != 1:
+        raise CliError("--merged", f"with --method {method.name} runs on one core only (--cores 1)")
+
+
+def check_generate(opts: GenerateOptions) -> RunPlan:
+    """Run every check of ``generate`` (numbers, paths, extras, backend, combinations) before any build.
+
+    Raises :class:`CliError` (exit code 2) naming the option and the rule. Prints one ``warning:`` line
+    on stderr when ``--threads`` or ``--cores`` exceed ``os.cpu_count()``.
+    """
+    from rolling_forcing.config import get_preset
+    from rolling_forcing.video import VideoSpec
+
+    try:
+        get_preset(opts.preset)
+    except ValueError as exc:
+        raise CliError("--preset", str(exc)) from None
+    _check_numbers(opts)
+    if opts.blocks is not None:
+        top = _max_blocks_for_seconds()
+        if not 1 <= opts.blocks <= top:
+            raise CliError(
+                "--blocks", f"must be in [1, {top}] (--seconds <= {MAX_SECONDS:g}), got {opts.blocks}"
+            )
+        num_blocks = opts.blocks
+    else:
+        num_blocks = VideoSpec().blocks_for_seconds(opts.seconds, 3)
+    _check_combinations(opts)
+    _check_length(opts, num_blocks)
+    _check_paths(opts)
+    _check_extras_and_backend(opts)
+    return RunPlan(num_blocks, noise_upfront(opts, num_blocks), partial_path(opts.out))
+
+
+__all__ = [
+    "HF_EXTRA",
+    "MAX_SECONDS",
+    "CliError",
+    "RunPlan",
+    "check_generate",
+    "noise_upfront",
+    "partial_path",
+]
