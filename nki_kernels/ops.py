@@ -28,6 +28,20 @@ Raw ops (``torch.ops.nki_ardiff.*``) take only schema-friendly arguments: ``segm
 attention ops always return ``(out, lse)`` where ``lse`` is an empty fp32 tensor when ``return_lse`` is
 false. Use the public functions below rather than the raw ops.
 
+Limits (every op; each checked on entry, with the error it raises):
+
+* inference only: no autograd formula is registered, so ``backward()`` through an op raises
+  ``RuntimeError`` ("no autograd formula was registered");
+* tensors contiguous in the documented layout (``ValueError`` "... must be contiguous ...; call
+  .contiguous()", never a silent copy); dtypes ``torch.bfloat16`` / ``torch.float32`` (``TypeError``
+  naming the tensor and its dtype);
+* head_dim: even for the RoPE ops (``ValueError``), at most 128 on the kernel backends (D lives on the 128
+  partitions: ``ValueError`` "head_dim D=... must be <= 128"; the reference backend takes any D);
+  ``linear``: ``K <= 18,432`` bf16 / ``9,216`` fp32 (``ValueError``); ``conv3d_causal``: kernel extents 1 or
+  3 and weights that fit SBUF (``ValueError`` naming the limit);
+* a backend that cannot run an op (``neuron`` without the Neuron SDK's ``nki``) raises ``RuntimeError`` /
+  ``NotImplementedError`` naming the backend; never a silent fallback to another backend.
+
 Where things live: this module re-exports the public API; the ops are defined per family in
 :mod:`nki_kernels.ops_rope`, :mod:`nki_kernels.ops_attention`, :mod:`nki_kernels.ops_kv` and
 :mod:`nki_kernels.ops_dense` (linear, causal conv3d), each holding its raw ops, fakes and public functions;
