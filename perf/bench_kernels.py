@@ -387,7 +387,7 @@ def dense_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[]
         lin, conv = lin[:1], [("32x32_k333_16x24", 32, 32, 1, 16, 24, (3, 3, 3))]
     out: list[tuple[str, str, dict[str, Any], Callable[[], Any]]] = []
     for name, k, n in lin:
-        args = (_spec(m, k), _spec(k, n), _spec(n, dtype="float32"))
+        args: tuple[Any, ...] = (_spec(m, k), _spec(k, n), _spec(n, dtype="float32"))
         cfg = {"M": m, "K": k, "N": n, "dtype": "bf16", "bias": True}
         extra = {"target": "useful-FLOP % >= 85 (full tiles)", "per_core": f"{m} tokens"}
         hbm = (m * k + k * n + m * n) * BF16 + 4 * n
@@ -395,7 +395,12 @@ def dense_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[]
     for name, ci, co, t, h, w, ks in conv:
         hc = -(-h // 8) if not quick else h
         taps = ks[0] * ks[1] * ks[2]
-        args = (_spec(ci, t + ks[0] - 1, hc, w), _spec(taps, ci, co), _spec(co, dtype="float32"), ks)
+        cargs: tuple[Any, ...] = (
+            _spec(ci, t + ks[0] - 1, hc, w),
+            _spec(taps, ci, co),
+            _spec(co, dtype="float32"),
+            ks,
+        )
         cfg = {"C_in": ci, "C_out": co, "T": t, "H": hc, "W": w, "ksize": list(ks), "dtype": "bf16"}
         extra = {
             "target": "useful-FLOP % >= min(C_in, C_out)^2 / 128^2 share",
@@ -403,7 +408,7 @@ def dense_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[]
         }
         hbm = (ci * (t + ks[0] - 1) + co * t) * hc * w * BF16 + taps * ci * co * BF16
         useful = 2.0 * t * hc * w * ci * taps * co
-        out.append(("conv3d_causal", name, cfg, _dense_fn(conv3d_causal_kernel, args, hbm, useful, extra)))
+        out.append(("conv3d_causal", name, cfg, _dense_fn(conv3d_causal_kernel, cargs, hbm, useful, extra)))
     return out
 
 

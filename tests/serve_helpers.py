@@ -20,10 +20,10 @@ START_S = 120.0  # model build + calibration on a busy 2-core machine
 
 @contextmanager
 def running_server(extra_args: Sequence[str] = ()) -> Iterator[str]:
-    """Start ``python -m rolling_forcing serve --port 0 ...``, wait until it answers, yield its base URL
+    """Start ``python -m nki_ardiff serve --port 0 ...``, wait until it answers, yield its base URL
     (``http://127.0.0.1:PORT/``) and end the process afterwards."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "rolling_forcing", "serve", "--port", "0", *extra_args]
+    cmd = [sys.executable, "-m", "nki_ardiff", "serve", "--port", "0", *extra_args]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

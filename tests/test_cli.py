@@ -10,7 +10,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from rolling_forcing.cli import app
+from nki_ardiff.cli import app
 from rolling_forcing.video import VideoSpec, read_video
 
 runner = CliRunner()
@@ -172,7 +172,7 @@ def test_bench_e2e_model_setup_runs_without_diffusers() -> None:
 
 def test_python_dash_m_entry_point() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "rolling_forcing", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "nki_ardiff", "--help"], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "generate" in r.stdout and "plan" in r.stdout
 
@@ -209,7 +209,7 @@ def test_generate_with_local_weights_vae_and_embeds(tmp_path) -> None:
 
 
 def test_report_records_a_reproducing_command(tmp_path) -> None:
-    from rolling_forcing.cli import GenerateOptions, command_line
+    from nki_ardiff.cli import GenerateOptions, command_line
 
     opts = GenerateOptions(out=tmp_path / "a b.mp4", blocks=6, prompt="two words", warmup=False)
     cmd = command_line(opts)
@@ -251,7 +251,7 @@ def test_generate_default_mode_and_bad_combinations(tmp_path) -> None:
 
 
 def test_command_line_records_forward_mode(tmp_path) -> None:
-    from rolling_forcing.cli import GenerateOptions, command_line
+    from nki_ardiff.cli import GenerateOptions, command_line
 
     base = GenerateOptions(out=tmp_path / "a.mp4", blocks=6)
     assert "--merged" not in command_line(base) and "--compile" not in command_line(base)
@@ -280,7 +280,7 @@ def test_help_fits_80_columns_and_names_the_backend_env_var() -> None:
 
     # a real process on a 200-column "terminal" (CliRunner's output is not measured against COLUMNS)
     code = (
-        "import sys\nfrom rolling_forcing.cli import main\n"
+        "import sys\nfrom nki_ardiff.cli import main\n"
         "for args in (['-h'], ['generate', '-h'], ['plan', '-h'], ['bench', '-h']):\n"
         "    try:\n        main(args)\n"
         "    except SystemExit as e:\n        assert e.code == 0, (args, e.code)\n"
@@ -294,14 +294,14 @@ def test_help_fits_80_columns_and_names_the_backend_env_var() -> None:
     text = runner.invoke(app, ["generate", "-h"]).output
     assert "[env var: NKI_ARDIFF_BACKEND" in text
     assert f"--preset <{'|'.join(['tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
-    from rolling_forcing.cli_options import Preset
+    from nki_ardiff.cli_options import Preset
 
     assert {p.value for p in Preset} == set(PRESETS)
 
 
 def test_backend_env_var_is_the_flag_default(monkeypatch, tmp_path) -> None:
     """NKI_ARDIFF_BACKEND sets --backend's default as it sets the library's; the flag wins over it."""
-    import rolling_forcing.cli as cli
+    import nki_ardiff.cli as cli
 
     seen = []
     monkeypatch.setattr(cli, "run_generate", lambda opts, echo: seen.append(opts.backend))
@@ -360,8 +360,8 @@ def test_threads_and_cores_above_the_cpu_count_warn_in_one_line(tmp_path, capsys
     import os
     from pathlib import Path
 
-    from rolling_forcing.cli_checks import check_generate
-    from rolling_forcing.cli_options import GenerateOptions
+    from nki_ardiff.cli_checks import check_generate
+    from nki_ardiff.cli_options import GenerateOptions
 
     n = (os.cpu_count() or 1) + 1
     plan = check_generate(GenerateOptions(out=Path(tmp_path / "a.mp4"), blocks=5, threads=n))

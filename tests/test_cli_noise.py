@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rolling_forcing.cli_checks import noise_upfront
-from rolling_forcing.cli_options import GenerateOptions
+from nki_ardiff.cli_checks import noise_upfront
+from nki_ardiff.cli_options import GenerateOptions
 from rolling_forcing.config import PipelineConfig
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.stream import NoiseSource
@@ -85,7 +85,7 @@ def _peak_rss_mib(blocks: int, out: Path) -> float:
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     args = ["generate", "--blocks", str(blocks), "--positions", "relative", "--no-warmup", "-q"]
     p = subprocess.Popen(
-        [sys.executable, "-m", "rolling_forcing", *args, "--out", str(out)],
+        [sys.executable, "-m", "nki_ardiff", *args, "--out", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
     _, status, usage = os.wait4(p.pid, 0)

@@ -3,7 +3,7 @@ predictable mistake ends in ONE ``error: <argument>: <rule>`` line with exit cod
 no traceback and no file at ``--out``; SIGINT / SIGTERM keep ``<stem>.partial.mp4`` and a report that says
 ``"interrupted": true`` (exit 130 / 143); SIGKILL of the main process leaves no rank process alive.
 
-Every mistake runs in-process through the console entry point ``rolling_forcing.cli.main`` (argument
+Every mistake runs in-process through the console entry point ``nki_ardiff.cli.main`` (argument
 parsing, checks, exit code and stderr exactly as installed; ~0.1-1 s each), and a subset also as a real
 subprocess (interpreter start ~3 s each, two at a time); the stopped streams are subprocesses.
 """
@@ -38,10 +38,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _cmd(args: list[str], pre: str = "") -> list[str]:
-    """``python -m rolling_forcing ARGS``; with ``pre``, that code runs first (e.g. to hide a package)."""
+    """``python -m nki_ardiff ARGS``; with ``pre``, that code runs first (e.g. to hide a package)."""
     if not pre:
-        return [sys.executable, "-m", "rolling_forcing", *args]
-    code = f"{pre}\nimport sys\nfrom rolling_forcing.entry import main\nmain(sys.argv[1:])"
+        return [sys.executable, "-m", "nki_ardiff", *args]
+    code = f"{pre}\nimport sys\nfrom nki_ardiff.entry import main\nmain(sys.argv[1:])"
     return [sys.executable, "-c", code, *args]
 
 
@@ -146,7 +146,7 @@ def _in_process(
     args: list[str], pre: str, env: dict[str, str], capfd: pytest.CaptureFixture[str], mp
 ) -> tuple:
     """Run the console entry point in this process; return (exit code, stdout, stderr)."""
-    from rolling_forcing.cli import main
+    from nki_ardiff.cli import main
 
     for k in ("NKI_ARDIFF_BACKEND", "NKI_ARDIFF_DEBUG"):
         mp.delenv(k, raising=False)
@@ -202,8 +202,8 @@ def test_mistake_is_one_error_line_subprocess(case: str, files: dict[str, Path],
 
 def test_debug_shows_the_traceback(files: dict[str, Path], monkeypatch) -> None:
     """--debug (or NKI_ARDIFF_DEBUG=1) lets the error propagate with its traceback instead of one line."""
-    from rolling_forcing.cli import main
-    from rolling_forcing.cli_checks import CliError
+    from nki_ardiff.cli import main
+    from nki_ardiff.cli_checks import CliError
 
     args = ["generate", "--blocks", "5", "--checkpoint", str(files["nan"]), "--out", "never.mp4"]
     with pytest.raises(CliError, match="non-finite"):

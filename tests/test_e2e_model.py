@@ -486,7 +486,7 @@ def test_peer_model_uses_its_launch_count_and_reports_the_ratio():
 def test_bench_e2e_cli_prints_peer_comparison(tmp_path):
     from typer.testing import CliRunner
 
-    from rolling_forcing.cli import app
+    from nki_ardiff.cli import app
 
     r = CliRunner().invoke(app, ["bench", "e2e", "--quick", "--analytic", "--out-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output

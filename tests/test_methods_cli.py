@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rolling_forcing.cli import GenerateOptions, app, command_line
+from nki_ardiff.cli import GenerateOptions, app, command_line
 from rolling_forcing.video import VideoSpec, read_video
 
 runner = CliRunner()

@@ -40,7 +40,7 @@ def test_library_imports_with_every_cli_dependency_hidden() -> None:
 def test_entry_point_without_a_cli_dependency_is_one_error_line() -> None:
     r = _run(
         "import sys; sys.modules['matplotlib'] = None; sys.modules['tqdm'] = None\n"
-        "from rolling_forcing.entry import main\n"
+        "from nki_ardiff.entry import main\n"
         "main(['--help'])\n"
     )
     assert r.returncode == 2 and r.stdout == ""
@@ -50,7 +50,7 @@ def test_entry_point_without_a_cli_dependency_is_one_error_line() -> None:
 
 
 def test_cli_extra_matches_the_entry_points_check_and_test_extra_includes_it() -> None:
-    from rolling_forcing.entry import CLI_MODULES
+    from nki_ardiff.entry import CLI_MODULES
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from nki_ardiff.cli import app
 from nki_kernels.emulator import TensorSpec
 from nki_kernels.emulator import run as emu_run
 from nki_kernels.emulator.cost import profile
@@ -36,7 +37,6 @@ from perf.neuron_measure import (
 )
 from perf.neuron_points import CalibrationPoint, calibration_points, points_from_results
 from perf.runner import BenchRow, append_rows, read_rows, run_case
-from rolling_forcing.cli import app
 
 FULL = NeuronProbe(devices=("/dev/neuron0",), nki_version="0.6.0", nki_error="", torch_xla_error="",
                    profiler="/opt/aws/neuron/bin/neuron-explorer")  # fmt: skip

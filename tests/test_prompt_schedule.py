@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rolling_forcing.cli import app
+from nki_ardiff.cli import app
 from rolling_forcing.prompts import PromptSchedule, parse_switch_frames, read_prompt_schedule
 from rolling_forcing.video import read_video
 

@@ -186,7 +186,7 @@ def test_serve_extra_holds_what_the_command_checks_and_the_test_extra_the_server
 def test_serve_subcommand_is_registered_and_refuses_bad_options_before_starting() -> None:
     from typer.testing import CliRunner
 
-    from rolling_forcing.cli import app
+    from nki_ardiff.cli import app
 
     runner = CliRunner()
     help_ = runner.invoke(app, ["serve", "--help"])

@@ -296,7 +296,7 @@ def test_cli_generate_cores_2_writes_the_same_video(tmp_path) -> None:
     most 1 at a rounding boundary)."""
     from typer.testing import CliRunner
 
-    from rolling_forcing.cli import app
+    from nki_ardiff.cli import app
     from rolling_forcing.video import read_video
 
     videos, reports = [], []

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rolling_forcing.cli_options import GenerateOptions
+from nki_ardiff.cli_options import GenerateOptions
 
 MAX_SECONDS = 86_400.0
 """Longest ``--seconds`` (24 h of video): the per-chunk latency report is kept in memory (~200 bytes a

@@ -1,6 +1,6 @@
 """``python -m rolling_forcing`` runs the ``rolling-forcing`` CLI."""
 
-from rolling_forcing.entry import main
+from nki_ardiff.entry import main
 
 if __name__ == "__main__":
     main()

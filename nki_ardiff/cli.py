@@ -8,10 +8,10 @@ through ``--checkpoint`` (Wan / RF / diffusers key layouts), ``--vae`` (diffuser
 directory), ``--text-encoder`` (umT5 directory) or ``--prompt-embeds`` (``.safetensors``). Local paths
 only.
 
-Layout: the options record and its command line (:mod:`rolling_forcing.cli_options`), the checks that run
-before any model is built (:mod:`rolling_forcing.cli_checks`), the run itself
-(:mod:`rolling_forcing.cli_run`), error reporting (:mod:`rolling_forcing.cli_errors`) and the benchmarks
-(:mod:`rolling_forcing.cli_bench`). Subcommands are registered from the tables at the end of this file.
+Layout: the options record and its command line (:mod:`nki_ardiff.cli_options`), the checks that run
+before any model is built (:mod:`nki_ardiff.cli_checks`), the run itself
+(:mod:`nki_ardiff.cli_run`), error reporting (:mod:`nki_ardiff.cli_errors`) and the benchmarks
+(:mod:`nki_ardiff.cli_bench`). Subcommands are registered from the tables at the end of this file.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Annotated, Any
 
 import typer
 
-from rolling_forcing.cli_bench import bench_app
-from rolling_forcing.cli_checks import MAX_SECONDS
-from rolling_forcing.cli_errors import click_exceptions, fail, reported_errors, usage_error_line
-from rolling_forcing.cli_options import (
+from nki_ardiff.cli_bench import bench_app
+from nki_ardiff.cli_checks import MAX_SECONDS
+from nki_ardiff.cli_errors import click_exceptions, fail, reported_errors, usage_error_line
+from nki_ardiff.cli_options import (
     Backend,
     DType,
     GenerateOptions,
@@ -36,7 +36,7 @@ from rolling_forcing.cli_options import (
     Preset,
     command_line,
 )
-from rolling_forcing.cli_run import run_generate
+from nki_ardiff.cli_run import run_generate
 from rolling_forcing.serve.command import register_serve
 
 app = typer.Typer(

@@ -35,6 +35,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             "pip install -e '.[cli]'\n"
         )
         raise SystemExit(2)
-    from rolling_forcing.cli import main as cli_main
+    from nki_ardiff.cli import main as cli_main
 
     cli_main(argv)

@@ -1,6 +1,6 @@
 """The body of ``rolling-forcing generate``: build, warm up, stream, write; nothing lost or half-written.
 
-Order: :func:`rolling_forcing.cli_checks.check_generate` (every option, before any build), then the model,
+Order: :func:`nki_ardiff.cli_checks.check_generate` (every option, before any build), then the model,
 weights, text conditioning and decoder (each load error names its option), the warm-up stream and the
 timed stream. Outputs:
 
@@ -28,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rolling_forcing.cli_checks import CliError, RunPlan, check_generate
-from rolling_forcing.cli_options import GenerateOptions, command_line
+from nki_ardiff.cli_checks import CliError, RunPlan, check_generate
+from nki_ardiff.cli_options import GenerateOptions, command_line
 
 
 class Interrupted(Exception):
@@ -111,7 +111,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def run_generate(opts: GenerateOptions, *, echo: Callable[[str], Any] = print) -> dict[str, Any]:
     """Stream a video to ``opts.out`` and return the JSON report dict (also written to ``report_json``).
 
-    Raises :class:`~rolling_forcing.cli_checks.CliError` for anticipated failures (before any build for
+    Raises :class:`~nki_ardiff.cli_checks.CliError` for anticipated failures (before any build for
     option errors) and :class:`Interrupted` after SIGINT/SIGTERM (outputs finalised as described in the
     module docstring). The torch intra-op thread count is restored afterwards (no lasting side effect when
     called in-process, e.g. from tests).

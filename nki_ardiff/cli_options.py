@@ -42,7 +42,7 @@ class Preset(str, Enum):
 
 
 class Noise(str, Enum):
-    """How the stream's initial noise is drawn (see :func:`rolling_forcing.cli_checks.noise_upfront`)."""
+    """How the stream's initial noise is drawn (see :func:`nki_ardiff.cli_checks.noise_upfront`)."""
 
     auto = "auto"
     upfront = "upfront"

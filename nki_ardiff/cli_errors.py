@@ -1,6 +1,6 @@
 """How ``rolling-forcing`` commands end on an anticipated failure: one ``error: <argument>: <rule>`` line.
 
-Exit codes: 2 usage error (a bad option or input file, :class:`~rolling_forcing.cli_checks.CliError` with
+Exit codes: 2 usage error (a bad option or input file, :class:`~nki_ardiff.cli_checks.CliError` with
 ``exit_code=2`` and the library's own argument checks: ``ValueError``, ``TypeError``,
 ``FileNotFoundError``, ``NotImplementedError``); 1 runtime failure (a non-finite latent, a rank that
 died: ``sharding.launch.LaunchError``); 128 + signal number after SIGINT (130) or SIGTERM (143). Anything
@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from rolling_forcing.cli_checks import CliError
+from nki_ardiff.cli_checks import CliError
 
 DEBUG_ENV = "NKI_ARDIFF_DEBUG"
 
@@ -68,7 +68,7 @@ def fail(argument: str, rule: str, code: int = 2) -> typer.Exit:
 @contextlib.contextmanager
 def reported_errors(command: str = "generate", ctx: typer.Context | None = None) -> Iterator[None]:
     """Turn anticipated failures inside the block into one stderr line and an exit code (see module)."""
-    from rolling_forcing.cli_run import Interrupted
+    from nki_ardiff.cli_run import Interrupted
 
     try:
         yield

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import typer
 
-from rolling_forcing.cli_checks import CliError
-from rolling_forcing.cli_errors import reported_errors
+from nki_ardiff.cli_checks import CliError
+from nki_ardiff.cli_errors import reported_errors
 
 bench_app = typer.Typer(
     help="Benchmarks (perf/): kernels on the emulator + cost model, end-to-end model.",
