@@ -51,6 +51,20 @@ class _Received:
     signum: int | None = None
 
 
+class _Deferral:
+    """Critical sections (:func:`_signals_deferred`) in progress and the signal that arrived during one.
+
+    Python runs signal handlers in the main thread, but the OS may deliver a process-directed signal to
+    any thread that does not block it (torch's and the video writer's threads), so masking the main
+    thread alone does not keep a handler out of a critical section: the handler itself must defer."""
+
+    depth: int = 0
+    pending: int | None = None
+
+
+_DEFER = _Deferral()
+
+
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[_Received]:
     """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while the block runs."""
@@ -62,6 +76,10 @@ def _signals_raise() -> Iterator[_Received]:
     def handler(signum: int, frame: Any) -> None:
         if got.signum is None:
             got.signum = signum
+        if _DEFER.depth > 0:  # inside a critical section: raise when it ends
+            if _DEFER.pending is None:
+                _DEFER.pending = signum
+            return
         raise Interrupted(signum)
 
     saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -73,17 +91,24 @@ def _signals_raise() -> Iterator[_Received]:
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Block SIGINT/SIGTERM while outputs are renamed and the report is written (both take milliseconds)."""
+def _signals_deferred(raise_pending: bool = True) -> Iterator[None]:
+    """A critical section: a SIGINT/SIGTERM arriving inside it takes effect when it ends (a chunk's frames
+    and its report row, or the outputs' renames and the report, happen whole or not at all).
+
+    ``raise_pending``: raise :class:`Interrupted` at the end if a signal arrived (the run stops there);
+    ``False`` for the final write-out, after which the run ends anyway (the signal stays recorded)."""
     if sys.platform == "win32" or not _in_main_thread():
         yield
         return
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    _DEFER.depth += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _DEFER.depth -= 1
+        if _DEFER.depth == 0 and _DEFER.pending is not None:
+            signum, _DEFER.pending = _DEFER.pending, None
+            if raise_pending:
+                raise Interrupted(signum)
 
 
 def _in_main_thread() -> bool:
@@ -293,7 +318,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
 
     def finish(status: dict[str, Any]) -> dict[str, Any]:
         """Close the writer, move the video where ``status`` says, write the report; return its dict."""
-        with _signals_deferred():
+        with _signals_deferred(raise_pending=False):
             writer.close()
             if status["interrupted"] and writer.frames_written > 0:
                 os.replace(tmp_video, plan.partial_path)
@@ -395,13 +420,14 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                         video = decoder.decode(chunk.latents.float())
                         t_dec = time.perf_counter()
                         frames = to_uint8_frames(video)
-                        with _signals_deferred():  # a chunk is in the video whole or not at all
+                        # a chunk is in the video and in the report whole, or in neither
+                        with _signals_deferred():
                             writer.write(frames)
-                        t_wr = time.perf_counter()
-                        timer.add(
-                            int(chunk.block), frames.shape[0],
-                            generate_s=t_gen - t_prev, decode_s=t_dec - t_gen, write_s=t_wr - t_dec,
-                        )  # fmt: skip
+                            t_wr = time.perf_counter()
+                            timer.add(
+                                int(chunk.block), frames.shape[0],
+                                generate_s=t_gen - t_prev, decode_s=t_dec - t_gen, write_s=t_wr - t_dec,
+                            )  # fmt: skip
                         bar.update(1)
                         if opts.cores == 1 and chunk.block + 1 in switches:  # LongLive re-caches
                             emb = switches[chunk.block + 1].to(dt)
