@@ -98,7 +98,10 @@ class E2EParams:
     * ``peer_neffs_per_forward`` 370: NEFF launches per rank of one forward of the Rolling Forcing port
       (``docs/compilation_pattern.md`` of the same repository: "Sub-module compile + NKI eager: ~370
       NEFFs/rank, 7.8-8.6 fps"); used only to model that port's configuration.
-    * ``target_fps`` 20 with ``target_headroom`` 0.2 and ``target_hbm_bytes`` 9e9: the project's targets.
+    * the project's targets (one trn2 chip, Wan2.1-1.3B, 480x832): ``target_fps`` 20 with
+      ``target_headroom`` 0.2 (chunk <= 80 % of its deadline) at the pessimistic end, ``target_fps_bf16``
+      16 without FP8 (the published Rolling Forcing figure), HBM ``target_hbm_bytes`` 11 GB in bf16 and
+      ``target_hbm_fp8_bytes`` 8 GB with the FP8 KV cache.
     """
 
     peak_flops_per_core: float = 128 * 128 * 2 * 2.4e9
@@ -118,7 +121,9 @@ class E2EParams:
     peer_neffs_per_forward: int = 370
     target_fps: float = 20.0
     target_headroom: float = 0.2
-    target_hbm_bytes: float = 9e9
+    target_fps_bf16: float = 16.0
+    target_hbm_bytes: float = 11e9
+    target_hbm_fp8_bytes: float = 8e9
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_core", "hbm_Bps_per_core", "vector_hz", "scalar_hz", "gpsimd_hz"):
