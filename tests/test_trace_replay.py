@@ -41,7 +41,7 @@ def test_kernel_trace_replays(name: str, stored: dict[str, dict[str, Any]]) -> N
     assert _recount(entry) == entry["counts"], "event log and aggregated counts disagree"
     lines = tr.diff(stored.get(name), entry)
     assert not lines, (
-        f"{name} ({'.'.join(case.kernel)}, lnc={case.lnc}) no longer issues the stored instruction stream:\n  "
+        f"{name} ({'.'.join(case.kernel)}, lnc={case.lnc}) no longer issues the stored stream:\n  "
         + "\n  ".join(lines)
         + f"\nIf intended: {tr.REGEN} and say why in the commit message."
     )
@@ -68,7 +68,9 @@ def _rope() -> None:
 def _rope_tables() -> None:
     from nki_kernels.rope3d import rope3d_tables_emulated
 
-    rope3d_tables_emulated(_bf(2, 1100, 2, 16), _bf(2, 1100, 2, 16, seed=1), _f32(1100, 8), _f32(1100, 8), lnc=2)
+    rope3d_tables_emulated(
+        _bf(2, 1100, 2, 16), _bf(2, 1100, 2, 16, seed=1), _f32(1100, 8), _f32(1100, 8), lnc=2
+    )
 
 
 def _attention() -> None:
@@ -96,7 +98,9 @@ def _block_table() -> None:
 def _kv_write() -> None:
     from nki_kernels.kv_cache import kv_cache_write_emulated
 
-    kv_cache_write_emulated(_bf(2, 96, 3, 16), _bf(2, 96, 3, 16), _bf(2, 32, 3, 16), _bf(2, 32, 3, 16), 2, lnc=2)
+    kv_cache_write_emulated(
+        _bf(2, 96, 3, 16), _bf(2, 96, 3, 16), _bf(2, 32, 3, 16), _bf(2, 32, 3, 16), 2, lnc=2
+    )
 
 
 def _kv_slide() -> None:
@@ -134,8 +138,8 @@ ENTRIES: dict[str, tuple[Callable[[], None], str]] = {
 def test_entry_launches_the_replayed_kernel(
     entry: str, stored: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The entry (what ``ops`` dispatches to) launches the case's kernel at its lnc, and the stream a real-data
-    run issues is the stored trace-only one."""
+    """The entry (what ``ops`` dispatches to) launches the case's kernel at its lnc, and the stream a
+    real-data run issues is the stored trace-only one."""
     from nki_kernels import _nki
     from nki_kernels.emulator import run
 
@@ -202,7 +206,9 @@ def test_diff_reports_a_changed_region_and_a_dropped_instruction(attention_entry
     assert tr.diff(attention_entry, new)[0].startswith("first instruction whose memory regions differ: #37 ")
     order = tr._expand(attention_entry)[:-1]
     new = {**copy.deepcopy(attention_entry), "order": [[i, 1] for i in order], "regions": new["regions"][:-1]}
-    assert tr.diff(attention_entry, new)[-1].startswith("program order: 176 -> 175 instructions, equal up to #175")
+    assert tr.diff(attention_entry, new)[-1].startswith(
+        "program order: 176 -> 175 instructions, equal up to #175"
+    )
     assert tr.diff(attention_entry, copy.deepcopy(attention_entry)) == []
 
 

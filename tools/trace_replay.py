@@ -63,8 +63,8 @@ RECORD_FIELDS = (
 
 @dataclass(frozen=True)
 class Case:
-    """One traced launch: ``kernel`` (``(module, name)`` of an ``@nki.jit`` kernel in ``nki_kernels``), its
-    positional ``args`` (``TensorSpec`` placeholders, lists of them, and compile-time constants) and ``lnc``."""
+    """One traced launch: ``kernel`` (``(module, name)`` of an ``@nki.jit`` kernel in ``nki_kernels``),
+    its positional ``args`` (``TensorSpec`` placeholders, lists of them, compile-time constants), ``lnc``."""
 
     name: str
     kernel: tuple[str, str]
@@ -116,8 +116,9 @@ def cases() -> list[Case]:
         args = (q, kv, kv, segments, 0.125, lse)
         return Case(name, ("attention", "attention_segments_kernel"), args, lnc)
 
-    def blk(name: str, dt: str, lse: bool, lnc: int, srcs: Sequence[int], groups: tuple[int, ...], t: int,
-            nb: int) -> Case:  # fmt: skip
+    def blk(
+        name: str, dt: str, lse: bool, lnc: int, srcs: Sequence[int], groups: tuple[int, ...], t: int, nb: int
+    ) -> Case:
         q = s(1, sum(groups), 2, 64, dtype=dt)
         kv = [s(1, n, 2, 64, dtype=dt) for n in srcs]
         args = (q, kv, kv, s(len(groups), nb, 2, dtype=i32), groups, t, 0.125, lse)
@@ -125,7 +126,9 @@ def cases() -> list[Case]:
 
     def kvw(name: str, dt: str, lnc: int) -> Case:
         cache, new = s(2, 96, 3, 16, dtype=dt), s(2, 32, 3, 16, dtype=dt)
-        return Case(name, ("kv_cache", "kv_cache_write_kernel"), (cache, cache, new, new, s(1, 1, dtype=i32)), lnc)
+        return Case(
+            name, ("kv_cache", "kv_cache_write_kernel"), (cache, cache, new, new, s(1, 1, dtype=i32)), lnc
+        )
 
     def kvs(name: str, dt: str, lnc: int, sink: int) -> Case:
         cache, new = s(2, 100, 3, 16, dtype=dt), s(2, 30, 3, 16, dtype=dt)
@@ -135,10 +138,16 @@ def cases() -> list[Case]:
         args = (s(m, k, dtype=dt), s(k, n, dtype=dt), s(n, dtype=f32) if bias else None)
         return Case(name, ("linear", "linear_kernel"), args, lnc)
 
-    def conv(name: str, ci: int, co: int, t: int, h: int, w: int, ks: tuple[int, int, int], dt: str,
-             bias: bool) -> Case:  # fmt: skip
+    def conv(
+        name: str, ci: int, co: int, t: int, h: int, w: int, ks: tuple[int, int, int], dt: str, bias: bool
+    ) -> Case:
         taps = ks[0] * ks[1] * ks[2]
-        args = (s(ci, t + ks[0] - 1, h, w, dtype=dt), s(taps, ci, co, dtype=dt), s(co, dtype=f32) if bias else None, ks)
+        args = (
+            s(ci, t + ks[0] - 1, h, w, dtype=dt),
+            s(taps, ci, co, dtype=dt),
+            s(co, dtype=f32) if bias else None,
+            ks,
+        )
         return Case(name, ("conv3d", "conv3d_causal_kernel"), args, 1)
 
     return [
@@ -234,7 +243,9 @@ def _show(row: list[Any]) -> str:
 
 
 def _record_diff(old: list[Any], new: list[Any]) -> str:
-    changed = [f"{f}: {json.dumps(a)} -> {json.dumps(b)}" for f, a, b in zip(RECORD_FIELDS, old, new) if a != b]
+    changed = [
+        f"{f}: {json.dumps(a)} -> {json.dumps(b)}" for f, a, b in zip(RECORD_FIELDS, old, new) if a != b
+    ]
     return "; ".join(changed)
 
 
@@ -269,8 +280,10 @@ def diff(expected: dict[str, Any] | None, actual: dict[str, Any] | None) -> list
         pos = min(len(eo), len(ao))
         longer, rows = (eo, erec) if len(eo) > len(ao) else (ao, arec)
         which = "stored" if len(eo) > len(ao) else "now"
-        out.append(f"program order: {len(eo)} -> {len(ao)} instructions, equal up to #{pos}; "
-                   f"next ({which}): {_show(rows[longer[pos]])}")  # fmt: skip
+        out.append(
+            f"program order: {len(eo)} -> {len(ao)} instructions, equal up to #{pos}; "
+            f"next ({which}): {_show(rows[longer[pos]])}"
+        )
         return out
     for pos, (a, b) in enumerate(zip(expected["regions"], actual["regions"])):
         if a != b:
@@ -310,9 +323,12 @@ def dumps(entries: dict[str, dict[str, Any]]) -> str:
         for k, key in enumerate(keys):
             sep = "," if k < len(keys) - 1 else ""
             if key == "records":
-                lines.append(f'   "records": [')
+                lines.append('   "records": [')
                 rows = e[key]
-                lines += [f"    {c(r, separators=(',', ':'))}{',' if i < len(rows) - 1 else ''}" for i, r in enumerate(rows)]
+                lines += [
+                    f"    {c(r, separators=(',', ':'))}{',' if i < len(rows) - 1 else ''}"
+                    for i, r in enumerate(rows)
+                ]
                 lines.append(f"   ]{sep}")
             else:
                 lines.append(f"   {c(key)}: {c(e[key], separators=(',', ':'))}{sep}")
@@ -361,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}]")
         for line in lines:
             print(f"  {line}")
-    print(f"{len(captured)} case(s) traced, {len(diffs)} differ from {DATA_PATH.relative_to(DATA_PATH.parents[2])}")
+    rel = DATA_PATH.relative_to(DATA_PATH.parents[2])
+    print(f"{len(captured)} case(s) traced, {len(diffs)} differ from {rel}")
     if ns.update:
         stored = load()
         merged = {c.name: captured.get(c.name, stored.get(c.name)) for c in cases()}
