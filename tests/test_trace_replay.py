@@ -1,4 +1,4 @@
-"""Trace replay (issue 16, item 1): every kernel's instruction stream at fixed small shapes equals the stored
+"""Trace replay: every kernel's instruction stream at fixed small shapes equals the stored
 one in tests/data/trace_replay.json (records, program order, memory regions, counts per engine:op).
 
 A failure prints the diff (counts that changed, the first differing instruction). If the change is intended,

@@ -9,8 +9,8 @@ must not change what a kernel issues. For each case of :func:`cases` the kernel 
   buffers, partitions, free size, bytes, flops, DMA descriptors and direction, program id, static meta),
 * the program order of the issued instructions (from the trace's event log, ``keep_events=True``): an
   index into the distinct records per instruction, run-length encoded,
-* per instruction, an 8-hex digest of the memory regions it reads and writes (allocation ids, partitions,
-  byte ranges), so a changed allocation order or access pattern is caught as well,
+* per instruction, an 8-hex digest of the memory regions it reads and writes (allocation ids, numbered in
+  order of first access, partitions, byte ranges), so a changed access pattern is caught as well,
 * the issue counts per ``engine:op`` (from the aggregated ``Trace.counts``, independent of the order).
 
 Usage (from the repository root)::
