@@ -236,3 +236,13 @@ def _recount(entry: dict[str, Any]) -> dict[str, int]:
         r = entry["records"][i]
         counts[f"{r[1]}:{r[0]}"] = counts.get(f"{r[1]}:{r[0]}", 0) + n
     return counts
+
+
+def test_every_trace_record_field_is_stored() -> None:
+    """A field added to ``TraceRecord`` must be added to the stored rows (and the file regenerated), or it
+    would go unguarded."""
+    import dataclasses
+
+    from nki_kernels.emulator import TraceRecord
+
+    assert tr.RECORD_FIELDS == tuple(f.name for f in dataclasses.fields(TraceRecord))
