@@ -16,6 +16,8 @@ import torch
 
 from tools import trace_replay as tr
 
+pytestmark = pytest.mark.emulator
+
 CASES = {c.name: c for c in tr.cases()}
 
 

@@ -381,8 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(captured)} case(s) traced, {len(diffs)} differ from {rel}")
     if ns.update:
         stored = load()
-        merged = {c.name: captured.get(c.name, stored.get(c.name)) for c in cases()}
-        merged = {n: e for n, e in merged.items() if e is not None}
+        merged: dict[str, dict[str, Any]] = {}
+        for c in cases():  # the defined cases in order; a case not traced now keeps its stored entry
+            entry = captured.get(c.name, stored.get(c.name))
+            if entry is not None:
+                merged[c.name] = entry
         DATA_PATH.parent.mkdir(parents=True, exist_ok=True)
         DATA_PATH.write_text(dumps(merged))
         print(f"wrote {len(merged)} case(s); say why in the commit message")
