@@ -247,4 +247,4 @@ def test_every_trace_record_field_is_stored() -> None:
 
     from nki_kernels.emulator import TraceRecord
 
-    assert tr.RECORD_FIELDS == tuple(f.name for f in dataclasses.fields(TraceRecord))
+    assert tuple(f.name for f in dataclasses.fields(TraceRecord)) == tr.RECORD_FIELDS
