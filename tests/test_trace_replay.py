@@ -41,7 +41,7 @@ def test_kernel_trace_replays(name: str, stored: dict[str, dict[str, Any]]) -> N
     case = CASES[name]
     entry = tr.capture(case)
     assert _recount(entry) == entry["counts"], "event log and aggregated counts disagree"
-    lines = tr.diff(stored.get(name), entry)
+    lines = tr.diff(stored.get(name), entry, case)
     assert not lines, (
         f"{name} ({'.'.join(case.kernel)}, lnc={case.lnc}) no longer issues the stored stream:\n  "
         + "\n  ".join(lines)
@@ -205,7 +205,10 @@ def test_diff_reports_a_reordering_with_equal_counts(attention_entry: dict[str, 
 def test_diff_reports_a_changed_region_and_a_dropped_instruction(attention_entry: dict[str, Any]) -> None:
     new = copy.deepcopy(attention_entry)
     new["regions"][37] = "00000000"
-    assert tr.diff(attention_entry, new)[0].startswith("first instruction whose memory regions differ: #37 ")
+    lines = tr.diff(attention_entry, new, CASES["attention_bf16_lse_lnc2"])
+    assert lines[0].startswith("first instruction whose memory regions differ: #37 ")
+    assert lines[1] == "  now: " + tr.regions_at(CASES["attention_bf16_lse_lnc2"], 37)
+    assert "write " in lines[1]
     order = tr._expand(attention_entry)[:-1]
     new = {**copy.deepcopy(attention_entry), "order": [[i, 1] for i in order], "regions": new["regions"][:-1]}
     assert tr.diff(attention_entry, new)[-1].startswith(

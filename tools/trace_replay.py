@@ -249,10 +249,30 @@ def _record_diff(old: list[Any], new: list[Any]) -> str:
     return "; ".join(changed)
 
 
-def diff(expected: dict[str, Any] | None, actual: dict[str, Any] | None) -> list[str]:
+def regions_at(case: Case, pos: int) -> str:
+    """The memory regions instruction ``pos`` of ``case`` reads and writes now (for a region diff: the file
+    keeps only their digest)."""
+    from nki_kernels.emulator import run
+
+    _, trace = run(kernel_of(case), *case.args, lnc=case.lnc, trace_only=True, keep_events=True)
+    for i, (_, reads, writes) in enumerate(trace.iter_events()):
+        if i == pos:
+            show = [
+                f"{kind} {r.space}#{r.buf} p[{r.p0}:{r.p1}) b[{r.b0}:{r.b1})"
+                for kind, regs in (("read", reads), ("write", writes))
+                for r in regs
+            ]
+            return "; ".join(show)
+    raise ValueError(f"{case.name} issues fewer than {pos + 1} instructions")
+
+
+def diff(
+    expected: dict[str, Any] | None, actual: dict[str, Any] | None, case: Case | None = None
+) -> list[str]:
     """Readable differences between a stored case and a fresh capture (empty when identical): changed
     arguments, changed counts per ``engine:op``, the first instruction whose record differs (both records
-    and the fields that changed), else the first instruction whose memory regions differ."""
+    and the fields that changed), else the first instruction whose memory regions differ (with the regions
+    it accesses now when ``case`` is given)."""
     if expected is None:
         return ["new case (not in the stored file)"]
     if actual is None:
@@ -291,6 +311,8 @@ def diff(expected: dict[str, Any] | None, actual: dict[str, Any] | None) -> list
                 f"first instruction whose memory regions differ: #{pos} {_show(arec[ao[pos]])} "
                 "(allocation ids, partitions or byte ranges it reads/writes changed)"
             )
+            if case is not None:
+                out.append(f"  now: {regions_at(case, pos)}")
             return out
     if not out and expected != actual:
         out.append("stored entry differs in form (format change?): regenerate")
@@ -354,7 +376,7 @@ def compare(
             raise ValueError(f"--case: unknown case(s) {unknown}; defined: {sorted(defined)}")
     todo = [defined[n] for n in names] if names else list(defined.values())
     captured = {c.name: capture_fn(c) for c in todo}
-    diffs = {n: d for n, e in captured.items() if (d := diff(stored.get(n), e))}
+    diffs = {n: d for n, e in captured.items() if (d := diff(stored.get(n), e, defined[n]))}
     if not names:
         for n in stored:
             if n not in defined:
