@@ -6,7 +6,7 @@ SCRATCH ?= build/perf
 UPDATE ?=
 NOSAVE := $(if $(UPDATE),,--no-save)
 
-.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate
+.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate trace-replay
 
 test:
 	$(PY) -m pytest -q
@@ -41,3 +41,8 @@ bench-long-stream:
 # Mutation check (not in CI): curated mutants in tools/mutants.py, each in a scratch copy of HEAD.
 mutate:
 	$(PY) -m tools.mutate
+
+# the kernels' instruction streams against tests/data/trace_replay.json (diff, exit 1 on a change);
+# `make trace-replay UPDATE=1` rewrites the file for an intended change (say why in the commit)
+trace-replay:
+	$(PY) -m tools.trace_replay $(if $(UPDATE),--update,)
