@@ -161,12 +161,12 @@ def _load_q(c: _Ctx, B: _Bufs, q: Any, g: int) -> None:
     if n16:
         nc = n16 // HWDGE_ROWS
         view = src[:n16, :].reshape_dim(0, (nc, HWDGE_ROWS)).permute((1, 0, 2))
-        nisa.dma_transpose(
-            dst=dst[: c.d, :n16].reshape_dim(1, (nc, HWDGE_ROWS)), src=view, axes=(2, 1, 0)
-        )
+        nisa.dma_transpose(dst=dst[: c.d, :n16].reshape_dim(1, (nc, HWDGE_ROWS)), src=view, axes=(2, 1, 0))
     if n16 < n:
         if n >= HWDGE_ROWS:  # re-transpose the last 16 rows (identical values on the overlap)
-            nisa.dma_transpose(dst=dst[: c.d, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0))
+            nisa.dma_transpose(
+                dst=dst[: c.d, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0)
+            )
         else:  # fewer than 16 rows in all: element-wise permuted copy
             nisa.dma_copy(dst=dst[: c.d, :n], src=src[:n, :].permute((1, 0)))
 
@@ -203,7 +203,8 @@ def _qk(c: _Ctx, B: _Bufs, g: int) -> None:
 
 
 def _update_max(c: _Ctx, B: _Bufs, g: int) -> None:
-    """Negated section max; across sections the running (negated) max and ``corr = exp(max_old - max_new)``."""
+    """Negated section max; across sections the running (negated) max and
+    ``corr = exp(max_old - max_new)``."""
     qr, slot = c.qr(g), g % 2
     smax, pmx, corr = (B.col[n][slot][:qr] for n in ("sec_max", "prev_max", "corr"))
     run = B.run_max[:qr, g : g + 1]
@@ -253,7 +254,6 @@ def _pv_large(c: _Ctx, B: _Bufs, g: int, lt: int) -> None:
     qr, slot = c.qr(g), g % 2
     ps = B.o_ps[lt % 4]
     per = LARGE_TILE // PMAX
-    n_mm = 0
     for j in range(per):
         vi = lt * per + j
         np_ = min(c.n_keys - vi * PMAX, PMAX)
@@ -263,9 +263,8 @@ def _pv_large(c: _Ctx, B: _Bufs, g: int, lt: int) -> None:
             ps[:qr, : c.d],
             stationary=B.pt[slot][:np_, vi, :qr],
             moving=B.v[:np_, vi, : c.d],
-            accumulate=n_mm > 0,
+            accumulate=j > 0,
         )
-        n_mm += 1
     acc = B.mm2[slot][:qr, : c.d]
     if lt == 0:
         nisa.tensor_copy(acc, ps[:qr, : c.d], engine=nisa.vector_engine)

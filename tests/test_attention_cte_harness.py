@@ -2,10 +2,10 @@
 emulator's rules and issues attention_cte's DMA-transpose count and sizes.
 
 Numerics: harness (bf16 inputs in attention_cte's layouts) vs the fp32 torch reference
-``reference.attention.attention`` on the original fp32 inputs, tolerance ``2 x the reference's own bf16 error +
-the bf16 floor`` (tests/numerics.py: the floor covers flash-style re-association over key tiles and sections;
-the harness also rounds the partial output between sections to bf16, as attention_cte does through its
-output tensor).
+``reference.attention.attention`` on the original fp32 inputs, tolerance ``2 x the reference's own bf16
+error + the bf16 floor`` (tests/numerics.py: the floor covers flash-style re-association over key tiles and
+sections; the harness also rounds the partial output between sections to bf16, as attention_cte does
+through its output tensor).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_attention_cte_harness_matches_reference(h, d, lq, lk, lnc):
 
 
 def test_attention_cte_harness_rejects_bad_input():
-    q, k, v = TensorSpec((2, 64, 64), BF), TensorSpec((2, 64, 512), BF), TensorSpec((2, 512, 64), BF)
+    q, k = TensorSpec((2, 64, 64), BF), TensorSpec((2, 64, 512), BF)
     with pytest.raises(ValueError, match=r"v .* \[B, Lk, d\]"):
         run(attention_cte_harness_kernel, q, k, TensorSpec((2, 64, 512), BF), 0.125, trace_only=True)
     with pytest.raises(ValueError, match="2-byte"):
