@@ -22,10 +22,10 @@ context parallelism, default layout flags ``tp_q=True``, ``tp_k=False``, ``tp_ou
   transposes are on the DMA queues, none on TensorE); PV ``nc_matmul`` (stationary P^T ``[128 k, 128 q]``,
   moving V ``[128 k, d]``) accumulated over 2,048 keys in one of 4 more PSUM banks, copied / added on VectorE
   into an fp32 SBUF accumulator.
-* **Section merge** through the output tensor itself: a non-last section writes its fp32 partial into
-  ``out`` (the DMA casts to q's dtype), the next one reads it back, ``o = o_prev * corr + o_section``
-  (VectorE ``scalar_tensor_tensor``); the last one scales by ``1 / rowsum`` on ScalarE (``activation`` copy
-  with a per-row scale) and writes ``out``.
+* **Section merge** through HBM: a non-last section writes its fp32 partial to HBM in q's dtype (the DMA
+  casts; ``attention_cte`` writes it into the output tensor itself, see difference 4), the next one reads it
+  back, ``o = o_prev * corr + o_section`` (VectorE ``scalar_tensor_tensor``); the last one scales by
+  ``1 / rowsum`` on ScalarE (``activation`` copy with a per-row scale) and writes ``out``.
 * **Software pipeline over groups** (``attention_cte``'s order): group g+2's q load and QK^T/max
   interleaved per 2,048-key tile with group g's PV; group g+1's exp and transposes; g's write-back; every
   per-group buffer has 2 copies (its modular allocation), the exp buffer one.
@@ -46,6 +46,14 @@ context parallelism, default layout flags ``tp_q=True``, ``tp_k=False``, ``tp_ou
    re-transposes the last 16 rows (one extra small DMA per tail, at most one per 1,024 rows).
 3. ``B`` not a multiple of the logical cores is rejected (``attention_cte`` splits the last batch row's
    queries between the two cores); neither benchmark shape needs it.
+4. The partial output between sections goes to a scratch HBM tensor private to the program (``nl.hbm``, q's
+   dtype: the same bytes, DMA count and bf16 rounding as ``attention_cte``'s writes into ``out``). Reason: the
+   cost model's schedule keeps a bounded list of recent accesses per HBM tensor and merges the oldest into
+   one bounding box (``nki_kernels/emulator/cost/schedule.py``, ``MAX_ENTRIES``); with both logical cores
+   writing and re-reading rows of the one shared ``out``, the merged box made core 1's re-reads wait for
+   core 0's writes (disjoint rows on hardware): at Lq = 2,048, Lk = 32,768, two heads on LNC2 the modelled
+   makespan was 2.66 ms on core 0 and 3.88 ms on core 1; with a per-program buffer both are 2.66 ms. This
+   removes a model artefact; it costs nothing on hardware.
 """
 
 from __future__ import annotations
@@ -285,14 +293,15 @@ def _fused_pv_qk(c: _Ctx, B: _Bufs, g: int) -> None:
         _qk_large(c, B, g + 2, lt)
 
 
-def _write_back(c: _Ctx, B: _Bufs, g: int, out: Any) -> None:
-    """Row sums; the flash merge through ``out`` (fp32 partial cast to q's dtype by the DMA); on the last
-    section ``o / rowsum`` (ScalarE) written to ``out[b, q, :]``."""
+def _write_back(c: _Ctx, B: _Bufs, g: int, out: Any, part: Any) -> None:
+    """Row sums; the flash merge through ``part`` (the fp32 partial cast to q's dtype by the DMA); on the
+    last section ``o / rowsum`` (ScalarE) written to ``out[b, q, :]``."""
     qr, slot, d = c.qr(g), g % 2, c.d
     rows = out[c.b, g * Q_GRP : g * Q_GRP + qr, :]
     ssum, corr, psum_ = (B.col[n][slot][:qr] for n in ("sec_sum", "corr", "prev_sum"))
     run, rec = B.run_sum[:qr, g : g + 1], B.recip[:qr, g : g + 1]
     last = c.si == c.n_sec - 1
+    prow = part[c.b, g * Q_GRP : g * Q_GRP + qr, :] if part is not None else None
     nisa.tensor_reduce(ssum, nl.add, B.psum_part[slot][:qr, : c.n_k_tiles], axis=1)
     src = B.mm2[slot][:qr, :d]
     if c.n_sec == 1:
@@ -304,12 +313,12 @@ def _write_back(c: _Ctx, B: _Bufs, g: int, out: Any) -> None:
             nisa.tensor_copy(psum_, run)
             nisa.tensor_scalar(run, psum_, nl.multiply, corr, op1=nl.add, operand1=ssum)
             prev = B.prev[slot][:qr, :d]
-            nisa.dma_copy(dst=prev, src=rows)
+            nisa.dma_copy(dst=prev, src=prow)
             acc = B.acc[slot][:qr, :d]
             nisa.scalar_tensor_tensor(acc, prev, nl.multiply, corr, nl.add, src)
             src = acc
         if not last:
-            nisa.dma_copy(dst=rows, src=src)
+            nisa.dma_copy(dst=prow, src=src)
             return
         nisa.reciprocal(rec, run)
     fin = B.fin[slot][:qr, :d]
@@ -317,7 +326,7 @@ def _write_back(c: _Ctx, B: _Bufs, g: int, out: Any) -> None:
     nisa.dma_copy(dst=rows, src=fin)
 
 
-def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any) -> None:
+def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any, part: Any) -> None:
     """Load the section's K and V, then the groups through ``attention_cte``'s software pipeline."""
     for ki in range(c.n_k_tiles):
         k0 = c.off + ki * K_TILE
@@ -334,7 +343,7 @@ def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any) -> None:
         _update_max(c, B, 0)
         _exp(c, B, 0)
         _pv(c, B, 0)
-        _write_back(c, B, 0, out)
+        _write_back(c, B, 0, out, part)
         return
     for g in (0, 1):
         _load_q(c, B, q, g)
@@ -346,13 +355,13 @@ def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any) -> None:
         _load_q(c, B, q, g + 2)
         _exp(c, B, g + 1)
         _fused_pv_qk(c, B, g)
-        _write_back(c, B, g, out)
+        _write_back(c, B, g, out, part)
         _update_max(c, B, g + 2)
     _pv(c, B, n - 2)
-    _write_back(c, B, n - 2, out)
+    _write_back(c, B, n - 2, out, part)
     _exp(c, B, n - 1)
     _pv(c, B, n - 1)
-    _write_back(c, B, n - 1, out)
+    _write_back(c, B, n - 1, out, part)
 
 
 @nki.jit
@@ -382,9 +391,11 @@ def attention_cte_harness_kernel(q, k, v, scale):
     n_grps = -(-lq // Q_GRP)
     out = nl.ndarray((bsz, lq, d), dtype=q.dtype, buffer=nl.shared_hbm)
     B = _Bufs(d, sec_len, n_grps, q.dtype)
+    # partials between sections: private per program (module docstring, difference 4)
+    part = nl.ndarray((bsz, lq, d), dtype=q.dtype, buffer=nl.hbm) if n_sec > 1 else None
     nisa.memset(B.zero, value=0.0)
     nisa.memset(B.p, value=0.0)  # query-tail P^T slices read rows past the group: keep them defined
     for b in rows:
         for si in range(n_sec):
-            _section(_Ctx(b, lq, lk, d, float(scale), si, sec_len, n_sec), B, q, k, v, out)
+            _section(_Ctx(b, lq, lk, d, float(scale), si, sec_len, n_sec), B, q, k, v, out, part)
     return out
