@@ -399,3 +399,43 @@ def attention_cte_harness_kernel(q, k, v, scale):
         for si in range(n_sec):
             _section(_Ctx(b, lq, lk, d, float(scale), si, sec_len, n_sec), B, q, k, v, out, part)
     return out
+
+
+def chunk_balance(lq: int = 23_400, lk: int = 32_760, d: int = 128) -> dict[str, dict[str, float]]:
+    """Modelled engine time per 128-query x 1,024-key chunk of one head of the harness on one core, from the
+    cost model's per-instruction prices (``instruction_ns``; DMA: data time over the engines it uses, plus
+    the issue time on the shared issue lane as ``dma_issue``), at the ``nominal``, ``low`` (optimistic) and
+    ``high`` (pessimistic) parameter ends. Keys ``engine`` or ``engine:op``; values ns per chunk."""
+    import ml_dtypes
+
+    from nki_kernels.emulator import TensorSpec, run
+    from nki_kernels.emulator.cost.compute import instruction_ns
+    from nki_kernels.emulator.cost.dma import dma_record_cost
+    from nki_kernels.emulator.cost.params import Trn2CostParams
+
+    bf = ml_dtypes.bfloat16
+    specs = (TensorSpec((1, lq, d), bf), TensorSpec((1, d, lk), bf), TensorSpec((1, lk, d), bf))
+    _, tr = run(attention_cte_harness_kernel, *specs, 1 / d**0.5, trace_only=True)
+    chunks = -(-lq // Q_GRP) * lk / 1024
+    out: dict[str, dict[str, float]] = {}
+    ends = {"nominal": Trn2CostParams(), "low": Trn2CostParams.low(), "high": Trn2CostParams.high()}
+    for end, p in ends.items():
+        acc: dict[str, float] = {}
+        for r, n in tr.entries():
+            if r.engine == "dma":
+                c = dma_record_cost(r, p)
+                parts = {f"dma:{r.op} {r.direction}": c.data_ns / c.engines_used, "dma_issue": c.issue_ns}
+            else:
+                parts = {f"{r.engine}:{r.op}": instruction_ns(r, p)}
+            for key, ns in parts.items():
+                acc[key] = acc.get(key, 0.0) + n * ns
+                eng = key.split(":")[0]
+                if eng != key:
+                    acc[eng] = acc.get(eng, 0.0) + n * ns
+        out[end] = {k: round(v / chunks, 1) for k, v in sorted(acc.items())}
+    return out
+
+
+if __name__ == "__main__":  # python -m perf.attention_cte_harness: the per-chunk balance (modelled)
+    for _end, _row in chunk_balance().items():
+        print(_end, _row)

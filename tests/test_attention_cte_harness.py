@@ -126,3 +126,21 @@ def test_attention_cte_harness_dma_transposes_have_attention_ctes_count_and_size
     assert sum(n for _, n in qt) == h * 2 * 2
     assert sorted({r.bytes_read for r, _ in qt}) == [256 * d * 2, 1024 * d * 2]
     assert tr.count(op="nc_transpose") == 0  # attention_cte puts no transpose on TensorE
+
+
+def test_chunk_balance_matches_the_hand_prices():
+    """Per 128 x 1,024 chunk (no tails: Lq = 1,024, Lk = 8,192), the modelled engine times equal the prices
+    worked by hand from the cost parameters (docs/kernels/attention.md, side by side section): TensorE 2 QK^T
+    (512 + 10 cycles) + 8 PV (128 + 10) at 2.4 GHz; VectorE 2 evictions with max (512 + 141) at 0.96 GHz;
+    ScalarE 2 exps with row sum (512 + 64) at 1.2 GHz; DMA 2 P^T transposes of 128 KiB in 1 KiB descriptors
+    at 259 GB/s per core (16 engines) / SBUF->SBUF transpose efficiency 0.25 (nominal) or 0.5 / 0.125."""
+    from perf.attention_cte_harness import chunk_balance
+
+    bal = chunk_balance(1024, 8192, 128)
+    assert bal["nominal"]["tensor:nc_matmul"] == pytest.approx((2 * 522 + 8 * 138) / 2.4, abs=0.1)
+    assert bal["nominal"]["vector:tensor_scalar_reduce"] == pytest.approx(2 * 653 / 0.96, abs=0.1)
+    assert bal["nominal"]["scalar:activation_reduce"] == pytest.approx(2 * 576 / 1.2, abs=0.1)
+    pt = 2 * 128 * 1024 / 259.0  # ns for 256 KiB at 259 B/ns
+    for end, eff in (("nominal", 0.25), ("low", 0.5), ("high", 0.125)):
+        assert bal[end]["dma:dma_transpose sbuf->sbuf"] == pytest.approx(pt / eff, abs=0.1)
+    assert "tensor:nc_transpose" not in bal["nominal"]
