@@ -436,6 +436,53 @@ def chunk_balance(lq: int = 23_400, lk: int = 32_760, d: int = 128) -> dict[str,
     return out
 
 
-if __name__ == "__main__":  # python -m perf.attention_cte_harness: the per-chunk balance (modelled)
-    for _end, _row in chunk_balance().items():
-        print(_end, _row)
+def sensitivity(lq: int = 23_400, lk: int = 32_760, d: int = 128) -> dict[str, dict[str, Any]]:
+    """Modelled us per 128 x 1,024 chunk of one head on one core (schedule model) for the harness
+    (``"attention_cte"``) and the project's ``attention_kernel`` (``"project"``): ``nominal``, ``low``,
+    ``high`` (every unmeasured parameter at its end) and, per parameter that moves the figure by more than
+    0.5 % at either end, ``{name: (at optimistic value, at pessimistic value)}`` (one at a time)."""
+    from dataclasses import replace
+
+    import ml_dtypes
+
+    from nki_kernels.attention import attention_kernel
+    from nki_kernels.emulator import TensorSpec, run
+    from nki_kernels.emulator.cost import profile
+    from nki_kernels.emulator.cost.params import Trn2CostParams
+
+    bf = ml_dtypes.bfloat16
+    sc = 1 / d**0.5
+    kw = {"trace_only": True, "keep_events": True}
+    _, t_cte = run(
+        attention_cte_harness_kernel,
+        *(TensorSpec((1, lq, d), bf), TensorSpec((1, d, lk), bf), TensorSpec((1, lk, d), bf)),
+        sc,
+        **kw,
+    )
+    seq = [TensorSpec((1, n, 1, d), bf) for n in (lq, lk, lk)]
+    _, t_prj = run(attention_kernel, *seq, sc, False, **kw)
+    ch_ns = -(-lq // Q_GRP) * lk / 1024 * 1e3
+    base = Trn2CostParams()
+    out: dict[str, dict[str, Any]] = {}
+    for name, tr in (("attention_cte", t_cte), ("project", t_prj)):
+
+        def us(p: Any, tr: Any = tr) -> float:
+            return round(profile(tr, p).latency_ns / ch_ns, 3)
+
+        row: dict[str, Any] = {
+            "nominal": us(base), "low": us(Trn2CostParams.low()), "high": us(Trn2CostParams.high())
+        }  # fmt: skip
+        for f, (lo, hi) in Trn2CostParams.ranges().items():
+            a, b = us(replace(base, **{f: lo})), us(replace(base, **{f: hi}))
+            if max(abs(a - row["nominal"]), abs(b - row["nominal"])) > 0.005 * row["nominal"]:
+                row[f] = (a, b)
+        out[name] = row
+    return out
+
+
+if __name__ == "__main__":  # python -m perf.attention_cte_harness [--sensitivity]  (modelled figures)
+    import sys
+
+    _res = sensitivity() if "--sensitivity" in sys.argv[1:] else chunk_balance()
+    for _k, _row in _res.items():
+        print(_k, _row)
