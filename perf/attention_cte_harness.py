@@ -452,15 +452,10 @@ def sensitivity(lq: int = 23_400, lk: int = 32_760, d: int = 128) -> dict[str, d
 
     bf = ml_dtypes.bfloat16
     sc = 1 / d**0.5
-    kw = {"trace_only": True, "keep_events": True}
-    _, t_cte = run(
-        attention_cte_harness_kernel,
-        *(TensorSpec((1, lq, d), bf), TensorSpec((1, d, lk), bf), TensorSpec((1, lk, d), bf)),
-        sc,
-        **kw,
-    )
+    cte_args = (TensorSpec((1, lq, d), bf), TensorSpec((1, d, lk), bf), TensorSpec((1, lk, d), bf), sc)
+    _, t_cte = run(attention_cte_harness_kernel, *cte_args, trace_only=True, keep_events=True)
     seq = [TensorSpec((1, n, 1, d), bf) for n in (lq, lk, lk)]
-    _, t_prj = run(attention_kernel, *seq, sc, False, **kw)
+    _, t_prj = run(attention_kernel, *seq, sc, False, trace_only=True, keep_events=True)
     ch_ns = -(-lq // Q_GRP) * lk / 1024 * 1e3
     base = Trn2CostParams()
     out: dict[str, dict[str, Any]] = {}
