@@ -349,6 +349,7 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
         )
     )
     out.extend(block_table_cases(s))
+    out.extend(cte_harness_cases(s))
     return out
 
 
@@ -409,6 +410,47 @@ def dense_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[]
         hbm = (ci * (t + ks[0] - 1) + co * t) * hc * w * BF16 + taps * ci * co * BF16
         useful = 2.0 * t * hc * w * ci * taps * co
         out.append(("conv3d_causal", name, cfg, _dense_fn(conv3d_causal_kernel, cargs, hbm, useful, extra)))
+    return out
+
+
+def cte_harness_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
+    """AWS ``attention_cte``'s structure (``perf/attention_cte_harness.py``) at the attention rows' shapes.
+
+    Same traced heads, scaling and figures as the ``attention`` rows (:func:`_attention_fn`): Wan lnc2 with
+    two heads traced (one per logical core: attention_cte shards B = heads across the cores), and the per-core
+    TP4 x SP2 shape on one core. Its layouts: q ``[H, Lq, D]`` (transposed in the kernel), k ``[H, D, Lk]``
+    (D-major: the caller's layout change is NOT in the row), v ``[H, Lk, D]``, out ``[H, Lq, D]``.
+    """
+    from perf.attention_cte_harness import attention_cte_harness_kernel as kern
+
+    h, d, lk, th = s.heads, s.head_dim, s.lk, 2
+    note = {
+        "target": "side by side with the attention rows (same shapes, same model)",
+        "source": "aws-neuron/nki-library src/nkilib_src/nkilib/core/attention/attention_cte.py @ d2ad3a57",
+        "layouts": "q [H, Lq, D], k [H, D, Lk] (caller transposes K), v [H, Lk, D], out [H, Lq, D]",
+    }
+    out = []
+    for var, lq, lnc, hh, hpc in (
+        ("wan_lnc2", s.lq, 2, th, 1),
+        ("per_core_tp4xsp2", -(-s.lq // 2), 1, h // 4, h // 4),
+    ):
+        args = (_spec(hh, lq, d), _spec(hh, d, lk), _spec(hh, lk, d), 1.0 / d**0.5)
+        heads = h if lnc == 2 else hh
+        cfg = {"B": 1, "Lq": lq, "Lk": lk, "H": heads, "D": d, "dtype": "bf16", "traced_heads": hh}
+        extra = dict(note)
+        if lnc == 1:
+            cfg["plan"] = "TP4 x SP2, one core"
+            extra["per_layer_is"] = "one core's share of a layer (the 8 cores run in parallel)"
+        hbm = hh * (lq * 2 + 2 * lk) * d * BF16
+        useful = 4.0 * lq * lk * heads * d
+        out.append(
+            (
+                "attention_cte_harness",
+                var,
+                cfg,
+                _attention_fn(kern, args, lnc, heads, hbm, extra, useful, hpc),
+            )
+        )
     return out
 
 
