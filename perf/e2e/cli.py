@@ -14,7 +14,7 @@ from perf.e2e.chunk import ChunkModel
 from perf.e2e.kernels import AnalyticKernels
 from perf.e2e.params import E2EParams
 from perf.e2e.plots import write_plots
-from perf.e2e.report import headline_lines, render_report, targets_lines
+from perf.e2e.report import attention_side_by_side_lines, headline_lines, render_report, targets_lines
 from perf.e2e.run import E2EResult, run_model
 from perf.matmul_model import AnalyticMatmulProvider
 from rolling_forcing.methods import METHOD_NAMES
@@ -255,6 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(headline_lines(r)))
     print()
     print("\n".join(targets_lines(r)))
+    print(
+        "Attention side by side with the attention_cte design (modelled, perf/results/bench_kernels.jsonl):"
+    )
+    print("\n".join(attention_side_by_side_lines()))
+    print()
     print("Per-chunk budget (modelled, merged forward; sorted by the gap to the roofline):")
     print("\n".join(budget_lines(r.chunk("merged", "optimistic"), r.chunk("merged", "pessimistic"))))
     report = render_report(r, [str(p.relative_to(out)) for p in pngs])

@@ -14,6 +14,7 @@ from perf.e2e.components import GROUPS
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
+from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
 from perf.e2e.report_peer import calibration_verdict, peer_breakdown_lines, peer_table
 from perf.e2e.run import E2EResult
 from perf.e2e.weights import WEIGHT_VARIANTS
@@ -74,33 +75,6 @@ def kernel_pricing_lines(r: E2EResult) -> list[str]:
         "co-bound at ~1.9 us per 1,024-key chunk against ~1.4 us of TensorE work, which caps TensorE at "
         "~71 % busy (~45 % useful FLOPs).\n",
     ]
-
-
-def _attention_row_text(path: str = "perf/results/bench_kernels.jsonl") -> str:
-    """The whole-layer attention row of ``python -m perf.bench_kernels`` (its latest entry), as text."""
-    import json
-    from pathlib import Path
-
-    row = None
-    f = Path(path)
-    if f.exists():
-        for line in f.read_text().splitlines():
-            d = json.loads(line)
-            if d.get("op") == "attention" and d.get("variant") == "flash_fused_lnc2":
-                row = d
-    if row is None:
-        return "(no `attention/flash_fused_lnc2` row in perf/results/bench_kernels.jsonl yet.)"
-    ex = row.get("extra", {})
-    lo, hi = ex.get("latency_us_low"), ex.get("latency_us_high")
-    rng = f" [{lo / 1e3:,.1f}, {hi / 1e3:,.1f}]" if lo is not None and hi is not None else ""
-    busy, useful = ex.get("tensore_busy_pct_high"), ex.get("useful_flop_pct_high")
-    eng = (
-        f"; TensorE busy {busy} %, useful FLOPs {useful} % at the pessimistic end" if busy is not None else ""
-    )
-    return (
-        "The whole layer's attention at the Wan shape as one LNC2 kernel (`python -m perf.bench_kernels`, "
-        f"row `attention/flash_fused_lnc2`) models at {row['latency_us'] / 1e3:,.1f} ms nominal{rng}{eng}."
-    )
 
 
 def headline_lines(r: E2EResult) -> list[str]:
@@ -369,6 +343,17 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     )
     L.append("")
     L += targets_lines(r)
+    L.append("## Attention side by side with AWS's attention_cte (modelled, same cost model and shapes)\n")
+    L.append(
+        "`attention_cte` (github.com/aws-neuron/nki-library, core/attention/attention_cte.py) re-written in "
+        "this project's NKI 0.6 API as a harness (`perf/attention_cte_harness.py`: its tiling, layouts, "
+        "softmax pipeline and SBUF->SBUF DMA transposes of P; adaptations in its docstring), traced and "
+        "priced at both ends like the project's kernel (`python -m perf.bench_kernels --ops "
+        "attention,attention_cte_harness`; docs/kernels/attention.md). The harness rows leave out the "
+        "layout permutes its callers need, which favours it.\n"
+    )
+    L += attention_side_by_side_lines()
+    L.append("")
     L.append("")
     groups = mg_lo.by_group()
     top = max(groups, key=lambda g: groups[g])
