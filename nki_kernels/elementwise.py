@@ -1,0 +1,259 @@
+"""Fused elementwise passes of the Wan DiT block as NKI kernels (standalone NKI 0.6 API via
+:mod:`nki_kernels._nki`): adaLN modulation with its LayerNorm, and the gated residual.
+
+Math (tokens grouped by frame: token ``t`` of sample ``b`` uses modulation row ``(b, t // tpf)``, where
+``tpf = L / F`` tokens per frame; Wan's per-frame modulation ``e0 [B, F, 6, C]``)::
+
+    adaln_norm_modulate:  out = (x - mean) * rsqrt(var + eps) * (1 + scale) + shift   (LayerNorm, no affine)
+    gate_residual:        out = x + gate * y
+
+Layouts: ``x`` (and ``y``) ``[N, C]`` row-major HBM (``N = B * L`` tokens x ``C`` features), bf16 or fp32;
+the modulation rows ``shift`` / ``scale`` / ``gate`` ``[G, C]`` fp32 (``G = B * F`` frames, ``N`` a multiple
+of ``G``: frame ``g`` owns tokens ``g * N/G ... (g + 1) * N/G - 1``); ``out`` ``[N, C]`` in x's dtype.
+
+Design (one pass over HBM: every input element read once, every output element written once):
+
+* **Tokens on partitions.** A tile is up to 128 consecutive tokens of one frame, ``C`` features along the
+  free dim: one DMA per operand per tile, each descriptor a whole token row (``C x itemsize`` bytes, 3 KiB
+  for Wan's C=1536 in bf16). Tiles never straddle a frame, so the tile's modulation is one row.
+* **Modulation broadcast on TensorE**, once per frame: the fp32 row is loaded to partition 0 (``C x 4``
+  bytes from HBM, not 128 copies), ``1 + scale`` formed there, rounded to x's dtype, and spread over the
+  128 partitions by ``ones[1, 128]^T @ row[1, <=512]`` matmuls (K = 1, exact) into PSUM, evicted to SBUF
+  by ScalarE. Two sets rotate, so the next frame's broadcast overlaps this frame's last tiles.
+* **adaLN**: VectorE ``bn_stats`` per 512-element chunk and ``bn_aggr`` give (mean, var) in fp32; the
+  per-token ``rstd`` and ``-mean * rstd`` are ``[P, 1]`` columns; ScalarE applies the normalisation
+  (``activation(copy, x, scale=rstd, bias=-mean*rstd)``, fp32 out); GpSimdE multiplies by ``1 + scale``
+  (fp32); VectorE adds ``shift`` and rounds once to x's dtype.
+* **gate_residual**: VectorE ``t = gate * y`` (fp32) and ``out = x + t`` (one rounding to x's dtype).
+* LNC: ``kernel[2]`` deals frames round-robin to the logical cores.
+
+Precision: statistics and arithmetic in fp32; ``1 + scale``, ``shift`` and ``gate`` are rounded to x's
+dtype on chip (Wan's modulation arithmetic runs in the activation dtype too); one rounding of the result.
+
+Limits (:func:`max_features`): ``C <= 5632`` (bf16) / ``3584`` (fp32) for the SBUF tiles; ``N >= 1``,
+``G >= 1``, ``N % G == 0``. Short frames (``N / G`` far below 128, e.g. per-token modulation) are correct
+but use partial tiles.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from nki_kernels._nki import nisa, nki, nl
+
+PMAX = 128
+"""Partitions per tile (tokens per tile)."""
+
+CHUNK = 512
+"""Free elements per bn_stats call / per broadcast matmul (one fp32 PSUM bank)."""
+
+SBUF_BUDGET = 160 * 1024
+"""SBUF bytes per partition the kernels' tiles may use (of 192 KiB)."""
+
+
+def tile_bytes(c: int, itemsize: int) -> int:
+    """SBUF bytes per partition of the adaLN kernel's tiles for ``c`` features (the larger of the two
+    kernels; a pure function): 3 rotating x tiles in x's dtype (the result overwrites its input), 2 fp32
+    temporaries, two sets of two modulation tiles in x's dtype, the row (fp32 and x's dtype), the
+    statistics and the ones row."""
+    return (
+        c * (3 * itemsize + 2 * 4 + 4 * itemsize + 4 + itemsize)
+        + 6 * math.ceil(c / CHUNK) * 4
+        + 16
+        + PMAX * itemsize
+    )
+
+
+def max_features(itemsize: int) -> int:
+    """Largest ``C`` (a multiple of 512) whose tiles fit :data:`SBUF_BUDGET` at ``itemsize`` bytes."""
+    c = CHUNK
+    while tile_bytes(c + CHUNK, itemsize) <= SBUF_BUDGET:
+        c += CHUNK
+    return c
+
+
+def frame_tiles(n: int, g: int) -> list[tuple[int, int, int]]:
+    """``(frame, first token, tokens)`` of every tile: each frame's ``n // g`` tokens in tiles of <= 128
+    (a pure function). Raises ``ValueError`` unless ``n >= 1``, ``g >= 1`` and ``g`` divides ``n``."""
+    if isinstance(n, bool) or isinstance(g, bool) or n < 1 or g < 1 or n % g:
+        raise ValueError(f"frame_tiles: need n >= 1 tokens in g >= 1 equal frames, got n={n}, g={g}")
+    tpf = n // g
+    return [(f, f * tpf + t0, min(PMAX, tpf - t0)) for f in range(g) for t0 in range(0, tpf, PMAX)]
+
+
+def _check_c(c: int, dt: Any) -> None:
+    isz = 4 if dt == nl.float32 else 2
+    if c > max_features(isz):
+        raise ValueError(f"elementwise: C={c} features exceed the SBUF tiles (at most {max_features(isz)})")
+
+
+class _Broadcast:
+    """Per-frame modulation rows spread over 128 partitions (two rotating sets; see the module docstring)."""
+
+    def __init__(self, c: int, dt: Any, count: int) -> None:
+        self.c, self.dt = c, dt
+        self.ones = nl.ndarray((1, PMAX), dtype=dt, buffer=nl.sbuf)
+        nisa.memset(self.ones, 1.0)
+        self.row32 = nl.ndarray((1, c), dtype=nl.float32, buffer=nl.sbuf)
+        self.row = nl.ndarray((1, c), dtype=dt, buffer=nl.sbuf)
+        self.ps = [nl.ndarray((PMAX, CHUNK), dtype=nl.float32, buffer=nl.psum) for _ in range(2)]
+        self.sets = [
+            [nl.ndarray((PMAX, c), dtype=dt, buffer=nl.sbuf) for _ in range(count)] for _ in range(2)
+        ]
+        self.n = 0
+
+    def load(self, rows: list[tuple[Any, int, bool]]) -> list[Any]:
+        """``rows``: ``(hbm [G, C] fp32, frame, add_one)``; returns the broadcast tiles of this set."""
+        tiles = self.sets[self.n % 2]
+        self.n += 1
+        for k, (src, g, add_one) in enumerate(rows):
+            nisa.dma_copy(dst=self.row32[0:1, 0 : self.c], src=src[g : g + 1, 0 : self.c])
+            if add_one:
+                nisa.tensor_scalar(self.row, self.row32, nl.add, 1.0, engine=nisa.vector_engine)
+            else:
+                nisa.tensor_copy(dst=self.row, src=self.row32, engine=nisa.vector_engine)
+            for j, c0 in enumerate(range(0, self.c, CHUNK)):
+                cc = min(CHUNK, self.c - c0)
+                ps = self.ps[j % 2]
+                nisa.nc_matmul(
+                    dst=ps[:, :cc], stationary=self.ones, moving=self.row[0:1, c0 : c0 + cc], accumulate=False
+                )
+                nisa.activation(tiles[k][:, c0 : c0 + cc], nl.copy, ps[:, :cc])
+        return tiles
+
+
+@nki.jit
+def adaln_norm_modulate_kernel(x, shift, scale, eps):
+    """``out[N, C] = LayerNorm(x)(eps, no affine) * (1 + scale[g]) + shift[g]`` per frame ``g``; see the
+    module docstring for layouts and the engine split."""
+    N, C = x.shape
+    G = shift.shape[0]
+    dt = x.dtype
+    _check_c(C, dt)
+    out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
+    tiles = frame_tiles(N, G)
+    frames = list(range(G))[nl.program_id(0) :: nl.num_programs()]
+    if not frames:
+        return out
+    nch = math.ceil(C / CHUNK)
+    bc = _Broadcast(C, dt, 2)
+    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    xn = [nl.ndarray((PMAX, C), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
+    st = nl.ndarray((PMAX, 6 * nch), dtype=nl.float32, buffer=nl.sbuf)
+    mv = nl.ndarray((PMAX, 2), dtype=nl.float32, buffer=nl.sbuf)
+    rstd = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nmr = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+    i = 0
+    for g in frames:
+        s1, sh = bc.load([(scale, g, True), (shift, g, False)])
+        for _, t0, rows in (t for t in tiles if t[0] == g):
+            xt, xf = xs[i % 3], xn[i % 2]
+            i += 1
+            nisa.dma_copy(dst=xt[:rows, :], src=x[t0 : t0 + rows, :])
+            for j, c0 in enumerate(range(0, C, CHUNK)):
+                cc = min(CHUNK, C - c0)
+                nisa.bn_stats(st[:rows, 6 * j : 6 * j + 6], xt[:rows, c0 : c0 + cc])
+            nisa.bn_aggr(mv[:rows, :], st[:rows, :])
+            # rstd = (var + eps)^-0.5 ; nmr = -mean * rstd  (fp32 [P, 1] columns)
+            nisa.tensor_scalar(rstd[:rows, :], mv[:rows, 1:2], nl.add, eps, op1=nl.power, operand1=-0.5)
+            nisa.tensor_scalar(
+                nmr[:rows, :], mv[:rows, 0:1], nl.multiply, rstd[:rows, :], op1=nl.multiply, operand1=-1.0
+            )
+            nisa.activation(xf[:rows, :], nl.copy, xt[:rows, :], bias=nmr[:rows, :], scale=rstd[:rows, :])
+            nisa.tensor_tensor(
+                xf[:rows, :], xf[:rows, :], s1[:rows, :], nl.multiply, engine=nisa.gpsimd_engine
+            )
+            nisa.tensor_tensor(xt[:rows, :], xf[:rows, :], sh[:rows, :], nl.add, engine=nisa.vector_engine)
+            nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt[:rows, :])
+    return out
+
+
+@nki.jit
+def gate_residual_kernel(x, y, gate):
+    """``out[N, C] = x + gate[g] * y`` per frame ``g``; see the module docstring."""
+    N, C = x.shape
+    G = gate.shape[0]
+    dt = x.dtype
+    _check_c(C, dt)
+    out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
+    tiles = frame_tiles(N, G)
+    frames = list(range(G))[nl.program_id(0) :: nl.num_programs()]
+    if not frames:
+        return out
+    bc = _Broadcast(C, dt, 1)
+    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    ys = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    tt = [nl.ndarray((PMAX, C), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
+    i = 0
+    for g in frames:
+        (gt,) = bc.load([(gate, g, False)])
+        for _, t0, rows in (t for t in tiles if t[0] == g):
+            xt, yt, tf = xs[i % 3], ys[i % 3], tt[i % 2]
+            i += 1
+            nisa.dma_copy(dst=xt[:rows, :], src=x[t0 : t0 + rows, :])
+            nisa.dma_copy(dst=yt[:rows, :], src=y[t0 : t0 + rows, :])
+            nisa.tensor_tensor(
+                tf[:rows, :], yt[:rows, :], gt[:rows, :], nl.multiply, engine=nisa.vector_engine
+            )
+            nisa.tensor_tensor(yt[:rows, :], xt[:rows, :], tf[:rows, :], nl.add, engine=nisa.vector_engine)
+            nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=yt[:rows, :])
+    return out
+
+
+def _rows(t: Any) -> Any:
+    """torch ``[B, F, C]`` -> numpy fp32 ``[B * F, C]``."""
+    import torch
+
+    from nki_kernels.linear import _to_numpy
+
+    return _to_numpy(t.to(torch.float32).reshape(-1, t.shape[-1]).contiguous())
+
+
+def adaln_norm_modulate_emulated(x: Any, shift: Any, scale: Any, eps: float, lnc: int = 1) -> Any:
+    """:func:`adaln_norm_modulate_kernel` on the emulator: x torch ``[B, L, C]`` bf16/fp32 contiguous;
+    shift, scale ``[B, F, C]`` (any float dtype, sent as fp32; ``F`` divides ``L``); returns ``[B, L, C]``
+    in x's dtype."""
+    from nki_kernels._nki import launch
+    from nki_kernels.linear import _to_numpy
+    from nki_kernels.rope3d import _to_torch
+
+    b, l, c = x.shape
+    res, _ = launch(
+        adaln_norm_modulate_kernel,
+        _to_numpy(x.reshape(b * l, c)),
+        _rows(shift),
+        _rows(scale),
+        float(eps),
+        lnc=lnc,
+    )
+    return _to_torch(res, x.dtype).reshape(b, l, c)
+
+
+def gate_residual_emulated(x: Any, y: Any, gate: Any, lnc: int = 1) -> Any:
+    """:func:`gate_residual_kernel` on the emulator: x, y torch ``[B, L, C]`` (same dtype, contiguous),
+    gate ``[B, F, C]`` (sent as fp32; ``F`` divides ``L``); returns ``[B, L, C]`` in x's dtype."""
+    from nki_kernels._nki import launch
+    from nki_kernels.linear import _to_numpy
+    from nki_kernels.rope3d import _to_torch
+
+    b, l, c = x.shape
+    res, _ = launch(
+        gate_residual_kernel,
+        _to_numpy(x.reshape(b * l, c)),
+        _to_numpy(y.reshape(b * l, c)),
+        _rows(gate),
+        lnc=lnc,
+    )
+    return _to_torch(res, x.dtype).reshape(b, l, c)
+
+
+__all__ = [
+    "adaln_norm_modulate_emulated",
+    "adaln_norm_modulate_kernel",
+    "frame_tiles",
+    "gate_residual_emulated",
+    "gate_residual_kernel",
+    "max_features",
+    "tile_bytes",
+]
