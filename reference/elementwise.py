@@ -2,8 +2,8 @@
 :func:`nki_kernels.ops.adaln_norm_modulate` and :func:`nki_kernels.ops.gate_residual`; same parameter names).
 
 Modulation rows are per frame, as Wan's ``e0 [B, F, 6, C]`` gives them: with ``x [B, L, C]`` and a
-modulation tensor ``[B, F, C]`` (``F`` divides ``L``), token ``t`` uses row ``t // (L / F)``. ``F = 1`` is a
-per-sample modulation, ``F = L`` a per-token one.
+modulation tensor ``[B, F, C]`` (``F`` divides ``L``), token ``t`` uses row ``t // (L / F)``. ``F = 1`` (or a
+``[B, C]`` tensor) is a per-sample modulation, ``F = L`` a per-token one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 
 def _per_token(m: torch.Tensor, length: int, acc: torch.dtype) -> torch.Tensor:
-    """``[B, F, C]`` -> ``[B, L, C]`` (each frame's row repeated over its ``L / F`` tokens)."""
+    """``[B, F, C]`` (or ``[B, C]``: ``F = 1``) -> ``[B, L, C]``: each frame row over its ``L / F`` tokens."""
+    m = m.unsqueeze(1) if m.dim() == 2 else m
     return m.to(acc).repeat_interleave(length // m.shape[1], dim=1)
 
 
@@ -29,7 +30,8 @@ def adaln_norm_modulate(
 
     Args:
         x: ``[B, L, C]``, any float dtype.
-        shift, scale: ``[B, F, C]`` with ``F`` dividing ``L`` (Wan's per-frame modulation rows).
+        shift, scale: ``[B, F, C]`` with ``F`` dividing ``L`` (Wan's per-frame modulation rows), or
+            ``[B, C]`` (one row per sample).
         eps: LayerNorm epsilon (Wan: 1e-6).
 
     Returns:
@@ -52,7 +54,7 @@ def gate_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch
     Args:
         x: ``[B, L, C]`` residual stream, any float dtype.
         y: ``[B, L, C]`` branch output (attention or FFN).
-        gate: ``[B, F, C]`` with ``F`` dividing ``L``.
+        gate: ``[B, F, C]`` with ``F`` dividing ``L``, or ``[B, C]``.
 
     Returns:
         ``[B, L, C]`` in ``x.dtype``, computed in fp32 (float64 for float64 ``x``), one rounding.
