@@ -114,7 +114,8 @@ def adaln_norm_modulate(
 
     Args:
         x: ``[B, L, C]`` bf16 or fp32, contiguous.
-        shift, scale: ``[B, F, C]`` (``F`` divides ``L``; per-frame rows) or ``[B, C]``, x's dtype or fp32.
+        shift, scale: ``[B, F, C]`` (``F`` divides ``L``; per-frame rows) or ``[B, C]``, x's dtype or fp32,
+            both of the same shape and dtype.
         eps: LayerNorm epsilon, finite and > 0 (Wan: 1e-6).
         backend: see :mod:`nki_kernels.ops`.
 
@@ -127,6 +128,11 @@ def adaln_norm_modulate(
     _check_x(x)
     _check_rows("shift", shift, x)
     _check_rows("scale", scale, x)
+    if tuple(scale.shape) != tuple(shift.shape) or scale.dtype != shift.dtype:
+        raise ValueError(
+            f"scale {tuple(scale.shape)} {scale.dtype} must have shift's shape and dtype "
+            f"{tuple(shift.shape)} {shift.dtype} (one modulation row per frame for both)"
+        )
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if not (math.isfinite(eps) and eps > 0):
