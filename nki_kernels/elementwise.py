@@ -24,13 +24,14 @@ Design (one pass over HBM: every input element read once, every output element w
   per-token ``rstd`` and ``-mean * rstd`` are ``[P, 1]`` columns; ScalarE applies the normalisation
   (``activation(copy, x, scale=rstd, bias=-mean*rstd)``, fp32 out); GpSimdE multiplies by ``1 + scale``
   (fp32); VectorE adds ``shift`` and rounds once to x's dtype.
-* **gate_residual**: VectorE ``t = gate * y`` (fp32) and ``out = x + t`` (one rounding to x's dtype).
+* **gate_residual**: per 512-column chunk VectorE ``t = gate * y`` into an fp32 PSUM bank and
+  ``out = x + t`` (one rounding to x's dtype).
 * LNC: ``kernel[2]`` deals frames round-robin to the logical cores.
 
 Precision: statistics and arithmetic in fp32; ``1 + scale``, ``shift`` and ``gate`` are rounded to x's
 dtype on chip (Wan's modulation arithmetic runs in the activation dtype too); one rounding of the result.
 
-Limits (:func:`max_features`): ``C <= 5632`` (bf16) / ``3584`` (fp32) for the SBUF tiles; ``N >= 1``,
+Limits (:func:`max_features`): ``C <= 4608`` (bf16) / ``2560`` (fp32) for the SBUF tiles; ``N >= 1``,
 ``G >= 1``, ``N % G == 0``. Short frames (``N / G`` far below 128, e.g. per-token modulation) are correct
 but use partial tiles.
 """
@@ -48,21 +49,24 @@ PMAX = 128
 CHUNK = 512
 """Free elements per bn_stats call / per broadcast matmul (one fp32 PSUM bank)."""
 
+ROT = 4
+"""Rotating x tiles: tiles ``i .. i + 2`` are in flight (three pipeline stages) while tile ``i - 1``'s
+store drains."""
+
+LAG = 1
+"""Tiles the loads (and the adaLN statistics) run ahead of the elementwise tail in program order."""
+
 SBUF_BUDGET = 160 * 1024
 """SBUF bytes per partition the kernels' tiles may use (of 192 KiB)."""
 
 
 def tile_bytes(c: int, itemsize: int) -> int:
     """SBUF bytes per partition of the adaLN kernel's tiles for ``c`` features (the larger of the two
-    kernels; a pure function): 3 rotating x tiles in x's dtype (the result overwrites its input), 2 fp32
-    temporaries, two sets of two modulation tiles in x's dtype, the row (fp32 and x's dtype), the
+    kernels; a pure function): :data:`ROT` rotating x tiles in x's dtype (the result overwrites its input),
+    2 fp32 temporaries, three sets of two modulation tiles in x's dtype, the row (fp32 and x's dtype), the
     statistics and the ones row."""
-    return (
-        c * (3 * itemsize + 2 * 4 + 4 * itemsize + 4 + itemsize)
-        + 6 * math.ceil(c / CHUNK) * 4
-        + 16
-        + PMAX * itemsize
-    )
+    stats = ROT * (6 * math.ceil(c / CHUNK) + 4) * 4
+    return c * (ROT * itemsize + 2 * 4 + 6 * itemsize + 4 + itemsize) + stats + PMAX * itemsize
 
 
 def max_features(itemsize: int) -> int:
@@ -91,7 +95,7 @@ def _check_c(c: int, dt: Any) -> None:
 class _Broadcast:
     """Per-frame modulation rows spread over 128 partitions (two rotating sets; see the module docstring)."""
 
-    def __init__(self, c: int, dt: Any, count: int) -> None:
+    def __init__(self, c: int, dt: Any, count: int, nsets: int) -> None:
         self.c, self.dt = c, dt
         self.ones = nl.ndarray((1, PMAX), dtype=dt, buffer=nl.sbuf)
         nisa.memset(self.ones, 1.0)
@@ -99,13 +103,13 @@ class _Broadcast:
         self.row = nl.ndarray((1, c), dtype=dt, buffer=nl.sbuf)
         self.ps = [nl.ndarray((PMAX, CHUNK), dtype=nl.float32, buffer=nl.psum) for _ in range(2)]
         self.sets = [
-            [nl.ndarray((PMAX, c), dtype=dt, buffer=nl.sbuf) for _ in range(count)] for _ in range(2)
+            [nl.ndarray((PMAX, c), dtype=dt, buffer=nl.sbuf) for _ in range(count)] for _ in range(nsets)
         ]
         self.n = 0
 
     def load(self, rows: list[tuple[Any, int, bool]]) -> list[Any]:
         """``rows``: ``(hbm [G, C] fp32, frame, add_one)``; returns the broadcast tiles of this set."""
-        tiles = self.sets[self.n % 2]
+        tiles = self.sets[self.n % len(self.sets)]
         self.n += 1
         for k, (src, g, add_one) in enumerate(rows):
             nisa.dma_copy(dst=self.row32[0:1, 0 : self.c], src=src[g : g + 1, 0 : self.c])
@@ -136,36 +140,53 @@ def adaln_norm_modulate_kernel(x, shift, scale, eps):
     frames = list(range(G))[nl.program_id(0) :: nl.num_programs()]
     if not frames:
         return out
-    nch = math.ceil(C / CHUNK)
-    bc = _Broadcast(C, dt, 2)
-    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    mine = [t for t in tiles if t[0] in frames]
+    bc = _Broadcast(C, dt, 2, 3)  # frames of tiles i .. i + 2 in flight
+    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
     xn = [nl.ndarray((PMAX, C), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
-    st = nl.ndarray((PMAX, 6 * nch), dtype=nl.float32, buffer=nl.sbuf)
-    mv = nl.ndarray((PMAX, 2), dtype=nl.float32, buffer=nl.sbuf)
-    rstd = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nmr = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-    i = 0
-    for g in frames:
-        s1, sh = bc.load([(scale, g, True), (shift, g, False)])
-        for _, t0, rows in (t for t in tiles if t[0] == g):
-            xt, xf = xs[i % 3], xn[i % 2]
-            i += 1
-            nisa.dma_copy(dst=xt[:rows, :], src=x[t0 : t0 + rows, :])
-            for j, c0 in enumerate(range(0, C, CHUNK)):
-                cc = min(CHUNK, C - c0)
-                nisa.bn_stats(st[:rows, 6 * j : 6 * j + 6], xt[:rows, c0 : c0 + cc])
-            nisa.bn_aggr(mv[:rows, :], st[:rows, :])
-            # rstd = (var + eps)^-0.5 ; nmr = -mean * rstd  (fp32 [P, 1] columns)
-            nisa.tensor_scalar(rstd[:rows, :], mv[:rows, 1:2], nl.add, eps, op1=nl.power, operand1=-0.5)
-            nisa.tensor_scalar(
-                nmr[:rows, :], mv[:rows, 0:1], nl.multiply, rstd[:rows, :], op1=nl.multiply, operand1=-1.0
-            )
-            nisa.activation(xf[:rows, :], nl.copy, xt[:rows, :], bias=nmr[:rows, :], scale=rstd[:rows, :])
-            nisa.tensor_tensor(
-                xf[:rows, :], xf[:rows, :], s1[:rows, :], nl.multiply, engine=nisa.gpsimd_engine
-            )
-            nisa.tensor_tensor(xt[:rows, :], xf[:rows, :], sh[:rows, :], nl.add, engine=nisa.vector_engine)
-            nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt[:rows, :])
+    nch = math.ceil(C / CHUNK)
+    st = [nl.ndarray((PMAX, 6 * nch), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ROT)]
+    cols = [nl.ndarray((PMAX, 4), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ROT)]
+    mods: list[Any] = []
+
+    def load_stats(i: int) -> None:  # stage 0: DMA in; VectorE bn_stats per 512 chunk, bn_aggr (fp32)
+        g, t0, rows = mine[i]
+        if i == 0 or mine[i - 1][0] != g:
+            mods.append(bc.load([(scale, g, True), (shift, g, False)]))
+        else:
+            mods.append(mods[-1])
+        xt, sti, cl = xs[i % ROT], st[i % ROT], cols[i % ROT]
+        nisa.dma_copy(dst=xt[:rows, :], src=x[t0 : t0 + rows, :])
+        for j, c0 in enumerate(range(0, C, CHUNK)):
+            nisa.bn_stats(sti[:rows, 6 * j : 6 * j + 6], xt[:rows, c0 : min(C, c0 + CHUNK)])
+        nisa.bn_aggr(cl[:rows, 0:2], sti[:rows, :])  # (mean, population variance)
+
+    def rstd_cols(i: int) -> None:  # stage 1: rstd = (var + eps)^-0.5, nmr = -mean * rstd
+        _, _, rows = mine[i]
+        cl = cols[i % ROT]
+        mean, var, rstd, nmr = (cl[:rows, j : j + 1] for j in range(4))
+        nisa.activation(rstd, nl.rsqrt, var, bias=float(eps))
+        nisa.tensor_scalar(
+            nmr, mean, nl.multiply, rstd, op1=nl.multiply, operand1=-1.0, engine=nisa.vector_engine
+        )
+
+    def modulate(i: int) -> None:  # stage 2: ScalarE normalise (fp32), GpSimdE * (1 + scale), VectorE + shift
+        _, t0, rows = mine[i]
+        s1, sh = mods[i]
+        xt, xf, cl = xs[i % ROT][:rows, :], xn[i % 2][:rows, :], cols[i % ROT]
+        nisa.activation(xf, nl.copy, xt, bias=cl[:rows, 3:4], scale=cl[:rows, 2:3])
+        nisa.tensor_tensor(xt, xf, s1[:rows, :], nl.multiply, engine=nisa.gpsimd_engine)
+        nisa.tensor_tensor(xt, xt, sh[:rows, :], nl.add, engine=nisa.vector_engine)
+        nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt)
+
+    # software pipeline in program order (each engine runs its queue in order): tile i + 2's load and
+    # statistics, tile i + 1's rstd, then tile i's modulation, so no engine's queue holds a step that waits on a
+    # later step of another engine's queue (one stage per tile would chain every engine into one loop)
+    stages = (load_stats, rstd_cols, modulate)
+    for i in range(len(mine) + len(stages) - 1):
+        for lag, stage in enumerate(stages):
+            if 0 <= i - lag < len(mine):
+                stage(i - lag)
     return out
 
 
@@ -181,23 +202,39 @@ def gate_residual_kernel(x, y, gate):
     frames = list(range(G))[nl.program_id(0) :: nl.num_programs()]
     if not frames:
         return out
-    bc = _Broadcast(C, dt, 1)
-    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
-    ys = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
-    tt = [nl.ndarray((PMAX, C), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
-    i = 0
-    for g in frames:
-        (gt,) = bc.load([(gate, g, False)])
-        for _, t0, rows in (t for t in tiles if t[0] == g):
-            xt, yt, tf = xs[i % 3], ys[i % 3], tt[i % 2]
-            i += 1
-            nisa.dma_copy(dst=xt[:rows, :], src=x[t0 : t0 + rows, :])
-            nisa.dma_copy(dst=yt[:rows, :], src=y[t0 : t0 + rows, :])
-            nisa.tensor_tensor(
-                tf[:rows, :], yt[:rows, :], gt[:rows, :], nl.multiply, engine=nisa.vector_engine
-            )
-            nisa.tensor_tensor(yt[:rows, :], xt[:rows, :], tf[:rows, :], nl.add, engine=nisa.vector_engine)
-            nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=yt[:rows, :])
+    mine = [t for t in tiles if t[0] in frames]
+    bc = _Broadcast(C, dt, 1, 2)  # frames of tiles i, i + 1 in flight
+    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
+    ys = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
+    acc = [nl.ndarray((PMAX, CHUNK), dtype=nl.float32, buffer=nl.psum) for _ in range(2)]
+    mods: list[Any] = []
+
+    def load(i: int) -> None:
+        g, t0, rows = mine[i]
+        if i == 0 or mine[i - 1][0] != g:
+            mods.append(bc.load([(gate, g, False)])[0])
+        else:
+            mods.append(mods[-1])
+        nisa.dma_copy(dst=xs[i % ROT][:rows, :], src=x[t0 : t0 + rows, :])
+        nisa.dma_copy(dst=ys[i % ROT][:rows, :], src=y[t0 : t0 + rows, :])
+
+    def combine(i: int) -> None:
+        _, t0, rows = mine[i]
+        xt, yt, gt = xs[i % ROT], ys[i % ROT], mods[i]
+        for j, c0 in enumerate(range(0, C, CHUNK)):
+            # gate * y into an fp32 PSUM bank (no rounding), then x + it (a PSUM operand keeps VectorE's
+            # 1-element/cycle rate that an fp32 SBUF operand would halve)
+            cs = slice(c0, min(C, c0 + CHUNK))
+            tp = acc[(i * 8 + j) % 2][:rows, : cs.stop - c0]
+            nisa.tensor_tensor(tp, yt[:rows, cs], gt[:rows, cs], nl.multiply, engine=nisa.vector_engine)
+            nisa.tensor_tensor(yt[:rows, cs], xt[:rows, cs], tp, nl.add, engine=nisa.vector_engine)
+        nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=yt[:rows, :])
+
+    for i in range(len(mine) + LAG):  # loads run LAG tiles ahead of the stores (see adaLN)
+        if i < len(mine):
+            load(i)
+        if i >= LAG:
+            combine(i - LAG)
     return out
 
 

@@ -20,7 +20,7 @@ __all__ = ["adaln_norm_modulate", "gate_residual", "ELEMENTWISE_MAX_C"]
 
 _DTYPES = (torch.bfloat16, torch.float32)
 
-ELEMENTWISE_MAX_C = {torch.bfloat16: 5632, torch.float32: 3584}
+ELEMENTWISE_MAX_C = {torch.bfloat16: 4608, torch.float32: 2560}
 """Largest feature count ``C`` the kernels' SBUF tiles take per dtype (``nki_kernels.elementwise.max_features``)."""
 
 
@@ -123,7 +123,7 @@ def adaln_norm_modulate(
         ``[B, L, C]`` in ``x.dtype``: fp32 statistics (population variance) and arithmetic, one rounding
         (the kernels round ``1 + scale`` and ``shift`` to x's dtype first).
 
-    Limits: ``C <= 5632`` (bf16) / ``3584`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
+    Limits: ``C <= 4608`` (bf16) / ``2560`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
     """
     _check_x(x)
     _check_rows("shift", shift, x)
@@ -156,7 +156,7 @@ def gate_residual(
         ``[B, L, C]`` in ``x.dtype`` (fp32 arithmetic, one rounding; the kernels round ``gate`` to x's
         dtype first).
 
-    Limits: ``C <= 5632`` (bf16) / ``3584`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
+    Limits: ``C <= 4608`` (bf16) / ``2560`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
     """
     _check_x(x)
     _check("y", y, (3,), "[B, L, C]")
