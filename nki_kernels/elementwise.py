@@ -19,17 +19,27 @@ Design (one pass over HBM: every input element read once, every output element w
 * **Modulation broadcast on TensorE**, once per frame: the fp32 row is loaded to partition 0 (``C x 4``
   bytes from HBM, not 128 copies), ``1 + scale`` formed there, rounded to x's dtype, and spread over the
   128 partitions by ``ones[1, 128]^T @ row[1, <=512]`` matmuls (K = 1, exact) into PSUM, evicted to SBUF
-  by ScalarE. Two sets rotate, so the next frame's broadcast overlaps this frame's last tiles.
-* **adaLN**: VectorE ``bn_stats`` per 512-element chunk and ``bn_aggr`` give (mean, var) in fp32; the
-  per-token ``rstd`` and ``-mean * rstd`` are ``[P, 1]`` columns; ScalarE applies the normalisation
-  (``activation(copy, x, scale=rstd, bias=-mean*rstd)``, fp32 out); GpSimdE multiplies by ``1 + scale``
-  (fp32); VectorE adds ``shift`` and rounds once to x's dtype.
+  by ScalarE. Sets rotate (3 for adaLN, 2 for the gate: one per frame the pipeline can hold), so the next
+  frame's broadcast overlaps this frame's last tiles.
+* **adaLN**, a 3-stage software pipeline in program order (each engine runs its queue in order, so one
+  stage per tile would chain all engines into one loop per tile): stage 0 (tile ``i + 2``) loads x and
+  runs VectorE ``bn_stats`` per 512-element chunk and ``bn_aggr`` -> (mean, population var) in fp32
+  (per-chunk centred sums: no ``E[x^2] - mean^2`` cancellation); stage 1 (tile ``i + 1``) forms the
+  ``[P, 1]`` columns ``rstd = (var + eps)^-0.5`` (ScalarE) and ``-mean * rstd`` (VectorE); stage 2 (tile
+  ``i``): ScalarE normalises (``activation(copy, x, scale=rstd, bias=-mean*rstd)``, fp32 out), GpSimdE
+  multiplies by ``1 + scale`` writing x's dtype, VectorE adds ``shift`` (both operands in x's dtype: the
+  bf16 rate, 4x the fp32 one in the cost model's VectorE table) and the tile is stored.
+* **gate_residual**: loads run one tile ahead of the stores; per 512-column chunk VectorE forms
+  ``t = gate * y`` into an fp32 PSUM bank and ``out = x + t`` (a PSUM operand keeps the 1 element/cycle
+  rate an fp32 SBUF operand would halve).
 * **gate_residual**: per 512-column chunk VectorE ``t = gate * y`` into an fp32 PSUM bank and
   ``out = x + t`` (one rounding to x's dtype).
 * LNC: ``kernel[2]`` deals frames round-robin to the logical cores.
 
 Precision: statistics and arithmetic in fp32; ``1 + scale``, ``shift`` and ``gate`` are rounded to x's
-dtype on chip (Wan's modulation arithmetic runs in the activation dtype too); one rounding of the result.
+dtype on chip (Wan's modulation arithmetic runs in the activation dtype too). gate_residual rounds once;
+adaLN rounds ``xn * (1 + scale)`` to x's dtype before adding ``shift`` (two roundings in bf16; exact
+pass-through in fp32), within the tests' tolerance (tests/test_kernel_elementwise.py).
 
 Limits (:func:`max_features`): ``C <= 4608`` (bf16) / ``2560`` (fp32) for the SBUF tiles; ``N >= 1``,
 ``G >= 1``, ``N % G == 0``. Short frames (``N / G`` far below 128, e.g. per-token modulation) are correct
