@@ -81,6 +81,18 @@ def test_adaln_statistics_survive_a_large_mean() -> None:
     assert_within(out, base, torch.float32, ref_err, what="adaln mean 1000")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_adaln_eps_sets_the_scale_of_flat_rows(dtype) -> None:
+    """Rows with variance ~1e-4 and eps = 1e-4: eps halves the normalised amplitude, so a kernel that drops
+    or misplaces eps is off by ~30 % of unit-scale outputs."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1, 200, 768, generator=g, dtype=torch.float64) * 1e-2 + 0.25
+    shift, scale = _mod(1, 2, 768, g, 0.5), _mod(1, 2, 768, g, 0.5)
+    ref_err, base = reference_error(ref_adaln, [x, shift, scale], dtype, eps=1e-4)
+    out = adaln_norm_modulate_emulated(x.to(dtype), shift.to(dtype), scale.to(dtype), 1e-4)
+    assert_within(out, base, dtype, ref_err, what=f"adaln eps=1e-4 {dtype}")
+
+
 def test_frame_tiles_never_straddle_a_frame() -> None:
     tiles = frame_tiles(2 * 1560, 2)
     assert len(tiles) == 2 * 13 and tiles[12] == (0, 1536, 24) and tiles[13] == (1, 1560, 128)
