@@ -203,3 +203,16 @@ def test_adaln_op_rejects_bad_input(args, err, match) -> None:
 def test_gate_op_rejects_bad_input(args, err, match) -> None:
     with pytest.raises(err, match=match):
         ops.gate_residual(*args, backend="reference")
+
+
+def test_bench_rows_move_exactly_the_minimum_bytes() -> None:
+    """The perf/bench_kernels elementwise rows (quick shapes) run and their traced HBM bytes are the
+    one-pass minimum each row states."""
+    from perf.bench_kernels import elementwise_cases
+
+    rows = elementwise_cases(quick=True)
+    assert [r[0] for r in rows] == ["adaln_norm_modulate", "gate_residual"]
+    for _, _, _, fn in rows:
+        f = fn()
+        assert f["hbm_bytes"] == f["hbm_bytes_min"] > 0
+        assert f["latency_us"] > f["extra"]["fixed_us"] > 0 and f["extra"]["hbm_roofline_us"] > 0
