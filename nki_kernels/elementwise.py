@@ -248,6 +248,44 @@ def gate_residual_kernel(x, y, gate):
     return out
 
 
+@nki.jit
+def rms_norm_kernel(x, weight, eps):
+    """``out[N, C] = x * rsqrt(mean(x^2) + eps) * weight[0]``; ``weight`` ``[1, C]`` fp32. Two stages in
+    program order: tile ``i + 1``'s load, ScalarE square-sum and rstd, then tile ``i``'s VectorE
+    ``(x * rstd) * weight`` (one ``scalar_tensor_tensor``, fp32 math, one rounding) and store."""
+    N, C = x.shape
+    dt = x.dtype
+    _check_c(C, dt)
+    out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
+    tiles = frame_tiles(N, 1)[nl.program_id(0) :: nl.num_programs()]
+    if not tiles:
+        return out
+    (wt,) = _Broadcast(C, dt, 1, 1).load([(weight, 0, False)])
+    xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
+    cols = [nl.ndarray((PMAX, 2), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ROT)]
+    junk = nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf)  # ScalarE's discarded squares
+
+    def stats(i: int) -> None:
+        _, t0, rows = tiles[i]
+        xt, cl = xs[i % ROT][:rows, :], cols[i % ROT]
+        nisa.dma_copy(dst=xt, src=x[t0 : t0 + rows, :])
+        nisa.activation_reduce(junk[:rows, :], nl.square, xt, nl.add, cl[:rows, 0:1])
+        nisa.activation(cl[:rows, 1:2], nl.rsqrt, cl[:rows, 0:1], bias=float(eps), scale=1.0 / C)
+
+    def scale_store(i: int) -> None:
+        _, t0, rows = tiles[i]
+        xt = xs[i % ROT][:rows, :]
+        nisa.scalar_tensor_tensor(xt, xt, nl.multiply, cols[i % ROT][:rows, 1:2], nl.multiply, wt[:rows, :])
+        nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt)
+
+    for i in range(len(tiles) + 1):
+        if i < len(tiles):
+            stats(i)
+        if i >= 1:
+            scale_store(i - 1)
+    return out
+
+
 def _rows(t: Any) -> Any:
     """torch ``[B, F, C]`` -> numpy fp32 ``[B * F, C]``."""
     import torch
@@ -277,6 +315,18 @@ def adaln_norm_modulate_emulated(x: Any, shift: Any, scale: Any, eps: float, lnc
     return _to_torch(res, x.dtype).reshape(b, l, c)
 
 
+def rms_norm_emulated(x: Any, weight: Any, eps: float, lnc: int = 1) -> Any:
+    """:func:`rms_norm_kernel` on the emulator: x torch ``[B, L, C]`` bf16/fp32 contiguous, weight ``[C]``
+    (any float dtype, sent as fp32); returns ``[B, L, C]`` in x's dtype."""
+    from nki_kernels._nki import launch
+    from nki_kernels.linear import _to_numpy
+    from nki_kernels.rope3d import _to_torch
+
+    b, l, c = x.shape
+    res, _ = launch(rms_norm_kernel, _to_numpy(x.reshape(b * l, c)), _rows(weight), float(eps), lnc=lnc)
+    return _to_torch(res, x.dtype).reshape(b, l, c)
+
+
 def gate_residual_emulated(x: Any, y: Any, gate: Any, lnc: int = 1) -> Any:
     """:func:`gate_residual_kernel` on the emulator: x, y torch ``[B, L, C]`` (same dtype, contiguous),
     gate ``[B, F, C]`` (sent as fp32; ``F`` divides ``L``); returns ``[B, L, C]`` in x's dtype."""
@@ -302,5 +352,7 @@ __all__ = [
     "gate_residual_emulated",
     "gate_residual_kernel",
     "max_features",
+    "rms_norm_emulated",
+    "rms_norm_kernel",
     "tile_bytes",
 ]

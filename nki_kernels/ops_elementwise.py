@@ -16,7 +16,7 @@ import torch
 
 from nki_kernels.op_dispatch import _op_backend, _run_backend, entry
 
-__all__ = ["adaln_norm_modulate", "gate_residual", "ELEMENTWISE_MAX_C"]
+__all__ = ["adaln_norm_modulate", "gate_residual", "rms_norm", "ELEMENTWISE_MAX_C"]
 
 _DTYPES = (torch.bfloat16, torch.float32)
 
@@ -56,6 +56,27 @@ def _gate_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, backend: str)
 @_gate_op.register_fake
 def _(x, y, gate, backend):
     return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("nki_ardiff::rms_norm", mutates_args=())
+def _rms_op(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> torch.Tensor:
+    if _run_backend(backend) == "reference":
+        from reference.elementwise import rms_norm as ref
+
+        return ref(x, weight, eps).contiguous()
+    return entry("rms_norm")(x, weight, eps).contiguous()
+
+
+@_rms_op.register_fake
+def _(x, weight, eps, backend):
+    return x.new_empty(x.shape)
+
+
+def _check_eps(eps: Any) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be finite and > 0, got {eps}")
 
 
 def _check(name: str, t: Any, ranks: tuple[int, ...], layout: str) -> None:
@@ -133,10 +154,7 @@ def adaln_norm_modulate(
             f"scale {tuple(scale.shape)} {scale.dtype} must have shift's shape and dtype "
             f"{tuple(shift.shape)} {shift.dtype} (one modulation row per frame for both)"
         )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be finite and > 0, got {eps}")
+    _check_eps(eps)
     return _adaln_op(x, shift, scale, float(eps), _op_backend(backend))
 
 
@@ -168,3 +186,35 @@ def gate_residual(
         raise ValueError(f"y is on {y.device} but x is on {x.device}")
     _check_rows("gate", gate, x)
     return _gate_op(x, y, gate, _op_backend(backend))
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backend: str | None = None
+) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the feature dim in one pass (Wan's RMSNorm of q / k
+    over all heads' features; :mod:`nki_kernels.elementwise`).
+
+    Args:
+        x: ``[B, L, C]`` bf16 or fp32, contiguous.
+        weight: ``[C]``, x's dtype or fp32, contiguous.
+        eps: finite and > 0 (Wan: 1e-6).
+        backend: see :mod:`nki_kernels.ops`.
+
+    Returns:
+        ``[B, L, C]`` in ``x.dtype``: fp32 statistics and arithmetic, one rounding (the kernels round
+        ``weight`` to x's dtype first).
+
+    Limits: ``C <= 4608`` (bf16) / ``2560`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
+    """
+    _check_x(x)
+    _check("weight", weight, (1,), "[C]")
+    if weight.shape[0] != x.shape[2]:
+        raise ValueError(
+            f"weight must be [C={x.shape[2]}] (x is {tuple(x.shape)}), got {tuple(weight.shape)}"
+        )
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"weight dtype {weight.dtype} must be x's dtype {x.dtype} or torch.float32")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+    _check_eps(eps)
+    return _rms_op(x, weight, float(eps), _op_backend(backend))

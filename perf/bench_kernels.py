@@ -417,7 +417,7 @@ def elementwise_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Calla
     forward (3,510 of 28,080 tokens x 1,536 features, bf16; 256 tokens with ``quick``), modulation rows of
     2 frames (1,755 tokens each: a core's share starts and ends mid-frame, so 2 equal frames stand in for
     its 2.25). ``hbm_roofline_us``: the bytes the pass must move at one core's HBM share (2.9 TB/s / 8)."""
-    from nki_kernels.elementwise import adaln_norm_modulate_kernel, gate_residual_kernel
+    from nki_kernels.elementwise import adaln_norm_modulate_kernel, gate_residual_kernel, rms_norm_kernel
 
     n, c, g = (256, 1536, 2) if quick else (3510, 1536, 2)
     act, rows = _spec(n, c), _spec(g, c, dtype="float32")
@@ -431,6 +431,7 @@ def elementwise_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Calla
             2 * n * c * BF16 + 2 * g * c * 4,
         ),
         ("gate_residual", gate_residual_kernel, (act, act, rows), 3 * n * c * BF16 + g * c * 4),
+        ("rms_norm", rms_norm_kernel, (act, _spec(1, c, dtype="float32"), 1e-6), 2 * n * c * BF16 + c * 4),
     ):
         extra = {
             "target": "latency -> hbm_roofline_us (one pass over HBM)",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["adaln_norm_modulate", "gate_residual"]
+__all__ = ["adaln_norm_modulate", "gate_residual", "rms_norm"]
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -61,3 +61,20 @@ def gate_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch
     """
     acc = _acc(x)
     return (x.to(acc) + _per_token(gate, x.shape[1], acc) * y.to(acc)).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim (Wan's RMSNorm of q / k).
+
+    Args:
+        x: ``[B, L, C]``, any float dtype.
+        weight: ``[C]``.
+        eps: epsilon (Wan: 1e-6).
+
+    Returns:
+        ``[B, L, C]`` in ``x.dtype``, computed in fp32 (float64 for float64 ``x``), one rounding (Wan's
+        module rounds to x's dtype before the weight multiply).
+    """
+    acc = _acc(x)
+    xf = x.to(acc)
+    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(acc)).to(x.dtype)

@@ -20,11 +20,13 @@ from nki_kernels.elementwise import (
     gate_residual_emulated,
     gate_residual_kernel,
     max_features,
+    rms_norm_emulated,
     tile_bytes,
 )
 from nki_kernels.emulator import TensorSpec, run
 from reference.elementwise import adaln_norm_modulate as ref_adaln
 from reference.elementwise import gate_residual as ref_gate
+from reference.elementwise import rms_norm as ref_rms
 from tests.numerics import assert_within, reference_error
 
 pytestmark = pytest.mark.emulator
@@ -68,6 +70,19 @@ def test_gate_residual_kernel_matches_reference(b, length, c, f, lnc, dtype) -> 
     out = gate_residual_emulated(x.to(dtype), y.to(dtype), gate.to(dtype), lnc=lnc)
     assert out.dtype == dtype and out.shape == x.shape
     assert_within(out, base, dtype, ref_err, what=f"gate_residual {b}x{length}x{c} F={f} lnc={lnc}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("b", "length", "c", "f", "lnc"), CASES)
+def test_rms_norm_kernel_matches_reference(b, length, c, f, lnc, dtype) -> None:
+    g = torch.Generator().manual_seed(b * 3000 + length + c)
+    x = torch.randn(b, length, c, generator=g, dtype=torch.float64) * 2.0 + 0.5
+    w = torch.randn(c, generator=g, dtype=torch.float64) * 0.3 + 1.0
+    eps = 1e-2 if f == 1 else 1e-6  # a large eps once (per-sample cases), so dropping it fails
+    ref_err, base = reference_error(ref_rms, [x, w], dtype, eps=eps)
+    out = rms_norm_emulated(x.to(dtype), w.to(dtype), eps, lnc=lnc)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_within(out, base, dtype, ref_err, what=f"rms_norm {b}x{length}x{c} lnc={lnc} eps={eps}")
 
 
 def test_adaln_statistics_survive_a_large_mean() -> None:
@@ -149,6 +164,7 @@ def test_ops_dispatch_and_per_sample_rows() -> None:
             [x.double(), m5.double(), -m5.double(), 1e-5],
         ),
         (ops.gate_residual, (x, y, m), ref_gate, [x.double(), y.double(), m.double()]),
+        (ops.rms_norm, (x, m[0], 1e-5), ref_rms, [x.double(), m[0].double(), 1e-5]),
     ):
         r = fn(*args, backend="reference")
         e = fn(*args, backend="emulator")
@@ -194,6 +210,21 @@ def test_adaln_op_rejects_bad_input(args, err, match) -> None:
 @pytest.mark.parametrize(
     ("args", "err", "match"),
     [
+        ((_X, torch.zeros(9)), ValueError, r"weight must be \[C=8\]"),
+        ((_X, torch.zeros(8, dtype=torch.float64)), TypeError, "weight must be torch.bfloat16"),
+        ((_X, torch.zeros(8, dtype=torch.bfloat16)), TypeError, "weight dtype torch.bfloat16 must be x's"),
+        ((_X, torch.zeros(8), -1.0), ValueError, "eps must be finite and > 0"),
+        ((_X[:, :, 0], torch.zeros(8)), ValueError, r"x must be \[B, L, C\]"),
+    ],
+)
+def test_rms_norm_op_rejects_bad_input(args, err, match) -> None:
+    with pytest.raises(err, match=match):
+        ops.rms_norm(*args, backend="reference")
+
+
+@pytest.mark.parametrize(
+    ("args", "err", "match"),
+    [
         ((_X, torch.zeros(2, 6, 9), _M), ValueError, r"y shape \(2, 6, 9\) must equal x shape"),
         ((_X, _X.bfloat16(), _M), TypeError, "y dtype torch.bfloat16 must match"),
         ((_X, _X, torch.zeros(2, 7, 8)), ValueError, "gate has F=7 frames"),
@@ -211,7 +242,7 @@ def test_bench_rows_move_exactly_the_minimum_bytes() -> None:
     from perf.bench_kernels import elementwise_cases
 
     rows = elementwise_cases(quick=True)
-    assert [r[0] for r in rows] == ["adaln_norm_modulate", "gate_residual"]
+    assert [r[0] for r in rows] == ["adaln_norm_modulate", "gate_residual", "rms_norm"]
     for _, _, _, fn in rows:
         f = fn()
         assert f["hbm_bytes"] == f["hbm_bytes_min"] > 0

@@ -92,6 +92,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "mods.append(bc.load([(gate, g, False)])[0])",
            "mods.append(bc.load([(gate, min(g + 1, G - 1), False)])[0])",
            ("tests/test_kernel_elementwise.py",), "gate_residual uses the next frame's gate row"),
+    Mutant("ew-rms-eps", "nki_kernels/elementwise.py",
+           "nl.rsqrt, cl[:rows, 0:1], bias=float(eps), scale=1.0 / C)",
+           "nl.rsqrt, cl[:rows, 0:1], bias=0.0, scale=1.0 / C)", ("tests/test_kernel_elementwise.py",),
+           "rms_norm ignores eps"),
     # ---------------------------------------------------------------- nki_kernels: ops
     Mutant("ops-slot-range", "nki_kernels/op_checks.py",
            "    if slot < 0 or (slot + 1) * t > s:", "    if slot < 0 or slot * t > s:",
