@@ -1,11 +1,13 @@
 """Fused elementwise passes of the Wan DiT block as NKI kernels (standalone NKI 0.6 API via
-:mod:`nki_kernels._nki`): adaLN modulation with its LayerNorm, and the gated residual.
+:mod:`nki_kernels._nki`): adaLN modulation with its LayerNorm, the gated residual, and RMSNorm
+(:func:`rms_norm_kernel`, described in its docstring).
 
 Math (tokens grouped by frame: token ``t`` of sample ``b`` uses modulation row ``(b, t // tpf)``, where
 ``tpf = L / F`` tokens per frame; Wan's per-frame modulation ``e0 [B, F, 6, C]``)::
 
     adaln_norm_modulate:  out = (x - mean) * rsqrt(var + eps) * (1 + scale) + shift   (LayerNorm, no affine)
     gate_residual:        out = x + gate * y
+    rms_norm:             out = x * rsqrt(mean(x^2) + eps) * weight                   (one weight row)
 
 Layouts: ``x`` (and ``y``) ``[N, C]`` row-major HBM (``N = B * L`` tokens x ``C`` features), bf16 or fp32;
 the modulation rows ``shift`` / ``scale`` / ``gate`` ``[G, C]`` fp32 (``G = B * F`` frames, ``N`` a multiple
