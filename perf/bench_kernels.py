@@ -454,6 +454,36 @@ def cte_harness_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callabl
     return out
 
 
+def elementwise_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
+    """Fused elementwise passes (``nki_kernels.elementwise``) at one core's token share of Wan's merged
+    forward (3,510 of 28,080 tokens x 1,536 features, bf16; 256 tokens with ``quick``), modulation rows of
+    2 frames (1,755 tokens each: a core's share starts and ends mid-frame, so 2 equal frames stand in for
+    its 2.25). ``hbm_roofline_us``: the bytes the pass must move at one core's HBM share (2.9 TB/s / 8)."""
+    from nki_kernels.elementwise import adaln_norm_modulate_kernel, gate_residual_kernel, rms_norm_kernel
+
+    n, c, g = (256, 1536, 2) if quick else (3510, 1536, 2)
+    act, rows = _spec(n, c), _spec(g, c, dtype="float32")
+    cfg = {"N": n, "C": c, "frames": g, "dtype": "bf16"}
+    out = []
+    for name, kernel, args, hbm in (
+        (
+            "adaln_norm_modulate",
+            adaln_norm_modulate_kernel,
+            (act, rows, rows, 1e-6),
+            2 * n * c * BF16 + 2 * g * c * 4,
+        ),
+        ("gate_residual", gate_residual_kernel, (act, act, rows), 3 * n * c * BF16 + g * c * 4),
+        ("rms_norm", rms_norm_kernel, (act, _spec(1, c, dtype="float32"), 1e-6), 2 * n * c * BF16 + c * 4),
+    ):
+        extra = {
+            "target": "latency -> hbm_roofline_us (one pass over HBM)",
+            "per_core": f"{n} tokens",
+            "hbm_roofline_us": round(hbm / (2.9e12 / 8) * 1e6, 1),
+        }
+        out.append((name, f"wan_{n}x{c}_bf16", cfg, _prof(kernel, args, 1, hbm, extra)))
+    return out
+
+
 def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:
     """Merged-forward attention (``attention_block_table``): one launch, 2 query groups.
 
@@ -509,7 +539,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     USE_EVENTS = not a.bound_only
     shapes = QUICK if a.quick else WAN
     name = "bench_kernels_quick" if a.quick else "bench_kernels"
-    todo = cases(shapes) + dense_cases(a.quick)
+    todo = cases(shapes) + dense_cases(a.quick) + elementwise_cases(a.quick)
     if a.ops:
         want = {o.strip() for o in a.ops.split(",") if o.strip()}
         known = {op for op, _, _, _ in todo}
@@ -540,6 +570,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
             "bottleneck",
             "min_descriptor_bytes",
             "target",
+            "hbm_roofline_us",
             "kernel_us",
             *(
                 f"{f}_{e}"

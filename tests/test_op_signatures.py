@@ -9,6 +9,7 @@ import pytest
 
 import reference.attention
 import reference.conv3d
+import reference.elementwise
 import reference.kv_cache
 import reference.linear
 import reference.rope3d
@@ -26,6 +27,9 @@ PAIRS = {
     "kv_cache_slide": (reference.kv_cache.kv_cache_slide, {"backend"}),
     "linear": (reference.linear.linear, {"backend"}),
     "conv3d_causal": (reference.conv3d.conv3d_causal, {"backend"}),
+    "adaln_norm_modulate": (reference.elementwise.adaln_norm_modulate, {"backend"}),
+    "gate_residual": (reference.elementwise.gate_residual, {"backend"}),
+    "rms_norm": (reference.elementwise.rms_norm, {"backend"}),
 }
 # static-shape variants share the reference of their dynamic op (documented in their docstrings)
 VARIANTS = {"rope3d_positions": "rope3d", "kv_cache_write_at": "kv_cache_write"}

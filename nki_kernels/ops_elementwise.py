@@ -1,0 +1,220 @@
+"""The fused elementwise ops ``adaln_norm_modulate`` and ``gate_residual`` (namespace ``nki_ardiff``):
+validation and backend dispatch, re-exported by :mod:`nki_kernels.ops` (same backend rules as every op
+there: ``backend`` ``"reference"`` / ``"emulator"`` / ``"neuron"`` / ``None`` = ``$NKI_ARDIFF_BACKEND`` read
+at call time; bad input raises before dispatch).
+
+Layouts: activations ``[B, L, C]`` (tokens x features, contiguous), modulation rows ``[B, F, C]`` per frame
+(Wan's ``e0 [B, F, 6, C]`` sliced; ``F`` divides ``L``: token ``t`` uses row ``t // (L / F)``) or ``[B, C]``
+(one row per sample, i.e. ``F = 1``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from nki_kernels.op_dispatch import _op_backend, _run_backend, entry
+
+__all__ = ["adaln_norm_modulate", "gate_residual", "rms_norm", "ELEMENTWISE_MAX_C"]
+
+_DTYPES = (torch.bfloat16, torch.float32)
+
+ELEMENTWISE_MAX_C = {torch.bfloat16: 4608, torch.float32: 2560}
+"""Largest feature count ``C`` the kernels' SBUF tiles take per dtype (``nki_kernels.elementwise.max_features``)."""
+
+
+def _rows3(m: torch.Tensor) -> torch.Tensor:
+    return m.unsqueeze(1) if m.dim() == 2 else m
+
+
+@torch.library.custom_op("nki_ardiff::adaln_norm_modulate", mutates_args=())
+def _adaln_op(
+    x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, backend: str
+) -> torch.Tensor:
+    if _run_backend(backend) == "reference":
+        from reference.elementwise import adaln_norm_modulate as ref
+
+        return ref(x, shift, scale, eps).contiguous()
+    return entry("adaln_norm_modulate")(x, _rows3(shift), _rows3(scale), eps).contiguous()
+
+
+@_adaln_op.register_fake
+def _(x, shift, scale, eps, backend):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("nki_ardiff::gate_residual", mutates_args=())
+def _gate_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, backend: str) -> torch.Tensor:
+    if _run_backend(backend) == "reference":
+        from reference.elementwise import gate_residual as ref
+
+        return ref(x, y, gate).contiguous()
+    return entry("gate_residual")(x, y, _rows3(gate)).contiguous()
+
+
+@_gate_op.register_fake
+def _(x, y, gate, backend):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("nki_ardiff::rms_norm", mutates_args=())
+def _rms_op(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> torch.Tensor:
+    if _run_backend(backend) == "reference":
+        from reference.elementwise import rms_norm as ref
+
+        return ref(x, weight, eps).contiguous()
+    return entry("rms_norm")(x, weight, eps).contiguous()
+
+
+@_rms_op.register_fake
+def _(x, weight, eps, backend):
+    return x.new_empty(x.shape)
+
+
+def _check_eps(eps: Any) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be finite and > 0, got {eps}")
+
+
+def _check(name: str, t: Any, ranks: tuple[int, ...], layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() not in ranks:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be torch.bfloat16 or torch.float32, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name} must be contiguous {layout} (the kernels address it row-major); call .contiguous()"
+        )
+
+
+def _check_x(x: Any) -> None:
+    _check("x", x, (3,), "[B, L, C]")
+    if x.numel() == 0:
+        raise ValueError(f"x must be [B, L, C] with every size >= 1, got shape {tuple(x.shape)}")
+    c = x.shape[2]
+    if c > ELEMENTWISE_MAX_C[x.dtype]:
+        raise ValueError(
+            f"x has C={c} features; the kernels take at most C={ELEMENTWISE_MAX_C[x.dtype]} for {x.dtype}"
+        )
+
+
+def _check_rows(name: str, m: Any, x: torch.Tensor) -> None:
+    """A modulation tensor ``[B, F, C]`` (F divides L) or ``[B, C]``, x's dtype or fp32, on x's device."""
+    _check(name, m, (2, 3), "[B, F, C] or [B, C]")
+    b, length, c = x.shape
+    f = m.shape[1] if m.dim() == 3 else 1
+    if m.shape[0] != b or m.shape[-1] != c:
+        raise ValueError(
+            f"{name} must be [B={b}, F, C={c}] or [B={b}, C={c}] (x is {tuple(x.shape)}), got {tuple(m.shape)}"
+        )
+    if f < 1 or length % f:
+        raise ValueError(
+            f"{name} has F={f} frames: F must divide x's L={length} tokens (token t uses row t // (L / F))"
+        )
+    if m.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"{name} dtype {m.dtype} must be x's dtype {x.dtype} or torch.float32")
+    if m.device != x.device:
+        raise ValueError(f"{name} is on {m.device} but x is on {x.device}")
+
+
+def adaln_norm_modulate(
+    x: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``LayerNorm(x; eps, no affine) * (1 + scale) + shift`` in one pass (Wan's ``norm1`` / ``norm2`` and
+    their adaLN modulation; :mod:`nki_kernels.elementwise`).
+
+    Args:
+        x: ``[B, L, C]`` bf16 or fp32, contiguous.
+        shift, scale: ``[B, F, C]`` (``F`` divides ``L``; per-frame rows) or ``[B, C]``, x's dtype or fp32,
+            both of the same shape and dtype.
+        eps: LayerNorm epsilon, finite and > 0 (Wan: 1e-6).
+        backend: see :mod:`nki_kernels.ops`.
+
+    Returns:
+        ``[B, L, C]`` in ``x.dtype``: fp32 statistics (population variance) and arithmetic, one rounding
+        (the kernels round ``1 + scale`` and ``shift`` to x's dtype first).
+
+    Limits: ``C <= 4608`` (bf16) / ``2560`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
+    """
+    _check_x(x)
+    _check_rows("shift", shift, x)
+    _check_rows("scale", scale, x)
+    if tuple(scale.shape) != tuple(shift.shape) or scale.dtype != shift.dtype:
+        raise ValueError(
+            f"scale {tuple(scale.shape)} {scale.dtype} must have shift's shape and dtype "
+            f"{tuple(shift.shape)} {shift.dtype} (one modulation row per frame for both)"
+        )
+    _check_eps(eps)
+    return _adaln_op(x, shift, scale, float(eps), _op_backend(backend))
+
+
+def gate_residual(
+    x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, *, backend: str | None = None
+) -> torch.Tensor:
+    """``x + gate * y`` in one pass (Wan's gated residuals after self-attention and the FFN;
+    :mod:`nki_kernels.elementwise`).
+
+    Args:
+        x: ``[B, L, C]`` residual stream, bf16 or fp32, contiguous.
+        y: ``[B, L, C]`` branch output, x's dtype, contiguous.
+        gate: ``[B, F, C]`` (``F`` divides ``L``) or ``[B, C]``, x's dtype or fp32.
+        backend: see :mod:`nki_kernels.ops`.
+
+    Returns:
+        ``[B, L, C]`` in ``x.dtype`` (fp32 arithmetic, one rounding; the kernels round ``gate`` to x's
+        dtype first).
+
+    Limits: ``C <= 4608`` (bf16) / ``2560`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
+    """
+    _check_x(x)
+    _check("y", y, (3,), "[B, L, C]")
+    if tuple(y.shape) != tuple(x.shape):
+        raise ValueError(f"y shape {tuple(y.shape)} must equal x shape {tuple(x.shape)}")
+    if y.dtype != x.dtype:
+        raise TypeError(f"y dtype {y.dtype} must match x dtype {x.dtype}")
+    if y.device != x.device:
+        raise ValueError(f"y is on {y.device} but x is on {x.device}")
+    _check_rows("gate", gate, x)
+    return _gate_op(x, y, gate, _op_backend(backend))
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, backend: str | None = None
+) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the feature dim in one pass (Wan's RMSNorm of q / k
+    over all heads' features; :mod:`nki_kernels.elementwise`).
+
+    Args:
+        x: ``[B, L, C]`` bf16 or fp32, contiguous.
+        weight: ``[C]``, x's dtype or fp32, contiguous.
+        eps: finite and > 0 (Wan: 1e-6).
+        backend: see :mod:`nki_kernels.ops`.
+
+    Returns:
+        ``[B, L, C]`` in ``x.dtype``: fp32 statistics and arithmetic, one rounding (the kernels round
+        ``weight`` to x's dtype first).
+
+    Limits: ``C <= 4608`` (bf16) / ``2560`` (fp32) (:data:`ELEMENTWISE_MAX_C`).
+    """
+    _check_x(x)
+    _check("weight", weight, (1,), "[C]")
+    if weight.shape[0] != x.shape[2]:
+        raise ValueError(
+            f"weight must be [C={x.shape[2]}] (x is {tuple(x.shape)}), got {tuple(weight.shape)}"
+        )
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"weight dtype {weight.dtype} must be x's dtype {x.dtype} or torch.float32")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+    _check_eps(eps)
+    return _rms_op(x, weight, float(eps), _op_backend(backend))
