@@ -1,0 +1,125 @@
+"""Procedural demo scenes (rolling_forcing/procedural.py): determinism, closed-form bouncing against a
+step-by-step simulation, rendering, prompts and the vocabulary."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rolling_forcing.procedural import (
+    BACKGROUNDS,
+    COLORS,
+    Scene,
+    SceneConfig,
+    Shape,
+    positions,
+    prompt_words,
+    render,
+    sample_scene,
+    scene_prompt,
+    vocabulary,
+)
+
+
+def _simulate(s: Shape, cfg: SceneConfig, n: int) -> np.ndarray:
+    """Step-by-step reference: move, reflect off each wall (independent of the closed form)."""
+    x, y, vx, vy = s.x0, s.y0, s.vx, s.vy
+    out = []
+    for _ in range(n):
+        out.append((x, y))
+        x, y = x + vx, y + vy
+        for lo, hi, axis in ((s.size, cfg.width - s.size, 0), (s.size, cfg.height - s.size, 1)):
+            p = x if axis == 0 else y
+            if p > hi:
+                p, flip = 2 * hi - p, True
+            elif p < lo:
+                p, flip = 2 * lo - p, True
+            else:
+                flip = False
+            if axis == 0:
+                x, vx = p, (-vx if flip else vx)
+            else:
+                y, vy = p, (-vy if flip else vy)
+    return np.array(out)
+
+
+def test_closed_form_bouncing_matches_a_simulation() -> None:
+    cfg = SceneConfig()
+    scene = sample_scene(np.random.default_rng(3), cfg)
+    pos = positions(scene, range(500))
+    for j, s in enumerate(scene.shapes):
+        np.testing.assert_allclose(pos[:, j], _simulate(s, cfg, 500), atol=1e-9)
+
+
+def test_unbounded_and_random_access() -> None:
+    scene = sample_scene(np.random.default_rng(0))
+    far = positions(scene, [10**9, 10**9 + 1])
+    cfg = scene.config
+    for j, s in enumerate(scene.shapes):
+        assert s.size - 1e-6 <= far[0, j, 0] <= cfg.width - s.size + 1e-6
+        assert s.size - 1e-6 <= far[0, j, 1] <= cfg.height - s.size + 1e-6
+        assert (
+            math.hypot(*(far[1, j] - far[0, j])) <= math.hypot(s.vx, s.vy) + 1e-6
+        )  # one step, or less at a wall
+    np.testing.assert_array_equal(
+        render(scene, 40, 3), render(scene, 38, 5)[2:]
+    )  # a stream can start anywhere
+
+
+def test_same_seed_same_scene_and_frames() -> None:
+    a, b = (sample_scene(np.random.default_rng(7)) for _ in range(2))
+    assert a == b
+    np.testing.assert_array_equal(render(a, 0, 4), render(b, 0, 4))
+    assert sample_scene(np.random.default_rng(8)) != a
+
+
+def test_render_draws_each_shape_in_its_colour() -> None:
+    cfg = SceneConfig(height=64, width=96)
+    shapes = (
+        Shape("circle", "red", 8.0, 20.0, 20.0, 0.0, 0.0),
+        Shape("square", "blue", 8.0, 60.0, 20.0, 0.0, 0.0),
+        Shape("triangle", "yellow", 10.0, 40.0, 48.0, 0.0, 0.0),
+    )
+    f = render(Scene(shapes, "gray", cfg), 0, 1)[0]
+    assert f.shape == (64, 96, 3) and f.dtype == np.uint8
+    for s in shapes:
+        assert tuple(f[int(s.y0), int(s.x0)]) == COLORS[s.color]
+    assert tuple(f[0, 0]) == BACKGROUNDS["gray"]
+    # areas: circle pi r^2, square (2r)^2, triangle (3 sqrt(3) / 4) R^2, to within the pixel grid
+    for s, area in zip(shapes, (math.pi * 64, 256.0, 3 * math.sqrt(3) / 4 * 100), strict=True):
+        n = int((f == COLORS[s.color]).all(axis=-1).sum())
+        assert abs(n - area) <= 0.12 * area, (s.kind, n, area)
+
+
+def test_prompt_names_every_shape_and_uses_the_vocabulary() -> None:
+    scene = sample_scene(np.random.default_rng(11), SceneConfig(max_shapes=3))
+    text = scene_prompt(scene)
+    for s in scene.shapes:
+        assert f"a {s.color} {s.kind}" in text
+    assert text.endswith(f"bouncing on a {scene.background} background")
+    assert set(prompt_words(text)) <= set(vocabulary())
+    with pytest.raises(ValueError, match="'dragon' is not in the vocabulary: a, and, background"):
+        prompt_words("a red dragon")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"height": 8}, "height and width must be >= 16"),
+        ({"max_shapes": 4}, r"max_shapes must be in \[1, 3\]"),
+        ({"max_size": 40.0}, "max_size <= min"),
+        ({"min_speed": 0.0}, "0 < min_speed"),
+    ],
+)
+def test_config_rejects_bad_values(kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SceneConfig(**kw)
+
+
+def test_scene_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="Shape.kind must be one of"):
+        Shape("star", "red", 5, 10, 10, 0, 0)
+    with pytest.raises(ValueError, match="outside its walls"):
+        Scene((Shape("circle", "red", 8, 2, 30, 0, 0),), "black")
