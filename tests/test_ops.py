@@ -1,37 +1,32 @@
-"""nki_kernels.ops: dispatch, validation, tracing (torch.compile / export / opcheck) and emulator parity."""
+"""nki_kernels.ops: parity with the reference, input validation (the bad-call table) and the tolerance rule;
+backends, tracing and emulator parity are in tests/test_ops_backends.py, the RoPE tables in
+tests/test_ops_rope_tables.py."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from nki_kernels import op_dispatch, ops
+from nki_kernels import ops
 from reference.attention import attention as ref_attention
-from reference.attention import attention_segments as ref_attention_segments
 from reference.kv_cache import kv_cache_slide as ref_kv_cache_slide
 from reference.kv_cache import kv_cache_write as ref_kv_cache_write
 from reference.rope3d import rope3d as ref_rope3d
 from tests.numerics import FLOORS, assert_within, reference_error, tolerance
-
-BF16, F32 = torch.bfloat16, torch.float32
-
-
-def rnd(*shape: int, dtype: torch.dtype = F32, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ops.BACKEND_ENV, raising=False)
-
+from tests.ops_helpers import (
+    BF16,
+    F32,
+    KV,
+    Q,
+    clean_backend_env,  # noqa: F401 (autouse fixture)
+    rnd,
+)
+from tests.ops_helpers import zeros as _q
 
 # ------------------------------------------------------------------------- parity with the reference
 
@@ -137,12 +132,6 @@ def test_kv_cache_ops_match_reference(b: int, t: int, slots: int, dtype: torch.d
 # ---------------------------------------------------------------------------------------------- validation
 
 
-def _q(*shape: int, dtype: torch.dtype = F32) -> torch.Tensor:
-    return torch.zeros(*shape, dtype=dtype)
-
-
-Q = _q(2, 12, 3, 16)
-KV = _q(2, 20, 3, 16)
 CACHE = _q(2, 24, 3, 16)
 BLOCK = _q(2, 6, 3, 16)
 
@@ -226,10 +215,25 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("att dtype", lambda: ops.attention(Q.double(), KV.double(), KV.double()), TypeError, "q must be"),
     ("att qk dtype", lambda: ops.attention(Q, KV.to(BF16), KV), TypeError, "k dtype"),
     ("att v dtype", lambda: ops.attention(Q, KV, KV.to(BF16)), TypeError, "v dtype"),
-    ("att heads", lambda: ops.attention(Q, _q(2, 20, 2, 16), _q(2, 20, 2, 16)), ValueError, "k heads H"),
-    ("att head_dim", lambda: ops.attention(Q, _q(2, 20, 3, 8), _q(2, 20, 3, 8)), ValueError, "k head_dim D"),
+    (
+        "att heads",
+        lambda: ops.attention(Q, _q(2, 20, 2, 16), _q(2, 20, 2, 16)),
+        ValueError,
+        "k heads H",
+    ),
+    (
+        "att head_dim",
+        lambda: ops.attention(Q, _q(2, 20, 3, 8), _q(2, 20, 3, 8)),
+        ValueError,
+        "k head_dim D",
+    ),
     ("att v head_dim", lambda: ops.attention(Q, KV, _q(2, 20, 3, 8)), ValueError, "v head_dim D"),
-    ("att batch", lambda: ops.attention(Q, _q(1, 20, 3, 16), _q(1, 20, 3, 16)), ValueError, "k batch B"),
+    (
+        "att batch",
+        lambda: ops.attention(Q, _q(1, 20, 3, 16), _q(1, 20, 3, 16)),
+        ValueError,
+        "k batch B",
+    ),
     ("att v len", lambda: ops.attention(Q, KV, _q(2, 19, 3, 16)), ValueError, "v length Lk"),
     ("att rank", lambda: ops.attention(Q, KV[0], KV), ValueError, "k must have rank 4"),
     ("att empty k", lambda: ops.attention(Q, KV[:, :0], KV[:, :0]), ValueError, "Lk >= 1"),
@@ -267,7 +271,12 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ),
     ("seg pair", lambda: ops.attention_segments(Q, KV, KV, [(0, 4, 1)]), ValueError, r"segments\[0\]"),
     ("seg float", lambda: ops.attention_segments(Q, KV, KV, [(0.0, 4)]), TypeError, r"segments\[0\].start"),
-    ("seg kv_v shape", lambda: ops.attention_segments(Q, KV, _q(2, 21, 3, 16), [(0, 4)]), ValueError, "kv_v"),
+    (
+        "seg kv_v shape",
+        lambda: ops.attention_segments(Q, KV, _q(2, 21, 3, 16), [(0, 4)]),
+        ValueError,
+        "kv_v",
+    ),
     (
         "seg heads",
         lambda: ops.attention_segments(Q, _q(2, 20, 1, 16), _q(2, 20, 1, 16), [(0, 4)]),
@@ -464,397 +473,3 @@ def test_tolerance_rule() -> None:
     bad[0, 0, 0, 0] += 2 * tolerance(BF16, ref_err)
     with pytest.raises(AssertionError, match="tolerance"):
         assert_within(bad, base, BF16, ref_err)
-
-
-# ---------------------------------------------------------------------------------------------- backends
-
-
-def test_backend_from_env_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ops.resolve_backend() == "reference"
-    monkeypatch.setenv(ops.BACKEND_ENV, "emulator")
-    assert ops.resolve_backend() == "emulator"
-    assert ops.resolve_backend("reference") == "reference"  # explicit wins
-    monkeypatch.setenv(ops.BACKEND_ENV, "tpu")
-    with pytest.raises(ValueError, match="backend.*NKI_ARDIFF_BACKEND"):
-        ops.attention(Q, KV, KV)
-    with pytest.raises(ValueError, match="backend must be one of"):
-        ops.resolve_backend("Reference ")
-
-
-def test_neuron_backend_needs_real_nki() -> None:
-    if importlib.util.find_spec("nki") is not None:
-        pytest.skip("an `nki` package is installed here, so backend='neuron' may legitimately be available")
-    with pytest.raises(RuntimeError, match="backend='neuron' needs the real NKI package"):
-        ops.attention(Q, KV, KV, backend="neuron")
-
-
-class _Recorder:
-    """Stands in for the kernel modules to check what dispatch passes (the kernels are tested elsewhere)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-
-    def __call__(self, module: str, fn: str) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((f"{module}.{fn}", args, kwargs))
-            if fn == "rope3d_emulated":
-                return args[0], args[1] * 2  # q returned as-is: dispatch must not alias it
-            if fn == "attention_emulated":
-                return ref_attention(*args, **kwargs)
-            if fn == "attention_segments_emulated":
-                return ref_attention_segments(*args, **kwargs)
-            new_k, new_v = args[0].clone().fill_(7), args[1].clone().fill_(8)
-            return new_k, new_v  # functional style: dispatch copies back into the caches
-
-        return run
-
-
-def test_emulator_dispatch_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    rec = _Recorder()
-    monkeypatch.setattr(op_dispatch, "_kernel", rec)
-    monkeypatch.setenv(ops.BACKEND_ENV, "emulator")
-    q = rnd(1, 12, 2, 8)
-    qo, ko = ops.rope3d(q, q, (1, 3, 4), frame_positions=[5])
-    assert rec.calls[-1][0] == "rope3d.rope3d_emulated"
-    assert rec.calls[-1][2] == {"start_frame": 0, "frame_positions": [5]}
-    assert torch.equal(qo, q) and qo.data_ptr() != q.data_ptr() and torch.equal(ko, 2 * q)
-    ops.rope3d(q, q, (1, 3, 4), 9)
-    assert rec.calls[-1][2] == {"start_frame": 9, "frame_positions": None}
-    out = ops.attention(q, q, q, scale=0.5)
-    assert rec.calls[-1][0] == "attention.attention_emulated" and rec.calls[-1][2] == {
-        "scale": 0.5,
-        "return_lse": False,
-    }
-    assert torch.equal(out, ref_attention(q, q, q, scale=0.5))
-    ops.attention_segments(q, q, q, [(4, 2), (0, 3)], return_lse=True)
-    name, args, kwargs = rec.calls[-1]
-    assert name == "attention.attention_segments_emulated" and args[3] == [(4, 2), (0, 3)]
-    assert kwargs == {"scale": 1 / math.sqrt(8), "return_lse": True}
-    ck, cv = torch.zeros(1, 24, 2, 8), torch.zeros(1, 24, 2, 8)
-    ops.kv_cache_write(ck, cv, q[:, :6].contiguous(), q[:, :6].contiguous(), 2)
-    assert rec.calls[-1][0] == "kv_cache.kv_cache_write_emulated" and rec.calls[-1][1][4] == 2
-    assert (ck == 7).all() and (cv == 8).all()
-    ops.kv_cache_slide(ck, cv, q[:, :6].contiguous(), q[:, :6].contiguous(), 3, backend="emulator")
-    assert rec.calls[-1][0] == "kv_cache.kv_cache_slide_emulated" and rec.calls[-1][1][4] == 3
-    n = len(rec.calls)
-    ops.attention(q, q, q, backend="reference")
-    assert len(rec.calls) == n  # explicit reference backend never reaches the kernels
-
-
-# ---------------------------------------------------------------------------------------------- tracing
-
-
-def _all_ops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor) -> Any:
-    qr, kr = ops.rope3d(q, k, (2, 3, 5), 4, max_positions=1024)
-    qs, _ = ops.rope3d(q, k, (2, 3, 5), frame_positions=[0, 9])
-    out, lse = ops.attention(qr, kr, v, return_lse=True)
-    seg = ops.attention_segments(qs, ck, cv, [(12, 6), (0, 6)], scale=0.3)
-    ops.kv_cache_write(ck, cv, kr[:, :6].contiguous(), v[:, :6].contiguous(), 1)
-    ops.kv_cache_slide(ck, cv, kr[:, 6:12].contiguous(), v[:, 6:12].contiguous(), 6)
-    return out, lse, seg
-
-
-def _inputs(dtype: torch.dtype = F32) -> list[torch.Tensor]:
-    return [rnd(2, 30, 2, 16, dtype=dtype, seed=s) for s in range(3)] + [
-        rnd(2, 24, 2, 16, dtype=dtype, seed=s) for s in (3, 4)
-    ]
-
-
-def test_torch_compile_fullgraph() -> None:
-    eager_in, comp_in = _inputs(), _inputs()
-    expect = _all_ops(*eager_in)
-    got = torch.compile(_all_ops, fullgraph=True, backend="aot_eager")(*comp_in)
-    for a, b in zip(got, expect):
-        assert torch.equal(a, b)
-    assert torch.equal(comp_in[3], eager_in[3]) and torch.equal(
-        comp_in[4], eager_in[4]
-    )  # in-place writes kept
-
-
-def test_compiled_graph_reads_backend_env_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    rec = _Recorder()
-    monkeypatch.setattr(op_dispatch, "_kernel", rec)
-    fn = torch.compile(lambda q: ops.attention(q, q, q), fullgraph=True, backend="aot_eager")
-    q = rnd(1, 5, 2, 8)
-    fn(q)
-    assert rec.calls == []
-    monkeypatch.setenv(ops.BACKEND_ENV, "emulator")
-    fn(q)
-    assert [c[0] for c in rec.calls] == ["attention.attention_emulated"]
-
-
-class _Block(torch.nn.Module):
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor
-    ) -> Any:
-        return _all_ops(q, k, v, ck, cv)
-
-
-def test_torch_export() -> None:
-    inputs = _inputs(BF16)
-    ep = torch.export.export(_Block(), tuple(t.clone() for t in inputs))
-    names = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    for op in ("rope3d", "attention", "attention_segments", "kv_cache_write", "kv_cache_slide"):
-        assert f"nki_ardiff.{op}.default" in names
-    eager_in = [t.clone() for t in inputs]
-    expect = _all_ops(*eager_in)
-    exp_in = [t.clone() for t in inputs]
-    got = ep.module()(*exp_in)
-    for a, b in zip(got, expect):
-        assert torch.equal(a, b)
-    assert torch.equal(exp_in[3], eager_in[3])
-
-
-OPCHECK_CASES = [
-    (
-        "rope3d",
-        lambda: (
-            torch.ops.nki_ardiff.rope3d,
-            (rnd(1, 6, 2, 8), rnd(1, 6, 2, 8), [1, 2, 3], 2, None, "reference"),
-        ),
-    ),
-    (
-        "rope3d fp",
-        lambda: (
-            torch.ops.nki_ardiff.rope3d,
-            (rnd(1, 6, 2, 8), rnd(1, 6, 2, 8), [2, 1, 3], 0, [4, 1], "reference"),
-        ),
-    ),
-    (
-        "attention",
-        lambda: (
-            torch.ops.nki_ardiff.attention,
-            (rnd(1, 5, 2, 8), rnd(1, 7, 2, 8), rnd(1, 7, 2, 8), 0.3, True, "reference"),
-        ),
-    ),
-    (
-        "attention nolse",
-        lambda: (
-            torch.ops.nki_ardiff.attention,
-            (rnd(1, 5, 2, 8), rnd(1, 7, 2, 8), rnd(1, 7, 2, 8), 0.3, False, "reference"),
-        ),
-    ),
-    (
-        "attention_segments",
-        lambda: (
-            torch.ops.nki_ardiff.attention_segments,
-            (rnd(1, 5, 2, 8), rnd(1, 9, 2, 8), rnd(1, 9, 2, 8), [6, 3, 0, 2], 0.3, True, "reference"),
-        ),
-    ),
-    (
-        "kv_cache_write",
-        lambda: (
-            torch.ops.nki_ardiff.kv_cache_write,
-            (rnd(1, 9, 2, 8), rnd(1, 9, 2, 8), rnd(1, 3, 2, 8), rnd(1, 3, 2, 8), 1, "reference"),
-        ),
-    ),
-    (
-        "kv_cache_slide",
-        lambda: (
-            torch.ops.nki_ardiff.kv_cache_slide,
-            (rnd(1, 9, 2, 8), rnd(1, 9, 2, 8), rnd(1, 3, 2, 8), rnd(1, 3, 2, 8), 2, "reference"),
-        ),
-    ),
-]
-
-
-@pytest.mark.parametrize("name,case", OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
-def test_opcheck(name: str, case: Callable[[], Any]) -> None:
-    op, args = case()
-    torch.library.opcheck(op, args)
-
-
-# ------------------------------------------------------------------------------------- emulator parity
-
-
-def _kernels_available(module: str) -> None:
-    """The kernel module must import: a broken kernel fails these tests, it is never skipped."""
-    importlib.import_module(f"nki_kernels.{module}")
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_emulator_rope3d_within_tolerance(dtype: torch.dtype) -> None:
-    _kernels_available("rope3d")
-    grid = (2, 3, 7)  # L = 42, not a multiple of 128
-    q64, k64 = (
-        rnd(2, 42, 2, 32, dtype=torch.float64, seed=20),
-        rnd(2, 42, 2, 32, dtype=torch.float64, seed=21),
-    )
-    ref_err, base = reference_error(lambda q, k: ref_rope3d(q, k, grid, 5), [q64, k64], dtype)
-    got = ops.rope3d(q64.to(dtype), k64.to(dtype), grid, 5, backend="emulator")
-    assert got[0].dtype == dtype
-    assert_within(got, base, dtype, ref_err, "emulator rope3d")
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_emulator_attention_within_tolerance(dtype: torch.dtype) -> None:
-    _kernels_available("attention")
-    q, k, v = rnd(1, 130, 2, 32, seed=22), rnd(1, 140, 2, 32, seed=23), rnd(1, 140, 2, 32, seed=24)
-    ref_err, base = reference_error(lambda *a: ref_attention(*a, return_lse=True), [q, k, v], dtype)
-    got = ops.attention(q.to(dtype), k.to(dtype), v.to(dtype), return_lse=True, backend="emulator")
-    assert_within(got, base, dtype, ref_err, "emulator attention")
-    segs = [(100, 40), (0, 30)]
-    ref_err, base = reference_error(
-        lambda *a: ref_attention_segments(*a, segs, return_lse=True), [q, k, v], dtype
-    )
-    got = ops.attention_segments(
-        q.to(dtype), k.to(dtype), v.to(dtype), segs, return_lse=True, backend="emulator"
-    )
-    assert_within(got, base, dtype, ref_err, "emulator attention_segments")
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_emulator_kv_cache_exact(dtype: torch.dtype) -> None:
-    _kernels_available("kv_cache")
-    ck, cv = rnd(2, 40, 2, 16, dtype=dtype, seed=25), rnd(2, 40, 2, 16, dtype=dtype, seed=26)
-    k, v = rnd(2, 9, 2, 16, dtype=dtype, seed=27), rnd(2, 9, 2, 16, dtype=dtype, seed=28)
-    for op, ref, arg in (
-        (ops.kv_cache_write, ref_kv_cache_write, 3),
-        (ops.kv_cache_slide, ref_kv_cache_slide, 5),
-    ):
-        a_k, a_v, e_k, e_v = ck.clone(), cv.clone(), ck.clone(), cv.clone()
-        op(a_k, a_v, k, v, arg, backend="emulator")
-        ref(e_k, e_v, k, v, arg)
-        assert torch.equal(a_k, e_k) and torch.equal(a_v, e_v)  # a copy is exact
-
-
-# ------------------------------------------------------------------------ rope3d_tables / rope_tables
-
-
-@settings(max_examples=8, deadline=None)
-@given(
-    b=st.integers(1, 2),
-    f=st.integers(1, 3),
-    hp=st.integers(1, 5),
-    wp=st.integers(1, 9),
-    d=st.sampled_from([6, 16, 32]),
-    dtype=st.sampled_from([F32, BF16]),
-    start=st.integers(0, 40),
-)
-def test_rope3d_tables_bitwise_equals_rope3d(b, f, hp, wp, d, dtype, start) -> None:
-    grid = (f, hp, wp)
-    q, k = rnd(b, f * hp * wp, 2, d, dtype=dtype, seed=1), rnd(b, f * hp * wp, 2, d, dtype=dtype, seed=2)
-    fp = [start + 3 * i for i in range(f)]
-    for kw in ({"start_frame": start}, {"frame_positions": fp}, {"frame_positions": torch.tensor(fp)}):
-        sf = kw.get("start_frame", 0)
-        cos, sin = ops.rope_tables(
-            grid, d, sf, frame_positions=kw.get("frame_positions"), dtype=torch.float64
-        )
-        got = ops.rope3d_tables(q, k, cos, sin, backend="reference")
-        fpl = fp if "frame_positions" in kw else None
-        want = ref_rope3d(q, k, grid, sf, fpl)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    # rows of a larger table are the tables of those tokens (the merged forward's last layer slices them)
-    cos, sin = ops.rope_tables(grid, d, frame_positions=fp, dtype=torch.float64)
-    n1 = hp * wp
-    if f > 1:
-        sub = ops.rope_tables((f - 1, hp, wp), d, frame_positions=fp[1:], dtype=torch.float64)
-        assert torch.equal(cos[n1:], sub[0]) and torch.equal(sin[n1:], sub[1])
-
-
-def test_rope_tables_float32_is_rounded_float64() -> None:
-    c64, s64 = ops.rope_tables((2, 3, 4), 16, 5, dtype=torch.float64)
-    c32, s32 = ops.rope_tables((2, 3, 4), 16, 5)
-    assert c32.dtype == F32 and c32.shape == (24, 8)
-    assert torch.equal(c32, c64.float()) and torch.equal(s32, s64.float())
-
-
-TABLE = _q(12, 8)
-BAD_TABLE_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
-    ("q dtype", lambda: ops.rope3d_tables(Q.half(), Q.half(), TABLE, TABLE), TypeError, "q must be"),
-    ("k shape", lambda: ops.rope3d_tables(Q, _q(2, 6, 3, 16), TABLE, TABLE), ValueError, "k shape"),
-    (
-        "odd D",
-        lambda: ops.rope3d_tables(_q(1, 12, 1, 15), _q(1, 12, 1, 15), TABLE, TABLE),
-        ValueError,
-        "even",
-    ),
-    ("cos type", lambda: ops.rope3d_tables(Q, Q, TABLE.numpy(), TABLE), TypeError, "cos must be a torch"),
-    (
-        "cos dtype",
-        lambda: ops.rope3d_tables(Q, Q, TABLE.half(), TABLE),
-        TypeError,
-        "cos must be torch.float32",
-    ),
-    ("sin dtype", lambda: ops.rope3d_tables(Q, Q, TABLE, TABLE.to(BF16)), TypeError, "sin must be"),
-    ("dtype mix", lambda: ops.rope3d_tables(Q, Q, TABLE, TABLE.double()), TypeError, "sin dtype"),
-    ("cos rank", lambda: ops.rope3d_tables(Q, Q, TABLE[None], TABLE), ValueError, r"cos must be \[L, D//2\]"),
-    ("cos D", lambda: ops.rope3d_tables(Q, Q, _q(12, 7), TABLE), ValueError, r"cos must be \[L, D//2\]"),
-    ("sin L", lambda: ops.rope3d_tables(Q, Q, TABLE, _q(11, 8)), ValueError, "sin has 11 rows"),
-    (
-        "cos noncontig",
-        lambda: ops.rope3d_tables(Q, Q, _q(8, 12).t(), TABLE),
-        ValueError,
-        "cos must be contig",
-    ),
-    ("backend", lambda: ops.rope3d_tables(Q, Q, TABLE, TABLE, backend="cpu"), ValueError, "backend"),
-    ("tables grid", lambda: ops.rope_tables((0, 3, 4), 16), ValueError, r"grid\[0\]"),
-    ("tables head_dim", lambda: ops.rope_tables((1, 3, 4), 15), ValueError, "head_dim"),
-    ("tables dtype", lambda: ops.rope_tables((1, 3, 4), 16, dtype=BF16), TypeError, "dtype"),
-    ("tables start", lambda: ops.rope_tables((1, 3, 4), 16, -1), ValueError, "start_frame"),
-    ("tables both", lambda: ops.rope_tables((1, 3, 4), 16, 2, frame_positions=[0]), ValueError, "either"),
-    ("tables fp len", lambda: ops.rope_tables((2, 3, 4), 16, frame_positions=[0]), ValueError, "length F=2"),
-    ("tables fp neg", lambda: ops.rope_tables((1, 3, 4), 16, frame_positions=[-1]), ValueError, r"\[0\]"),
-    (
-        "tables fp float tensor",
-        lambda: ops.rope_tables((1, 3, 4), 16, frame_positions=torch.zeros(1)),
-        TypeError,
-        "frame_positions",
-    ),
-    (
-        "tables fp neg tensor",
-        lambda: ops.rope_tables((1, 3, 4), 16, frame_positions=torch.tensor([-2])),
-        ValueError,
-        r"frame_positions\[0\]",
-    ),
-]
-
-
-@pytest.mark.parametrize("name,call,exc,match", BAD_TABLE_CALLS, ids=[c[0] for c in BAD_TABLE_CALLS])
-def test_rope3d_tables_bad_input_raises(name: str, call: Callable[[], Any], exc: type, match: str) -> None:
-    with pytest.raises(exc, match=match):
-        call()
-
-
-def test_rope3d_tables_compile_one_graph_and_opcheck() -> None:
-    grid, d = (3, 2, 5), 16
-    q, k = rnd(2, 30, 2, d, seed=5), rnd(2, 30, 2, d, seed=6)
-
-    def fn(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> Any:
-        cos, sin = ops.rope_tables(grid, d, frame_positions=pos, dtype=torch.float64)
-        return ops.rope3d_tables(q, k, cos, sin)
-
-    from torch._dynamo.testing import CompileCounter
-
-    cnt = CompileCounter()
-    comp = torch.compile(fn, fullgraph=True, backend=cnt)
-    for pos in ([0, 1, 2], [0, 7, 8], [4, 5, 9]):
-        got = comp(q, k, torch.tensor(pos))
-        want = ref_rope3d(q, k, grid, 0, pos)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert cnt.frame_count == 1  # new positions reuse the graph
-    cos, sin = ops.rope_tables(grid, d, 2)
-    torch.library.opcheck(torch.ops.nki_ardiff.rope3d_tables, (q, k, cos, sin, "reference"))
-    torch.library.opcheck(torch.ops.nki_ardiff.rope_tables, (torch.tensor([0, 3, 4]), list(grid), d, F32))
-
-
-@pytest.mark.emulator
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_emulator_rope3d_tables_within_tolerance(dtype: torch.dtype) -> None:
-    _kernels_available("rope3d")
-    grid, fp = (2, 3, 7), [5, 9]  # L = 42, not a multiple of 128
-    q64, k64 = (
-        rnd(2, 42, 2, 32, dtype=torch.float64, seed=22),
-        rnd(2, 42, 2, 32, dtype=torch.float64, seed=23),
-    )
-    ref_err, base = reference_error(lambda q, k: ref_rope3d(q, k, grid, 0, fp), [q64, k64], dtype)
-    cos, sin = ops.rope_tables(grid, 32, frame_positions=fp)
-    got = ops.rope3d_tables(q64.to(dtype), k64.to(dtype), cos, sin, backend="emulator")
-    assert got[0].dtype == dtype
-    assert_within(got, base, dtype, ref_err, "emulator rope3d_tables")
-    # same kernel, same fp32 tables: bit for bit the per-call-table entry
-    per_call = ops.rope3d(q64.to(dtype), k64.to(dtype), grid, frame_positions=fp, backend="emulator")
-    assert torch.equal(got[0], per_call[0]) and torch.equal(got[1], per_call[1])
