@@ -61,7 +61,7 @@ from __future__ import annotations
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
-from perf.e2e.peer_attention import HWDGE_ROWS, transpose_pieces
+from perf.e2e.peer_attention import HWDGE_ROWS, run_group_pipeline, transpose_pieces
 
 __all__ = [
     "FLASH_THRESHOLD",
@@ -336,32 +336,16 @@ def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any, part: Any) -> 
         k0 = c.off + vi * PMAX
         np_ = min(c.n_keys - vi * PMAX, PMAX)
         nisa.dma_copy(dst=B.v[:np_, vi, : c.d], src=v[c.b, k0 : k0 + np_, :])
-    n = c.n_grps
-    if n == 1:
-        _load_q(c, B, q, 0)
-        _qk(c, B, 0)
-        _update_max(c, B, 0)
-        _exp(c, B, 0)
-        _pv(c, B, 0)
-        _write_back(c, B, 0, out, part)
-        return
-    for g in (0, 1):
-        _load_q(c, B, q, g)
-        _qk(c, B, g)
-        _update_max(c, B, g)
-        if g == 0:
-            _exp(c, B, 0)
-    for g in range(n - 2):
-        _load_q(c, B, q, g + 2)
-        _exp(c, B, g + 1)
-        _fused_pv_qk(c, B, g)
-        _write_back(c, B, g, out, part)
-        _update_max(c, B, g + 2)
-    _pv(c, B, n - 2)
-    _write_back(c, B, n - 2, out, part)
-    _exp(c, B, n - 1)
-    _pv(c, B, n - 1)
-    _write_back(c, B, n - 1, out, part)
+    run_group_pipeline(
+        c.n_grps,
+        load_q=lambda g: _load_q(c, B, q, g),
+        qk=lambda g: _qk(c, B, g),
+        update_max=lambda g: _update_max(c, B, g),
+        exp=lambda g: _exp(c, B, g),
+        pv=lambda g: _pv(c, B, g),
+        fused_pv_qk=lambda g: _fused_pv_qk(c, B, g),
+        write_back=lambda g: _write_back(c, B, g, out, part),
+    )
 
 
 @nki.jit

@@ -44,6 +44,7 @@ lets the DMA cast), and small per-row statistics instructions use the group's ro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
@@ -55,6 +56,7 @@ __all__ = [
     "Q_GROUPS_PER_LOAD",
     "peer_sections",
     "transpose_pieces",
+    "run_group_pipeline",
     "peer_attention_kernel",
     "dmajor_layout_kernel",
     "padded_keys",
@@ -316,6 +318,50 @@ def _write_back(c: _Ctx, B: _Bufs, g: int, out: Any, part: Any) -> None:
     nisa.dma_copy(dst=out[q0 : q0 + qr, c.b, :], src=o)
 
 
+def run_group_pipeline(
+    n: int,
+    *,
+    load_q: Callable[[int], None],
+    qk: Callable[[int], None],
+    update_max: Callable[[int], None],
+    exp: Callable[[int], None],
+    pv: Callable[[int], None],
+    fused_pv_qk: Callable[[int], None],
+    write_back: Callable[[int], None],
+) -> None:
+    """Issue one section's ``n`` query groups in the two-stage software-pipeline order that the peer's
+    kernel shares with AWS's ``attention_cte`` (also used by ``perf/attention_cte_harness.py``): groups
+    0 and 1 are loaded, scored and max-reduced first (with group 0's exp); then per group ``g`` the next
+    group's q load, ``g + 1``'s exp, ``g``'s PV fused with ``g + 2``'s QK^T, ``g``'s write-back and
+    ``g + 2``'s max; then the last two groups drain. ``fused_pv_qk(g)`` does ``g``'s PV and ``g + 2``'s
+    QK^T."""
+    if n == 1:
+        load_q(0)
+        qk(0)
+        update_max(0)
+        exp(0)
+        pv(0)
+        write_back(0)
+        return
+    for g in (0, 1):
+        load_q(g)
+        qk(g)
+        update_max(g)
+        if g == 0:
+            exp(0)
+    for g in range(n - 2):
+        load_q(g + 2)
+        exp(g + 1)
+        fused_pv_qk(g)
+        write_back(g)
+        update_max(g + 2)
+    pv(n - 2)
+    write_back(n - 2)
+    exp(n - 1)
+    pv(n - 1)
+    write_back(n - 1)
+
+
 def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any, part: Any) -> None:
     """Load the section's K and V, then the groups through the peer's two-stage pipeline."""
     for ki in range(c.n_k_tiles):
@@ -326,32 +372,16 @@ def _section(c: _Ctx, B: _Bufs, q: Any, k: Any, v: Any, out: Any, part: Any) -> 
         k0 = c.off + vi * PMAX
         np_ = min(v.shape[1] - k0, PMAX)
         nisa.dma_copy(dst=B.v[:np_, vi, : c.d], src=v[c.b, k0 : k0 + np_, :])
-    n = c.n_grps
-    if n == 1:
-        _load_q(c, B, q, 0)
-        _qk(c, B, 0)
-        _update_max(c, B, 0)
-        _exp(c, B, 0)
-        _pv(c, B, 0)
-        _write_back(c, B, 0, out, part)
-        return
-    for g in (0, 1):
-        _load_q(c, B, q, g)
-        _qk(c, B, g)
-        _update_max(c, B, g)
-        if g == 0:
-            _exp(c, B, 0)
-    for g in range(n - 2):
-        _load_q(c, B, q, g + 2)
-        _exp(c, B, g + 1)
-        _fused_pv_qk(c, B, g)
-        _write_back(c, B, g, out, part)
-        _update_max(c, B, g + 2)
-    _pv(c, B, n - 2)
-    _write_back(c, B, n - 2, out, part)
-    _exp(c, B, n - 1)
-    _pv(c, B, n - 1)
-    _write_back(c, B, n - 1, out, part)
+    run_group_pipeline(
+        c.n_grps,
+        load_q=lambda g: _load_q(c, B, q, g),
+        qk=lambda g: _qk(c, B, g),
+        update_max=lambda g: _update_max(c, B, g),
+        exp=lambda g: _exp(c, B, g),
+        pv=lambda g: _pv(c, B, g),
+        fused_pv_qk=lambda g: _fused_pv_qk(c, B, g),
+        write_back=lambda g: _write_back(c, B, g, out, part),
+    )
 
 
 @nki.jit
