@@ -15,16 +15,23 @@ _DTYPES = (torch.bfloat16, torch.float32)
 _IntLike = (int, torch.SymInt)
 
 
-def _check_tensor(name: str, t: Any, rank: int = 4) -> None:
+def _check_tensor(
+    name: str, t: Any, rank: int | tuple[int, ...] | None = 4, layout: str = "[B, L, H, D]"
+) -> None:
+    """``t`` is a contiguous bf16/fp32 tensor of ``rank`` (an int, a tuple of allowed ranks, or ``None``
+    for any) in ``layout`` (named in the messages): ``TypeError`` for the type or dtype, ``ValueError``
+    for the rank or a non-contiguous view. Every op's tensor check."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank} ([B, L, H, D]), got shape {tuple(t.shape)}")
+    ranks = (rank,) if isinstance(rank, int) else rank
+    if ranks is not None and t.dim() not in ranks:
+        allowed = " or ".join(str(r) for r in ranks)
+        raise ValueError(f"{name} must have rank {allowed} ({layout}), got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} must be torch.bfloat16 or torch.float32, got {t.dtype}")
     if not t.is_contiguous():
         raise ValueError(
-            f"{name} must be contiguous [B, L, H, D] (the kernels address it row-major); call .contiguous()"
+            f"{name} must be contiguous {layout} (the kernels address it row-major); call .contiguous()"
         )
 
 

@@ -4,15 +4,13 @@ dispatch, re-exported by :mod:`nki_kernels.ops` (same backend rules as every op 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from nki_kernels.op_checks import _check_tensor
 from nki_kernels.op_dispatch import _op_backend, _run_backend
 
 __all__ = ["linear", "LINEAR_MAX_K", "conv3d_causal", "conv_weight_taps"]
 
-_DTYPES = (torch.bfloat16, torch.float32)
 
 LINEAR_MAX_K = {torch.bfloat16: 18432, torch.float32: 9216}
 """Largest in-feature count the kernel's SBUF tiles take per dtype (``nki_kernels.linear.plan_tiles``)."""
@@ -39,17 +37,6 @@ def _(x, weight_t, bias, backend):
     return x.new_empty((*x.shape[:-1], weight_t.shape[1]))
 
 
-def _check(name: str, t: Any, rank: int | None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if rank is not None and t.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank}, got shape {tuple(t.shape)}")
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be torch.bfloat16 or torch.float32, got {t.dtype}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (the kernel addresses it row-major); call .contiguous()")
-
-
 def linear(
     x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str | None = None
 ) -> torch.Tensor:
@@ -68,8 +55,8 @@ def linear(
     Limits: ``1 <= K <= 18432`` (bf16) / ``9216`` (fp32) (the kernel keeps two ``[K, nb]`` weight panels
     and the block's ``x^T`` in SBUF), ``N >= 1``.
     """
-    _check("x", x, None)
-    _check("weight_t", weight_t, 2)
+    _check_tensor("x", x, None, "[..., K]")
+    _check_tensor("weight_t", weight_t, 2, "[K, N]")
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError(f"x must be [..., K] with at least one token, got shape {tuple(x.shape)}")
     k, n = weight_t.shape
@@ -88,7 +75,7 @@ def linear(
             "and N >= 1"
         )
     if bias is not None:
-        _check("bias", bias, 1)
+        _check_tensor("bias", bias, 1, "[N]")
         if bias.shape[0] != n:
             raise ValueError(
                 f"bias must be [N] with N={n} (weight_t.shape[1]), got shape {tuple(bias.shape)}"
@@ -168,8 +155,8 @@ def conv3d_causal(
     Returns:
         ``(out [B, C_out, T, H, W] in x's dtype, new cache [B, C_in, kt - 1, H, W])``.
     """
-    _check("x", x, 5)
-    _check("weight_taps", weight_taps, 3)
+    _check_tensor("x", x, 5, "[B, C_in, T, H, W]")
+    _check_tensor("weight_taps", weight_taps, 3, "[taps, C_in, C_out]")
     ks = tuple(ksize)
     if len(ks) != 3 or any(isinstance(k, bool) or k not in (1, 3) for k in ks):
         raise ValueError(f"ksize must be (kt, kh, kw) with each 1 or 3, got {ksize!r}")
@@ -186,7 +173,7 @@ def conv3d_causal(
         raise TypeError(f"weight_taps dtype {weight_taps.dtype} must match x dtype {x.dtype}")
     cout = weight_taps.shape[2]
     if bias is not None:
-        _check("bias", bias, 1)
+        _check_tensor("bias", bias, 1, "[C_out]")
         if bias.shape[0] != cout:
             raise ValueError(f"bias must be [C_out] with C_out={cout}, got shape {tuple(bias.shape)}")
         if bias.dtype not in (x.dtype, torch.float32):
@@ -194,7 +181,7 @@ def conv3d_causal(
     if cache is None:
         cache = x.new_zeros((b, cin, kt - 1, h, w))
     else:
-        _check("cache", cache, 5)
+        _check_tensor("cache", cache, 5, "[B, C_in, kt - 1, H, W]")
         if tuple(cache.shape) != (b, cin, kt - 1, h, w):
             raise ValueError(
                 f"cache must be [B, C_in, kt-1, H, W] = {(b, cin, kt - 1, h, w)}, got {tuple(cache.shape)}"

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
+from nki_kernels.op_checks import _check_tensor
 from nki_kernels.op_dispatch import _op_backend, _run_backend, entry
 
 __all__ = ["adaln_norm_modulate", "gate_residual", "rms_norm", "ELEMENTWISE_MAX_C"]
 
-_DTYPES = (torch.bfloat16, torch.float32)
 
 ELEMENTWISE_MAX_C = {torch.bfloat16: 4608, torch.float32: 2560}
 """Largest feature count ``C`` the kernels' SBUF tiles take per dtype (``nki_kernels.elementwise.max_features``)."""
@@ -80,16 +80,10 @@ def _check_eps(eps: Any) -> None:
 
 
 def _check(name: str, t: Any, ranks: tuple[int, ...], layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() not in ranks:
+    """:func:`~nki_kernels.op_checks._check_tensor` with this family's rank message (``must be <layout>``)."""
+    if isinstance(t, torch.Tensor) and t.dim() not in ranks:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be torch.bfloat16 or torch.float32, got {t.dtype}")
-    if not t.is_contiguous():
-        raise ValueError(
-            f"{name} must be contiguous {layout} (the kernels address it row-major); call .contiguous()"
-        )
+    _check_tensor(name, t, None, layout)
 
 
 def _check_x(x: Any) -> None:
