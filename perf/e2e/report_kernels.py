@@ -57,16 +57,7 @@ def attention_side_by_side_lines(path: str = "perf/results/bench_kernels.jsonl")
 
 def _attention_row_text(path: str = "perf/results/bench_kernels.jsonl") -> str:
     """The whole-layer attention row of ``python -m perf.bench_kernels`` (its latest entry), as text."""
-    import json
-    from pathlib import Path
-
-    row = None
-    f = Path(path)
-    if f.exists():
-        for line in f.read_text().splitlines():
-            d = json.loads(line)
-            if d.get("op") == "attention" and d.get("variant") == "flash_fused_lnc2":
-                row = d
+    row = _bench_rows(path).get(("attention", "flash_fused_lnc2"))
     if row is None:
         return "(no `attention/flash_fused_lnc2` row in perf/results/bench_kernels.jsonl yet.)"
     ex = row.get("extra", {})
