@@ -214,9 +214,10 @@ class DemoAutoencoder(nn.Module):
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
-        """Full-clip decode: normalised latents ``[B, F, 16, h, w]`` -> float32 ``[B, 1 + 4 (F - 1), 3, H, W]``
-        in [-1, 1] (clamped). The temporal convs run on :func:`nki_kernels.ops.conv3d_causal` (``backend``
-        as there); equal bitwise to :class:`DemoStreamingDecoder` over any chunking."""
+        """Full-clip decode: normalised latents ``[B, F, 16, h, w]`` -> float32
+        ``[B, 1 + 4 (F - 1), 3, H, W]`` in [-1, 1] (clamped). The temporal convs run on
+        :func:`nki_kernels.ops.conv3d_causal` (``backend`` as there); equal bitwise to
+        :class:`DemoStreamingDecoder` over any chunking."""
         dec = DemoStreamingDecoder(self, backend=backend)
         return dec.decode(latents)
 
@@ -256,7 +257,7 @@ class DemoStreamingDecoder:
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Next chunk of normalised latents ``[B, F, 16, h, w]`` -> float32 ``[B, T, 3, 8h, 8w]`` in [-1, 1]."""
+        """Next chunk of normalised latents ``[B, F, 16, h, w]`` -> float32 ``[B, T, 3, 8h, 8w]``, [-1, 1]."""
         _check_latents(latents, self.channels)
         cfg = self.model.config
         b, nf, _, hh, ww = latents.shape

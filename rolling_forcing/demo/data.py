@@ -28,7 +28,7 @@ def clip_frames(latent_frames: int) -> int:
 
 
 def make_clips(
-    n: int, frames: int, *, seed: int, first: int = 0, scene_config: SceneConfig = SceneConfig()
+    n: int, frames: int, *, seed: int, first: int = 0, scene_config: SceneConfig | None = None
 ) -> tuple[torch.Tensor, list[str], list[Scene]]:
     """Clips ``first .. first + n - 1`` of ``seed``.
 
@@ -37,7 +37,7 @@ def make_clips(
         frames: pixel frames per clip ``T = 1 + 4k`` (k >= 0).
         seed: int >= 0; clip ``i`` uses ``numpy.random.default_rng([seed, i])``.
         first: index of the first clip (>= 0), so batches of a long run need not regenerate earlier clips.
-        scene_config: frame size and scene ranges.
+        scene_config: frame size and scene ranges (``None``: ``SceneConfig()``, 64 x 64).
 
     Returns:
         ``(video, prompts, scenes)``: float32 ``[n, T, 3, H, W]`` in [-1, 1] (``uint8 / 127.5 - 1``), the
@@ -48,6 +48,7 @@ def make_clips(
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     if (frames - 1) % 4:
         raise ValueError(f"frames must be 1 + 4k (Wan's causal frame count), got {frames}")
+    scene_config = scene_config if scene_config is not None else SceneConfig()
     video = np.empty((n, frames, scene_config.height, scene_config.width, 3), dtype=np.uint8)
     prompts, scenes = [], []
     for j in range(n):
@@ -70,7 +71,7 @@ def encode_clips(
     seed: int,
     first: int = 0,
     batch_size: int = 32,
-    scene_config: SceneConfig = SceneConfig(),
+    scene_config: SceneConfig | None = None,
 ) -> tuple[torch.Tensor, list[str]]:
     """Latent clips for the DiT trainer: ``encode_clips(ae, n, latent_frames, *, seed, first=0,
     batch_size=32, scene_config=SceneConfig()) -> (latents, prompts)``.
