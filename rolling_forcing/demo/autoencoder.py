@@ -5,13 +5,15 @@ Geometry (as Wan2.1's VAE): causal in time, the first latent frame <- pixel fram
 frames ``[B, T, 3, 64, 64]`` (float, [-1, 1]) encodes to latents ``[B, F, 16, 8, 8]`` and back.
 
 * **Encoder** (per latent frame, so causal by construction): its 4 pixel frames stacked on channels
-  (``[12, 64, 64]``, frame-major; the first latent frame repeats frame 0 four times) -> three stride-2
-  4x4 convs (8x down) -> two 3x3 convs -> 16 channels.
+  (``[12, 64, 64]``, frame-major; the first latent frame repeats frame 0 four times) -> 2x pixel unshuffle
+  (``[48, 32, 32]``) -> two stride-2 4x4 convs (8x down in all) -> a 3x3 conv -> a 3x3 conv to 16
+  channels (SiLU between).
 * **Decoder**: causal temporal convs at latent resolution (``conv_in`` kernel (3, 3, 3), a residual block
   of a (3, 3, 3) and a (1, 3, 3) conv), run by the project's op :func:`nki_kernels.ops.conv3d_causal`
   (streaming cache of the previous ``kt - 1 = 2`` latent frames, zeros before the stream, as Wan's
-  ``WanCausalConv3d`` feature cache), then per latent frame a 2-D upsampler (three 3x3 conv + pixel
-  shuffle x2 stages) -> ``4 x 3`` channels -> 4 pixel frames. The first latent frame of a stream gives
+  ``WanCausalConv3d`` feature cache), then per latent frame a 2-D upsampler (two stages of a 3x3 conv +
+  2x pixel shuffle, then a 3x3 conv to ``4 x 4 x 3`` channels + 2x pixel shuffle) -> ``4 x 3`` channels
+  at full size -> 4 pixel frames. The first latent frame of a stream gives
   only its last frame (1 frame), as Wan's decoder.
 * **Latent normalisation**: the per-channel mean/std of the encoder's raw output, measured on training
   clips after training, are stored with the weights (buffers ``latents_mean`` / ``latents_std``).
@@ -56,9 +58,9 @@ _TEMPORAL = (("conv_in", (3, 3, 3)), ("res1", (3, 3, 3)), ("res2", (1, 3, 3)))
 
 @dataclass(frozen=True)
 class AutoencoderConfig:
-    """Sizes. ``height``/``width`` multiples of ``spatial_stride`` (8); ``enc_dims``: the three stride-2
-    stages' widths; ``dec_dim``: the temporal stage's width; ``up_dims``: the three upsampling stages'
-    output widths. ``temporal_stride`` 4 and ``spatial_stride`` 8 are fixed (Wan's geometry)."""
+    """Sizes. ``height``/``width`` multiples of ``spatial_stride`` (8); ``enc_dims``: the two stride-2
+    stages' widths; ``dec_dim``: the temporal stage's width; ``up_dims``: the first two upsampling
+    stages' output widths. ``temporal_stride`` 4 and ``spatial_stride`` 8 are fixed (Wan's geometry)."""
 
     latent_channels: int = 16
     height: int = 64

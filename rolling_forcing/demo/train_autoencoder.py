@@ -134,7 +134,7 @@ def train_autoencoder(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             opt.step()
-            history.append(float(loss))
+            history.append(float(loss.detach()))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss):.5f}", psnr=f"{10 * math.log10(4 / float(mse)):.1f}")
