@@ -15,8 +15,8 @@ Adam, linear warm-up then cosine decay to 5 %, gradient clipping. After training
 the raw latents over ``stats_clips`` training clips become the model's normalisation buffers.
 Deterministic: same seed, torch version and thread count (``config.threads``) -> bitwise the same weights.
 
-Run: ``python -m rolling_forcing.demo.train_autoencoder --steps N [--out PATH]`` (writes the weights and a
-JSON record of the run next to them).
+Run: ``python -m rolling_forcing.demo.train_autoencoder [--steps 2500] [--decoder-steps 500] [--out PATH]``
+(writes the weights, a JSON record of the run and the loss history next to them).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from rolling_forcing.demo.autoencoder import (
 from rolling_forcing.demo.data import clip_frames, make_clips
 
 __all__ = [
+    "DEFAULT_STEPS",
     "HELDOUT_SEED",
     "AETrainConfig",
     "decoder_parameters",
@@ -46,6 +47,10 @@ __all__ = [
     "recon_psnr",
     "train_autoencoder",
 ]
+
+DEFAULT_STEPS = 2500
+"""Phase-1 steps of the shipped run (``train_autoencoder(AETrainConfig(), steps=DEFAULT_STEPS, seed=0)``
+reproduces the shipped weights on the same torch version and thread count)."""
 
 HELDOUT_SEED = 7_777_777
 """Seed of the held-out clips (training uses the run seed; clip streams of different seeds are disjoint)."""
@@ -65,7 +70,7 @@ class AETrainConfig:
     grad_clip: float = 1.0
     stats_clips: int = 256
     threads: int = 2
-    decoder_steps: int = 0
+    decoder_steps: int = 500
     decoder_lr: float = 1e-3
 
     def __post_init__(self) -> None:
@@ -258,7 +263,7 @@ def recon_psnr(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Train the demo autoencoder and write its weights.")
-    ap.add_argument("--steps", type=int, required=True, help="phase-1 steps (the whole model)")
+    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="phase-1 steps (the whole model)")
     ap.add_argument("--decoder-steps", type=int, default=AETrainConfig().decoder_steps)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=WEIGHTS_PATH)
