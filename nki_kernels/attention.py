@@ -53,19 +53,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
     DMA_PV_DELAY,
     PE_PV_DELAY,
-    PMAX,
     PvQueue,
     _issue_p_transpose,
 )
 from nki_kernels.attention_tiles import (
-    BANK,
     DMA_GROUP_CHUNKS,
     DMA_TRANSPOSE_CHUNKS,
     KC_FP32,
@@ -83,6 +79,7 @@ from nki_kernels.attention_tiles import (
     pair_plan,
     vector_evict_blocks,
 )
+from nki_kernels.hw_limits import PMAX, PSUM_BANK_FMAX
 
 
 def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
@@ -91,7 +88,7 @@ def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
     c0 = 0
     while c0 < total:
         rem = total - c0
-        n = kc if rem >= kc else (rem // BANK) * BANK if rem >= BANK else rem
+        n = kc if rem >= kc else (rem // PSUM_BANK_FMAX) * PSUM_BANK_FMAX if rem >= PSUM_BANK_FMAX else rem
         out.append((c0, n))
         c0 += n
     return out
@@ -187,7 +184,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
         qr = min(PMAX, q_hi - q0)
         qT = w["qT_b"] if ti % 2 else w["qT_a"]
         c0, kc = chunks[ci]
-        nsub = (kc + BANK - 1) // BANK
+        nsub = (kc + PSUM_BANK_FMAX - 1) // PSUM_BANK_FMAX
         wd = kc // nsub  # equal banks (merge_remainder keeps kc % nsub == 0)
         for j in range(nsub):
             nisa.nc_matmul(
@@ -220,7 +217,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             queues = [queue] if tail is None else [queue, tail.queue]
             aset = unit % ALPHA_SETS
             col = aset * slots + slot
-            nsub = (kc + BANK - 1) // BANK
+            nsub = (kc + PSUM_BANK_FMAX - 1) // PSUM_BANK_FMAX
             wd = kc // nsub
             s = s_ps[g % 2]  # this chunk's scores, computed one chunk ahead
             s_view = s[:qr, :nsub, :wd]
@@ -480,8 +477,6 @@ def attention_segments_emulated(
     )
     return _finish(res, q, return_lse)
 
-
-_ = np
 
 __all__ = [
     "DMA_GROUP_CHUNKS",

@@ -60,7 +60,7 @@ import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import _chunks, _flash_rows, _validate
-from nki_kernels.attention_pv import ALPHA_SETS, HWDGE_ROWS, PMAX
+from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.attention_tiles import (
     KC_FP32,
     KC_TWO_BYTE,
@@ -71,6 +71,7 @@ from nki_kernels.attention_tiles import (
     flash_sbuf_bytes,
     merge_remainder,
 )
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 DMA_TRANSPOSE_CHUNKS = (0, 1)
 """Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive 2048-key spans of a query tile)

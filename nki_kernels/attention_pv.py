@@ -12,12 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nki_kernels._nki import nisa, nl
-
-PMAX = 128
-
-HWDGE_ROWS = 16
-"""Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
-sources need ``src.shape[0]`` in {1, 2, 4, 8, 16} and ``(src.shape[0] * src.shape[-2]) % 16 == 0``)."""
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 
 def _pow2_pieces(n: int) -> list[tuple[int, int]]:

@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from nki_kernels._nki import nisa, nl
-from nki_kernels.attention_pv import ALPHA_SETS, HWDGE_ROWS, PMAX
-
-BANK = 512
-"""fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
+from nki_kernels.attention_pv import ALPHA_SETS
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX, PSUM_BANK_FMAX
 
 KC_TWO_BYTE = 1024
 """Keys per chunk of the inner loop for 2-byte dtypes: S of one chunk is ``[128, 1024]`` fp32 = two PSUM banks,
@@ -68,11 +66,11 @@ def merge_remainder(chunks: Sequence[tuple[int, int]], kc: int) -> list[tuple[in
         (c0, m), (c1, t) = out[-2], out[-1]
         if (
             m < kc
-            and m % BANK == 0
-            and 0 < t < BANK
+            and m % PSUM_BANK_FMAX == 0
+            and 0 < t < PSUM_BANK_FMAX
             and c1 == c0 + m
             and (m + t) % 2 == 0
-            and m + t <= 2 * BANK
+            and m + t <= 2 * PSUM_BANK_FMAX
         ):
             out[-2:] = [(c0, m + t)]
     return out
@@ -231,7 +229,10 @@ def _flash_buffers(D, dv, KC, gmax, dt):
     w: dict[str, Any] = {
         "qT_a": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
         "qT_b": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
-        "s_ps": [nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum) for _ in range(2)],
+        "s_ps": [
+            nl.ndarray((PMAX, KC // PSUM_BANK_FMAX, PSUM_BANK_FMAX), dtype=f32, buffer=nl.psum)
+            for _ in range(2)
+        ],
         "pT_ps": [nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=pdt, buffer=nl.psum) for _ in range(2)],
         "pv_ps": [nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum) for _ in range(2)],
         "p_pe": [nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf) for _ in range(2)],

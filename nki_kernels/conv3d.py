@@ -37,10 +37,7 @@ import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
-
-PMAX = 128
-BANK = 512
-"""fp32 elements per partition in one PSUM bank (TensorE moving free size limit)."""
+from nki_kernels.hw_limits import GEMM_MOVING_FMAX, PMAX, PSUM_BANK_FMAX
 
 W_BYTES_MAX = 96 * 1024
 """SBUF bytes per partition for the resident weights."""
@@ -77,7 +74,7 @@ def plan_conv(
             f"conv3d: weights of C_in={c_in} x C_out={c_out} need {wbytes} B per partition resident, more than "
             f"{W_BYTES_MAX}; split C_out"
         )
-    seg = math.ceil(w / math.ceil(w / BANK))
+    seg = math.ceil(w / math.ceil(w / GEMM_MOVING_FMAX))
     per_tile = BAND_BYTES // (2 * kt * math.ceil(c_in / PMAX))
     fit = per_tile // ((w + kw - 1) * itemsize) - (kh - 1)
     if fit < 1:
@@ -85,7 +82,7 @@ def plan_conv(
             f"conv3d: W={w} is too wide: {kh} input rows of {w + kw - 1} elements do not fit a band tile of "
             f"{per_tile} B per partition (C_in={c_in}, kt={kt})"
         )
-    rows = max(1, min(BANK // seg, h, fit))
+    rows = max(1, min(PSUM_BANK_FMAX // seg, h, fit))
     r = min(h, fit)
     if r >= rows:
         r = r // rows * rows
@@ -130,8 +127,8 @@ def conv3d_causal_kernel(x, w, bias, ksize=(3, 3, 3)):
     if PW:
         for t in xb:  # zero borders (the padding columns are never written by a load)
             nisa.memset(t, value=0.0)
-    acc = [nl.ndarray((PMAX, BANK), dtype=nl.float32, buffer=nl.psum) for _ in range(4)]
-    ob = [nl.ndarray((PMAX, BANK), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    acc = [nl.ndarray((PMAX, PSUM_BANK_FMAX), dtype=nl.float32, buffer=nl.psum) for _ in range(4)]
+    ob = [nl.ndarray((PMAX, PSUM_BANK_FMAX), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
     count = {"band": 0, "acc": 0, "ob": 0, "ev": 0}
 
     def load_band(t: int, r0: int, rr: int) -> list[list[Any]]:
