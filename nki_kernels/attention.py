@@ -96,14 +96,15 @@ def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
 
 L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator l (the PV matmul's column D, :func:`_flash_rows`) before the
-reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid key
-contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
+reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid
+key contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
 
 def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
-    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at chunk
-    ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit queued on
-    any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued first."""
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at
+    chunk ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit
+    queued on any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued
+    first."""
     slot = unit[0][3]
     npt = len(w["pT_pe"])
 
@@ -118,8 +119,8 @@ def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
 
 
 class _Tail:
-    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are interleaved
-    with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
+    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are
+    interleaved with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
 
     def __init__(self, queue, done, aset, q0, qr, o_acc, nm, nchunks):
         self.queue, self.done, self.aset = queue, done, aset
@@ -127,9 +128,9 @@ class _Tail:
 
 
 def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse):
-    """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` / ``v_sb``
-    ``[128, Lk/128, D + 1]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the module
-    docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
+    """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` /
+    ``v_sb`` ``[128, Lk/128, D + 1]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the
+    module docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
     :func:`~nki_kernels.attention_tiles._flash_buffers` (KC = the width of its ``p_pe`` tiles).
 
     V's column D is 1 for keys that count and 0 for keys that must not, so the PV matmul's last column is the
@@ -344,7 +345,8 @@ def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_
 
     ``scale`` (float) and ``return_lse`` (bool) are compile-time constants; ``dma_transpose_chunks``
     (``(num, den)``, default :data:`DMA_TRANSPOSE_CHUNKS`) is the fraction of full 2048-key chunks whose P is
-    transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either way.
+    transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either
+    way.
     """
     return _attention_body(
         q,

@@ -5,9 +5,10 @@ The NKI kernel of :func:`nki_kernels.ops.attention_block_table` (the static-shap
 forward, ``docs/merged_forward.md``). Math, per batch b, head h, query group g (query tokens
 ``[lo_g, lo_g + q_groups[g])``)::
 
-    keys(g) = concat over n with table[g, n, 0] >= 0 of  src_s[b, blk*T : (blk+1)*T, h, :],  (s, blk) = table[g, n]
-    out[b, i, h] = sum_j softmax_j(scale * q_i . k_j) v_j     over j in keys(g)   (zeros if keys(g) is empty)
-    lse[b, i, h] = log sum_j exp(scale * q_i . k_j)                               (-inf if keys(g) is empty)
+    keys(g) = concat over n with table[g, n, 0] >= 0 of src_s[b, blk*T : (blk+1)*T, h, :]
+              where (s, blk) = table[g, n]
+    out[b, i, h] = sum_j softmax_j(scale * q_i . k_j) v_j   over j in keys(g)   (zeros if keys(g) is empty)
+    lse[b, i, h] = log sum_j exp(scale * q_i . k_j)                             (-inf if keys(g) is empty)
 
 **One compiled kernel per shape, whatever the table holds.** The block table ``[G, NB, 2]`` int32 is a
 *runtime* HBM input: it is loaded into SBUF and turned on VectorE into per-entry token offsets that are used
@@ -80,9 +81,9 @@ transpose price is unmeasured; every P^T is a TensorE transpose by default). The
 not depend on it (exact copies)."""
 
 DMA_GROUP_CHUNKS = 7
-"""2048-key spans per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
-because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760); lowered
-further to what fits for longer key sequences."""
+"""2048-key spans per DMA-transposed P^T group (as :data:`nki_kernels.attention_tiles.DMA_GROUP_CHUNKS`); 7
+here, not 8, because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760);
+lowered further to what fits for longer key sequences."""
 
 OFFSET_EXACT_LIMIT = 1 << 24
 """Token offsets are computed in fp32 on VectorE: ``B * S_i`` (the out-of-range sentinel) must stay below

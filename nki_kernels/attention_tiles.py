@@ -16,9 +16,9 @@ from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.hw_limits import HWDGE_ROWS, PMAX, PSUM_BANK_FMAX
 
 KC_TWO_BYTE = 1024
-"""Keys per chunk of the inner loop for 2-byte dtypes: S of one chunk is ``[128, 1024]`` fp32 = two PSUM banks,
-double-buffered (4 of the 8 banks), so TensorE computes chunk c+1's scores while VectorE / ScalarE read chunk
-c's straight from PSUM (docs/kernels/attention.md, "Engine balance")."""
+"""Keys per chunk of the inner loop for 2-byte dtypes: S of one chunk is ``[128, 1024]`` fp32 = two PSUM
+banks, double-buffered (4 of the 8 banks), so TensorE computes chunk c+1's scores while VectorE / ScalarE read
+chunk c's straight from PSUM (docs/kernels/attention.md, "Engine balance")."""
 
 KC_FP32 = 512
 """Keys per chunk for fp32 inputs (a correctness path): one bank of S, and the fp32 P^T of the chunk (4 x 128
@@ -40,10 +40,10 @@ the group): the kernel lowers g to what fits next to the resident K^T / V (:func
 VECTOR_EVICT = (3, 16)
 """Fraction ``(num, den)`` of the TensorE-transposed P^T blocks evicted PSUM->SBUF by VectorE, dealt per chunk
 by a running counter (:func:`vector_evict_blocks`): 3/16 of the 8 blocks of a 1024-key chunk = 1 and 2 blocks
-on alternate chunks; ScalarE evicts the rest. It balances the two engines' busy time per chunk in cost model v2
-(table in docs/kernels/attention.md): VectorE carries the row max (~1.21 us per chunk from PSUM), the running
-max and the o update, ScalarE the exp (~0.97 us) and alpha; a bf16 block costs VectorE ~67 ns (2-byte PSUM
-source, 2x mode) and ScalarE ~107 ns, plus ~147 / ~114 ns per eviction instruction (PSUM access)."""
+on alternate chunks; ScalarE evicts the rest. It balances the two engines' busy time per chunk in cost model
+v2 (table in docs/kernels/attention.md): VectorE carries the row max (~1.21 us per chunk from PSUM), the
+running max and the o update, ScalarE the exp (~0.97 us) and alpha; a bf16 block costs VectorE ~67 ns (2-byte
+PSUM source, 2x mode) and ScalarE ~107 ns, plus ~147 / ~114 ns per eviction instruction (PSUM access)."""
 
 
 def vector_evict_blocks(nb: int, n: int, split: tuple[int, int] = VECTOR_EVICT) -> int:
@@ -110,11 +110,11 @@ def p_transpose_plan(
     """Pure schedule of one query tile's P^T transposes.
 
     The full chunks (``n == kc_full``) are cut into groups of ``group`` consecutive chunks (the last one
-    shorter); group number ``n_grp`` (a running counter carried across tiles, returned advanced) goes to the DMA
-    when ``(n_grp * num) % den < num``. Returns per chunk ``(dma, slot, flush)``: ``slot`` is the chunk's place
-    in its group (its P and alpha live at that slot; 0 for TensorE chunks) and ``flush`` marks the last chunk of
-    a DMA group (transpose the group, then its PV matmuls and o updates in chunk order). TensorE chunks
-    (including partial ones) are never inside a pending group, so the o updates keep the chunk order.
+    shorter); group number ``n_grp`` (a running counter carried across tiles, returned advanced) goes to the
+    DMA when ``(n_grp * num) % den < num``. Returns per chunk ``(dma, slot, flush)``: ``slot`` is the chunk's
+    place in its group (its P and alpha live at that slot; 0 for TensorE chunks) and ``flush`` marks the last
+    chunk of a DMA group (transpose the group, then its PV matmuls and o updates in chunk order). TensorE
+    chunks (including partial ones) are never inside a pending group, so the o updates keep the chunk order.
     """
     num, den = share
     full = [i for i, (_, n) in enumerate(chunks) if n == kc_full]
@@ -164,8 +164,8 @@ def _load_transposed(dst, src, n, two_byte):
     ``src3[a, c, :] = src[c*16 + a, :]`` (``[16, n/16, D]``, permutation (2, 1, 0)) into
     ``dst`` viewed ``[D, n/16, 16]``: element ``dst[d, c, a] = src[c*16 + a, d]``, i.e. exactly the transpose,
     with the same 2*D-byte row descriptors as a plain 2-D transpose. A tail of r < 16 rows re-transposes the
-    last 16 rows (2-D, ``src.shape[0] == 16``), rewriting overlapping columns with identical values; fewer than
-    16 rows in total (or fp32) take a ``dma_copy`` of the permuted view (element-sized descriptors).
+    last 16 rows (2-D, ``src.shape[0] == 16``), rewriting overlapping columns with identical values; fewer
+    than 16 rows in total (or fp32) take a ``dma_copy`` of the permuted view (element-sized descriptors).
     """
     n16 = (n // HWDGE_ROWS) * HWDGE_ROWS
     if not two_byte or n16 == 0:
@@ -219,9 +219,9 @@ def _flash_buffers(D, dv, KC, gmax, dt):
     PSUM (8 banks of 2 KiB per partition): ``s_ps`` two ``[128, KC/512, 512]`` fp32 score buffers (2 banks
     each at KC = 1024), ``pT_ps`` two ``[128, KC/128, 128]`` P^T buffers (1 bank each), ``pv_ps`` two
     ``[128, dv]`` fp32 PV accumulators. SBUF: two q^T tiles, two P and three P^T tiles of TensorE chunks
-    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), two fp32 accumulators
-    ``o_acc`` ``[128, dv]`` (column D is l; a tile's tail overlaps the next tile) and the statistics (``nm``: two
-    running-max pairs, one per tile parity).
+    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), two fp32
+    accumulators ``o_acc`` ``[128, dv]`` (column D is l; a tile's tail overlaps the next tile) and the
+    statistics (``nm``: two running-max pairs, one per tile parity).
     """
     f32 = nl.float32
     slots = max(2 * gmax, 1)  # gmax = 0: no DMA group tiles (every P^T on TensorE), one alpha column per set

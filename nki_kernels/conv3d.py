@@ -28,7 +28,8 @@ Design (per output-channel tile ``co <= 128``; weights ``[C_in, taps x C_out]`` 
 
 Limits: ``C_in, C_out >= 1`` (any; tiled by 128); ``H, W >= 1``; ``T >= 1``; the resident weights
 ``ceil(C_in/128) x kt*kh*kw x C_out x itemsize`` bytes per partition must fit :data:`W_BYTES_MAX`; one band
-tile of one output row ``kh x (W + kw - 1) x itemsize`` must fit its share of :data:`BAND_BYTES`.  LNC1 only (no program split).
+tile of one output row ``kh x (W + kw - 1) x itemsize`` must fit its share of :data:`BAND_BYTES`.
+LNC1 only (no program split).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def plan_conv(
 
     ``seg = ceil(W / ceil(W / 512))`` (equal segments of at most 512 columns); ``rows = 512 // seg`` rows
     per bank (at most ``R``); ``R``: the most rows (at most ``H``, a multiple of ``rows`` when possible)
-    whose band tile ``(R + kh - 1) x (W + kw - 1) x itemsize`` fits its share of :data:`BAND_BYTES`.  Raises ``ValueError`` when
-    the weights or a one-row band do not fit.
+    whose band tile ``(R + kh - 1) x (W + kw - 1) x itemsize`` fits its share of :data:`BAND_BYTES`.
+    Raises ``ValueError`` when the weights or a one-row band do not fit.
     """
     for name, v in (("c_in", c_in), ("c_out", c_out), ("h", h), ("w", w), ("itemsize", itemsize)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -71,8 +72,8 @@ def plan_conv(
     wbytes = math.ceil(c_in / PMAX) * kt * kh * kw * c_out * itemsize
     if wbytes > W_BYTES_MAX:
         raise ValueError(
-            f"conv3d: weights of C_in={c_in} x C_out={c_out} need {wbytes} B per partition resident, more than "
-            f"{W_BYTES_MAX}; split C_out"
+            f"conv3d: weights of C_in={c_in} x C_out={c_out} need {wbytes} B per partition resident, "
+            f"more than {W_BYTES_MAX}; split C_out"
         )
     seg = math.ceil(w / math.ceil(w / GEMM_MOVING_FMAX))
     per_tile = BAND_BYTES // (2 * kt * math.ceil(c_in / PMAX))

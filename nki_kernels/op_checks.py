@@ -205,7 +205,8 @@ def _check_positions_nonneg(positions: Sequence[int], name: str = "frame_positio
 
 
 def _check_slot(slot: int, t: int, s: int) -> None:
-    """A ring slot of a KV cache of ``s`` tokens taking blocks of ``t``: ``0 <= slot``, ``(slot+1)*t <= s``."""
+    """A ring slot of a KV cache of ``s`` tokens taking blocks of ``t``: ``0 <= slot``,
+    ``(slot+1)*t <= s``."""
     if slot < 0 or (slot + 1) * t > s:
         raise ValueError(
             f"slot={slot} out of range: need 0 <= slot and (slot+1)*T <= S with T={t}, S={s} "

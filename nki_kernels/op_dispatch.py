@@ -189,5 +189,6 @@ def _kernel(module: str, fn: str) -> Callable[..., Any]:
 
 
 def entry(op: str) -> Callable[..., Any]:
-    """The kernel entry point public op ``op`` dispatches to on the kernel backends (:data:`_KERNEL_ENTRIES`)."""
+    """The kernel entry point public op ``op`` dispatches to on the kernel backends
+    (:data:`_KERNEL_ENTRIES`)."""
     return _kernel(*_KERNEL_ENTRIES[op])

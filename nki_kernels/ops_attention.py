@@ -1,5 +1,6 @@
-"""The attention ops (``attention``, ``attention_segments``, ``attention_block_table``): raw ``torch.library`` ops with their fakes and the public functions, re-exported by
-:mod:`nki_kernels.ops` (which documents the backend and validation rules every op follows)."""
+"""The attention ops (``attention``, ``attention_segments``, ``attention_block_table``): raw
+``torch.library`` ops with their fakes and the public functions, re-exported by :mod:`nki_kernels.ops` (which
+documents the backend and validation rules every op follows)."""
 
 from __future__ import annotations
 

@@ -118,7 +118,8 @@ def _rope_tile(
 
 @nki.jit
 def rope3d_kernel(q, k, cos, sin):
-    """Rotate q and k ``[B, L, H, D]`` with tables ``cos``/``sin`` ``[L, D//2]`` fp32; returns ``(q_out, k_out)``.
+    """Rotate q and k ``[B, L, H, D]`` with tables ``cos``/``sin`` ``[L, D//2]`` fp32, returning
+    ``(q_out, k_out)``.
 
     One launch covers q, k, every batch and every head. Each HBM byte of q and k is read once and written
     once with descriptors of ``m * H * D`` elements (whole token rows). LNC-aware: super-tiles are dealt

@@ -26,7 +26,7 @@ def test_constant_is_its_tile_size_field(name: str, field: str) -> None:
 
 
 def test_psum_bank_fmax_is_one_bank_of_fp32() -> None:
-    assert hw_limits.PSUM_BANK_FMAX * 4 == nl.tile_size.psum_bank_fmax_bytes
+    assert nl.tile_size.psum_bank_fmax_bytes == hw_limits.PSUM_BANK_FMAX * 4
 
 
 def test_hwdge_rows_is_the_2d_dma_transpose_row_count() -> None:

@@ -11,9 +11,9 @@ together: ``_dma`` (``dma_copy``, ``dma_transpose``, descriptors), ``_tensor_eng
 ``tensor_scalar``, reductions, ...), ``_gpsimd`` (``iota``, ``affine_select``), ``_copy`` (``tensor_copy``,
 ``memset``), ``_registers``, ``_vector_ext`` (``bn_stats``/``bn_aggr``, ``tensor_tensor_scan``,
 ``range_select``, ``select_reduce``, ``max8``, ``nc_find_index8``, ``nc_match_replace8``,
-``nc_stream_shuffle``), ``_sync`` (``sendrecv``, ``core_barrier``), ``constants``; shared operand checks live in ``_rules``, trace bookkeeping and value helpers
-in ``_common``, the enums in ``_enums``.  Import instructions from this package (``nki.isa``), not from
-the submodules.
+``nc_stream_shuffle``), ``_sync`` (``sendrecv``, ``core_barrier``), ``constants``; shared operand checks live
+in ``_rules``, trace bookkeeping and value helpers in ``_common``, the enums in ``_enums``.  Import
+instructions from this package (``nki.isa``), not from the submodules.
 """
 
 from __future__ import annotations

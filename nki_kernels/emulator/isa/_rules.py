@@ -1,4 +1,5 @@
-"""Operand rule checks shared by the instructions: on-chip space, partition limit, matching shapes, engine choice."""
+"""Operand rule checks shared by the instructions: on-chip space, partition limit, matching shapes, engine
+choice."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def tensor_tensor(
         _same_pf(opn, dst, "dst", data1, "data1")
     if data1._st.buffer is psum and data2._st.buffer is psum:
         raise MemorySpaceError(
-            f"[memory-space] tensor_tensor: data1 and data2 cannot both be in PSUM ({data1._desc()}, {data2._desc()})"
+            f"[memory-space] tensor_tensor: data1 and data2 cannot both be in PSUM ({data1._desc()}, "
+            f"{data2._desc()})"
         )
     name_ = _binary_name(op, opn, "op")
     default = _E.gpsimd if name_ == "power" else _E.vector
@@ -284,8 +285,8 @@ def tensor_reduce(
     kept = math.prod(data.shape[1 : data.ndim - len(ax)])
     if dst.shape[0] != data.shape[0] or _free(dst) != kept:
         raise ShapeMismatchError(
-            f"[reduce-shape] tensor_reduce: dst{list(dst.shape)} must hold {data.shape[0]} partitions x {kept} "
-            f"elements for data{list(data.shape)} reduced over axis {ax}"
+            f"[reduce-shape] tensor_reduce: dst{list(dst.shape)} must hold {data.shape[0]} partitions x "
+            f"{kept} elements for data{list(data.shape)} reduced over axis {ax}"
         )
     key = (opn, rn, _sig(dst), _sig(data), ax, launch.program_id)
     if not _count(launch, key):
