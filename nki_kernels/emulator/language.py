@@ -235,7 +235,7 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
     launch = _state.current()
     _sp.check_all("tensor_scalar", launch.hw.pmax, ("dst", out), ("data", x))
     key = ("nl_unary", name, x.shape, x.dtype, out.dtype, launch.program_id)
-    _isa._emit(
+    _isa.emit(
         launch,
         key,
         lambda: TraceRecord(
@@ -246,11 +246,11 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
             meta=(("alu", name),),
         ),
     )  # fmt: skip
-    _isa._use_rw(launch, x, out)
+    _isa.use_rw(launch, x, out)
     if not launch.trace_only:
         with np.errstate(all="ignore"):
-            v = opdefs.UNARY[name](_isa._vals(x))
-        _isa._store(out, np.asarray(v).reshape(out.shape))
+            v = opdefs.UNARY[name](_isa.fp32_values(x))
+        _isa.store_values(out, np.asarray(v).reshape(out.shape))
 
 
 add = _mk_binary("add")
@@ -338,7 +338,7 @@ def _reduce(
     name: str, opfn: Any, x: NkiTensor, axis: Any, dtype: Any, keepdims: bool, negate: bool = False
 ) -> NkiTensor:
     _tile(x, name)
-    ax = _isa._axes(axis, x.ndim, f"nl.{name}")
+    ax = _isa.free_axes(axis, x.ndim, f"nl.{name}")
     kept = list(x.shape)
     for a in ax:
         kept[a] = 1
@@ -368,7 +368,7 @@ def prod(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> 
 
 def mean(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
     s = _reduce("mean", add, x, axis, float32, keepdims)
-    ax = _isa._axes(axis, x.ndim, "nl.mean")
+    ax = _isa.free_axes(axis, x.ndim, "nl.mean")
     n = math.prod(x.shape[a] for a in ax)
     return multiply(s, 1.0 / n, dtype=_result_dtype(dtype, x))
 
@@ -538,10 +538,8 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
     # the wrapper's lowering is the compiler's choice (it may split the rows): every dma_transpose rule
     # applies except the hardware-DGE source-shape rule (src.shape[0] == 16 for a single 2-D instruction)
     launch = _state.current()
-    axes = _isa._dma_transpose_rules(
-        out, src, None, _isa.dge_mode.unknown, _isa.oob_mode.error, launch, False
-    )
-    _isa._dma_transpose_do(out, src, axes, False, launch)
+    axes = _isa.dma_transpose_rules(out, src, None, _isa.dge_mode.unknown, _isa.oob_mode.error, launch, False)
+    _isa.dma_transpose_do(out, src, axes, False, launch)
     return out
 
 

@@ -38,21 +38,21 @@ def tensor_tensor(
     launch = _state.current()
     opn = "tensor_tensor"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data1) is NkiTensor
         and data1._st.buffer.on_chip
         and data1.shape[0] <= pmax
         and data1.offset < data1._st.size // data1._st.shape[0]  # start partition 0
     ):
         _onchip(data1, opn, "data1", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data2) is NkiTensor
         and data2._st.buffer.on_chip
         and data2.shape[0] <= pmax
@@ -111,14 +111,14 @@ def tensor_scalar(
     launch = _state.current()
     opn = "tensor_scalar"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
@@ -190,21 +190,21 @@ def scalar_tensor_tensor(
     launch = _state.current()
     opn = "scalar_tensor_tensor"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
         and data.offset < data._st.size // data._st.shape[0]  # start partition 0
     ):
         _onchip(data, opn, "data", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(operand1) is NkiTensor
         and operand1._st.buffer.on_chip
         and operand1.shape[0] <= pmax
@@ -265,14 +265,14 @@ def tensor_reduce(
     launch = _state.current()
     opn = "tensor_reduce"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
@@ -337,14 +337,14 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> NkiInstruct
     launch = _state.current()
     opn = "reciprocal"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
