@@ -5,7 +5,6 @@ Figures: ``measured`` = published trn2 measurement (not run here); ``modelled`` 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -166,4 +165,3 @@ def write_png(rows: Sequence[CalibrationRow], path: str | Path, title: str = "")
     return path
 
 
-_ = math
