@@ -307,7 +307,6 @@ def run(
     return out, trace
 
 
-
 from . import collectives, isa, language  # noqa: E402  (nki.language / nki.isa / nki.collectives)
 
 dtype = language.DType

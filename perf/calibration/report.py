@@ -163,5 +163,3 @@ def write_png(rows: Sequence[CalibrationRow], path: str | Path, title: str = "")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
