@@ -129,6 +129,18 @@ def check_segments(segments: Any, total: int, name: str = "segments") -> list[tu
     return out
 
 
+def _check_same_shape(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """``t`` has exactly ``ref``'s shape (``ValueError`` naming both and their shapes)."""
+    if tuple(t.shape) != tuple(ref.shape):
+        raise ValueError(f"{name} shape {tuple(t.shape)} must equal {ref_name} shape {tuple(ref.shape)}")
+
+
+def _check_tokens(name: str, t: torch.Tensor, length: str) -> None:
+    """A ``[B, L, H, D]`` tensor holds at least one token (``length``: its name for L, e.g. ``"Lq"``)."""
+    if t.shape[1] < 1:
+        raise ValueError(f"{name} must have {length} >= 1 tokens, got shape {tuple(t.shape)}")
+
+
 def _check_cache_block(
     cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
@@ -137,12 +149,8 @@ def _check_cache_block(
     _check_tensor("k", k)
     _check_tensor("v", v)
     _check_same(("cache_k", "cache_v", "k", "v"), (cache_k, cache_v, k, v))
-    if tuple(cache_v.shape) != tuple(cache_k.shape):
-        raise ValueError(
-            f"cache_v shape {tuple(cache_v.shape)} must equal cache_k shape {tuple(cache_k.shape)}"
-        )
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    _check_same_shape("cache_v", cache_v, "cache_k", cache_k)
+    _check_same_shape("v", v, "k", k)
     _check_dims("k", k, "cache_k", cache_k, {0: "batch B", 2: "heads H", 3: "head_dim D"})
     if k.shape[1] < 1:
         raise ValueError(f"k must hold a block of T >= 1 tokens, got shape {tuple(k.shape)}")
