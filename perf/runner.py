@@ -38,6 +38,7 @@ __all__ = [
     "ProfileLike",
     "git_sha",
     "current_command",
+    "portable_command",
     "results_path",
     "append_rows",
     "read_rows",
@@ -87,10 +88,25 @@ def git_sha(cwd: str | Path | None = None) -> str:
     return _git_sha(str(cwd if cwd is not None else Path(__file__).resolve().parent))
 
 
+def portable_command(argv: Sequence[str], cwd: Path, with_interpreter: bool) -> str:
+    """``argv`` as a command line that names no machine path: the interpreter (``argv[0]`` when
+    ``with_interpreter``) is written ``python``, and an absolute argument under ``cwd`` (a script or file
+    given by full path) is written relative to it. E.g. ``["/opt/venv/bin/python", "-m", "perf.bench_kernels",
+    "--no-save"]`` -> ``python -m perf.bench_kernels --no-save``."""
+    args = [str(a) for a in argv]
+    out = ["python"] + (args[1:] if with_interpreter else args)
+    for i, a in enumerate(out[1:], 1):
+        p = Path(a)
+        if p.is_absolute() and p.is_relative_to(cwd):
+            out[i] = str(p.relative_to(cwd))
+    return shlex.join(out)
+
+
 def current_command() -> str:
-    """The exact command line of this process (interpreter and ``-m`` included when available)."""
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    return shlex.join(str(a) for a in argv)
+    """The command line of this process, interpreter and ``-m`` included, without machine paths
+    (:func:`portable_command`): what a result row records so another checkout can rerun it."""
+    orig = getattr(sys, "orig_argv", None)
+    return portable_command(orig or sys.argv, Path.cwd(), with_interpreter=bool(orig))
 
 
 def _now() -> str:
