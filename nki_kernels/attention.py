@@ -75,6 +75,7 @@ from nki_kernels.attention_tiles import (
     fit_group,
     flash_sbuf_bytes,
     merge_remainder,
+    owned_pairs,
     p_transpose_plan,
     pair_plan,
     vector_evict_blocks,
@@ -322,18 +323,12 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, 2 * KC * 2)
     w = _flash_buffers(D, D + 1, KC, gmax, dt)
 
-    pair = 0
     n_grp = 0  # P^T groups seen by this program: the DMA-transposed ones are dealt by this counter
-    for b in range(B):
-        for h in range(H):
-            mine = pair % nprog == pid
-            pair += 1
-            if not mine:
-                continue
-            _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
-            n_grp = _flash_rows(
-                w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse
-            )
+    for b, h in owned_pairs(B, H, pid, nprog):
+        _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
+        n_grp = _flash_rows(
+            w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse
+        )
     if return_lse:
         return out, lse
     return out

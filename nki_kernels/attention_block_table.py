@@ -71,7 +71,9 @@ from nki_kernels.attention_tiles import (
     fit_group,
     flash_sbuf_bytes,
     merge_remainder,
+    owned_pairs,
 )
+from nki_kernels.block_table_checks import check_table_values
 from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 DMA_TRANSPOSE_CHUNKS = (0, 1)
@@ -308,23 +310,16 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, 2 * KC * 2)
     w = _flash_buffers(D, Dv, KC, gmax, dt)
 
-    pair = 0
     n_grp = 0
-    for b in range(B):
-        for h in range(H):
-            mine = pair % nprog == pid
-            pair += 1
-            if not mine:
-                continue
-            lo = 0
-            for g in range(G):
-                nq = q_groups[g]
-                _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
-                n_grp = _flash_rows(
-                    w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale,
-                    return_lse,
-                )  # fmt: skip
-                lo += nq
+    for b, h in owned_pairs(B, H, pid, nprog):
+        lo = 0
+        for g in range(G):
+            nq = q_groups[g]
+            _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
+            n_grp = _flash_rows(
+                w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale, return_lse
+            )
+            lo += nq
     if return_lse:
         return out, lse
     return out
@@ -412,22 +407,7 @@ def _check_args(
     if block_table.shape[1] < 1:
         raise ValueError("block_table must have NB >= 1 entries per group")
     tab = block_table.detach().cpu().to(torch.int64).numpy()
-    nblk = [kb.shape[1] // t for kb in ks]
-    for g in range(tab.shape[0]):
-        seen: set[tuple[int, int]] = set()
-        for n in range(tab.shape[1]):
-            src, blk = int(tab[g, n, 0]), int(tab[g, n, 1])
-            if src == -1:
-                continue
-            if not 0 <= src < len(ks):
-                raise ValueError(f"block_table[{g}, {n}] source={src} must be -1 or in [0, {len(ks)})")
-            if not 0 <= blk < nblk[src]:
-                raise ValueError(
-                    f"block_table[{g}, {n}] block={blk} is out of source {src}'s {nblk[src]} blocks"
-                )
-            if (src, blk) in seen:
-                raise ValueError(f"block_table[{g}] lists block ({src}, {blk}) twice")
-            seen.add((src, blk))
+    check_table_values(tab.tolist(), [int(kb.shape[1]) for kb in ks], t)
     return ks, vs, tab.astype(np.int32), groups, t
 
 

@@ -76,6 +76,12 @@ def merge_remainder(chunks: Sequence[tuple[int, int]], kc: int) -> list[tuple[in
     return out
 
 
+def owned_pairs(B: int, H: int, pid: int, nprog: int) -> list[tuple[int, int]]:
+    """The (batch, head) pairs program ``pid`` of ``nprog`` computes: all ``B x H`` pairs in b-major order,
+    dealt round-robin (pair ``i`` to program ``i % nprog``), so LNC2 splits the heads evenly."""
+    return [(b, h) for i, (b, h) in enumerate((b, h) for b in range(B) for h in range(H)) if i % nprog == pid]
+
+
 def fit_group(group: int, sbuf_bytes: int, fixed_bytes: int, chunk_bytes: int) -> int:
     """Largest ``g <= group`` with ``fixed_bytes + 2 * g * chunk_bytes <= sbuf_bytes`` (P and P^T of g chunks
     next to everything else a kernel keeps in SBUF, per partition), at least 1."""

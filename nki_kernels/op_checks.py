@@ -63,30 +63,6 @@ def _int_values(name: str, t: torch.Tensor) -> list[Any]:
     return t.tolist()
 
 
-def _check_table_values(
-    table: list[Any], sizes: Sequence[int], block_tokens: int, name: str = "block_table"
-) -> None:
-    for g, row in enumerate(table):
-        seen: set[tuple[int, int]] = set()
-        for n, (src, blk) in enumerate(row):
-            if src == -1:
-                continue
-            if not 0 <= src < len(sizes):
-                raise ValueError(
-                    f"{name}[{g}, {n}] source={src} must be -1 (empty) or in [0, {len(sizes)}) "
-                    f"(the number of k_sources)"
-                )
-            nblk = sizes[src] // block_tokens
-            if not 0 <= blk < nblk:
-                raise ValueError(
-                    f"{name}[{g}, {n}] block={blk} is out of source {src}'s {nblk} blocks of "
-                    f"{block_tokens} tokens"
-                )
-            if (src, blk) in seen:
-                raise ValueError(f"{name}[{g}] lists block ({src}, {blk}) twice (keys would count twice)")
-            seen.add((src, blk))
-
-
 def _resolve_scale(scale: float | None, d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from nki_kernels import op_dispatch as _d
+from nki_kernels.block_table_checks import check_table_values
 from nki_kernels.op_checks import (
     _check_bool,
     _check_dims,
@@ -17,7 +18,6 @@ from nki_kernels.op_checks import (
     _check_int,
     _check_same,
     _check_same_shape,
-    _check_table_values,
     _check_tensor,
     _check_tokens,
     _int_values,
@@ -93,7 +93,7 @@ def _attention_block_table_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     table = _int_values("block_table", block_table)
-    _check_table_values(table, [int(t.shape[1]) for t in k_sources], block_tokens)
+    check_table_values(table, [int(t.shape[1]) for t in k_sources], block_tokens)
     be = _run_backend(backend)
     if be == "reference":
         from reference.attention import attention_block_table as ref_table
