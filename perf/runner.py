@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
 
 __all__ = [
     "KINDS",
@@ -49,8 +49,11 @@ __all__ = [
     "time_call",
 ]
 
-KINDS = ("measured", "modelled")
-STATUSES = ("ok", "error")
+Kind = Literal["measured", "modelled"]
+"""Where a row's figures come from: CPU wall clock / counts, or the trn2 cost model."""
+Status = Literal["ok", "error"]
+KINDS: tuple[Kind, ...] = ("measured", "modelled")
+STATUSES: tuple[Status, ...] = ("ok", "error")
 #: Optional figure fields of a row, in table order.
 FIGURES = (
     "latency_us",
@@ -132,8 +135,8 @@ class BenchRow:
     op: str
     variant: str
     config: Mapping[str, Any]
-    kind: str
-    status: str = "ok"
+    kind: Kind
+    status: Status = "ok"
     message: str = ""
     latency_us: float | None = None
     bytes: int | None = None
@@ -357,7 +360,7 @@ def run_case(
     op: str,
     variant: str,
     config: Mapping[str, Any],
-    kind: str,
+    kind: Kind,
 ) -> BenchRow:
     """Run one benchmark case and return its row; an exception becomes a ``status="error"`` row.
 
