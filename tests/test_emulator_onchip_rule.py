@@ -236,28 +236,21 @@ def test_every_legal_call_passes(trace_only: bool) -> None:
 
 
 @pytest.mark.parametrize("trace_only", [False, True], ids=["values", "trace_only"])
+@pytest.mark.parametrize("bad", ["hbm", "partitions"])
 @pytest.mark.parametrize(("op", "arg"), CASES, ids=[f"{o}-{a}" for o, a in CASES])
-def test_hbm_operand_is_rejected(op: str, arg: str, trace_only: bool) -> None:
+def test_bad_operand_is_rejected(op: str, arg: str, bad: str, trace_only: bool) -> None:
+    """An HBM operand raises the memory-space rule; a 129-partition one the partition rule (or the
+    instruction's own partition rule, :data:`OWN_PARTITION_RULE`)."""
     call = TABLE[op][1]
 
     def k() -> None:
         call(_factory(None, None))  # warm-up: a passing signature of the same instruction
-        call(_factory(arg, "hbm"))
+        call(_factory(arg, bad))
 
-    with pytest.raises(MemorySpaceError, match=rf"\[memory-space\].*{arg}"):
-        run(k, trace_only=trace_only)
-
-
-@pytest.mark.parametrize("trace_only", [False, True], ids=["values", "trace_only"])
-@pytest.mark.parametrize(("op", "arg"), CASES, ids=[f"{o}-{a}" for o, a in CASES])
-def test_129_partition_operand_is_rejected(op: str, arg: str, trace_only: bool) -> None:
-    call = TABLE[op][1]
-
-    def k() -> None:
-        call(_factory(None, None))
-        call(_factory(arg, "partitions"))
-
-    err, pattern = OWN_PARTITION_RULE.get((op, arg), PARTITION_RULE)
+    if bad == "hbm":
+        err, pattern = MemorySpaceError, r"\[memory-space\].*{arg}"
+    else:
+        err, pattern = OWN_PARTITION_RULE.get((op, arg), PARTITION_RULE)
     with pytest.raises(err, match=pattern.format(arg=arg)):
         run(k, trace_only=trace_only)
 
