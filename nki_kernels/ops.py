@@ -38,8 +38,8 @@ Limits (every op; each checked on entry, with the error it raises):
 * head_dim: even for the RoPE ops (``ValueError``), at most 128 on the kernel backends (D lives on the 128
   partitions: ``ValueError`` "head_dim D=... must be <= 128"; the reference backend takes any D);
   ``linear``: ``K <= 18,432`` bf16 / ``9,216`` fp32 (``ValueError``); ``adaln_norm_modulate`` /
-  ``gate_residual`` / ``rms_norm``: ``C <= 4,608`` bf16 / ``2,560`` fp32 features (``ValueError``); ``conv3d_causal``: kernel extents 1 or
-  3 and weights that fit SBUF (``ValueError`` naming the limit);
+  ``gate_residual`` / ``rms_norm``: ``C <= 4,608`` bf16 / ``2,560`` fp32 features (``ValueError``);
+  ``conv3d_causal``: kernel extents 1 or 3 and weights that fit SBUF (``ValueError`` naming the limit);
 * a backend that cannot run an op (``neuron`` without the Neuron SDK's ``nki``) raises ``RuntimeError`` /
   ``NotImplementedError`` naming the backend; never a silent fallback to another backend.
 

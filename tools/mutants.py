@@ -100,7 +100,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ops-slot-range", "nki_kernels/op_checks.py",
            "    if slot < 0 or (slot + 1) * t > s:", "    if slot < 0 or slot * t > s:",
            ("tests/test_merged.py", "tests/test_ops.py"), "kv cache writes accept the slot one past the end"),
-    Mutant("ops-table-block-range", "nki_kernels/op_checks.py",
+    Mutant("ops-table-block-range", "nki_kernels/block_table_checks.py",
            "            if not 0 <= blk < nblk:", "            if not 0 <= blk <= nblk:",
            ("tests/test_merged.py", "tests/test_kernel_attention_block_table.py"),
            "block tables may name the block one past a source's end"),
