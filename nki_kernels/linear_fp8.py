@@ -58,7 +58,7 @@ PANEL_MAX = 512
 BLOCK_M_MAX = 1024
 """Most tokens per m-block."""
 
-SBUF_BUDGET = 160 * 1024
+SBUF_BUDGET = 168 * 1024
 """SBUF bytes per partition the kernel's tiles may use (of 192 KiB)."""
 
 W_BUDGET = 72 * 1024
@@ -85,7 +85,7 @@ def _fixed_bytes(k: int, nb: int, xbufs: int, itemsize: int) -> int:
     """SBUF bytes per partition of everything but the ``q^T`` sets (a pure function)."""
     kt = math.ceil(k / PMAX)
     weights = 2 * kt * nb
-    rows = xbufs * k * itemsize + 2 * k  # bf16/fp32 row buffers + two fp8 quantised row buffers
+    rows = xbufs * k * itemsize + 3 * min(k, XS_COLS)  # row buffers + fp8 |x| scratch and two quantised chunks
     tiles = 3 * nb * 4 + 3 * nb * itemsize + 2 * 2 * nb * 4  # fp32 eviction, output, w_scale/bias panels
     return weights + rows + tiles + 256  # + the [128, 1] scale tiles
 
@@ -93,9 +93,11 @@ def _fixed_bytes(k: int, nb: int, xbufs: int, itemsize: int) -> int:
 def plan_tiles_fp8(m: int, k: int, n: int, itemsize: int) -> tuple[int, int, int, int]:
     """``(bm, nb, sets, xbufs)`` for ``[m, k] @ [k, n]`` with ``itemsize``-byte activations (pure function).
 
-    Tried in order, the first that fits :data:`SBUF_BUDGET` with two ``q^T`` sets of ``bm >= 512`` tokens
+    Tried in order, the first that fits :data:`SBUF_BUDGET` with two ``q^T`` sets of ``bm >= 384`` tokens
     (or all of ``m``): panel width ``nb`` 512, 256, 128 (two fp8 panels within :data:`W_BUDGET`) x two or
-    one row buffers ``xbufs``.  Otherwise one set with the largest ``bm`` (``nb`` 512 first).  ``bm`` is a
+    one row buffers ``xbufs``.  ``nb = 512`` comes first even at the price of ``bm``: an fp8 panel row is
+    ``nb`` bytes, and the weight DMAs' descriptors shrink with it (256 B ones are modelled at a sixth of
+    the 512 B throughput).  Otherwise one set with the largest ``bm`` (``nb`` 512 first).  ``bm`` is a
     multiple of 128, at most 1024 and at most ``m`` rounded up to 128; ``nb`` at most ``n``.  Raises
     ``ValueError`` when not even one 128-token set fits.
     """
@@ -109,7 +111,7 @@ def plan_tiles_fp8(m: int, k: int, n: int, itemsize: int) -> tuple[int, int, int
     for nb, xb in options:
         left = SBUF_BUDGET - _fixed_bytes(k, nb, xb, itemsize)
         bm2 = min(cap, max(left, 0) // (2 * per_tok) // PMAX * PMAX)
-        if bm2 >= min(cap, 512):
+        if bm2 >= min(cap, 384):
             return bm2, min(nb, n), 2, xb
     for nb, xb in options:
         left = SBUF_BUDGET - _fixed_bytes(k, nb, xb, itemsize)
@@ -154,7 +156,9 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
     rt = math.ceil(bm / PMAX)
 
     xs = [nl.ndarray((PMAX, K), dtype=dt, buffer=nl.sbuf) for _ in range(xb)]
-    xq = [nl.ndarray((PMAX, K), dtype=f8, buffer=nl.sbuf) for _ in range(2)]
+    xcols = min(XS_COLS, K)
+    scr = nl.ndarray((PMAX, xcols), dtype=f8, buffer=nl.sbuf)
+    xq = [nl.ndarray((PMAX, xcols), dtype=f8, buffer=nl.sbuf) for _ in range(2)]
     amax = [nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
     inv = [nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
     xT = [nl.ndarray((PMAX, kt, bm), dtype=f8, buffer=nl.sbuf) for _ in range(sets)]
@@ -166,7 +170,7 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
     ob = [nl.ndarray((PMAX, nb), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
     acc = [nl.ndarray((PMAX, nb), dtype=nl.float32, buffer=nl.psum) for _ in range(ACC_BANKS)]
     tps = [nl.ndarray((PMAX, TP_GROUP, PMAX), dtype=f8, buffer=nl.psum) for _ in range(2)]
-    count = {"tp": 0, "acc": 0, "ob": 0, "ev": 0, "panel": 0}
+    count = {"tp": 0, "acc": 0, "ob": 0, "ev": 0, "panel": 0, "xq": 0}
 
     # ---- activation pipeline: task g = (block index, row tile); stages load -> quant -> transpose
     tasks: list[tuple[int, int]] = []
@@ -188,9 +192,15 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
 
     def quant(g: int) -> None:
         _, rr, t = rows_of(g)
-        src, dst, am, iv = xs[g % xb], xq[g % 2], amax[g % 2], inv[g % 2]
-        # |x| (written to the fp8 row buffer, overwritten below) with its max over the row into amax
-        nisa.activation(dst[:rr, :K], nl.abs, src[:rr, :K], reduce_op=nl.maximum, reduce_res=am[:rr, :])
+        src, am, iv = xs[g % xb], amax[g % 2], inv[g % 2]
+        # |x| (to a scratch tile) with its running max over the row's chunks into amax (ScalarE registers)
+        for c0 in range(0, K, XS_COLS):
+            cc = min(XS_COLS, K - c0)
+            cmd = nisa.reduce_cmd.reset_reduce if c0 == 0 else nisa.reduce_cmd.reduce
+            nisa.activation(
+                scr[:rr, :cc], nl.abs, src[:rr, c0 : c0 + cc], reduce_op=nl.maximum, reduce_res=am[:rr, :],
+                reduce_cmd=cmd,
+            )  # fmt: skip
         s = sx[tasks[g][0] % sets]
         nisa.tensor_scalar(
             dst=s[:rr, t : t + 1], data=am[:rr, :], op0=nl.maximum, operand0=AMAX_FLOOR,
@@ -200,7 +210,6 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
             dst=iv[:rr, :], data=am[:rr, :], op0=nl.maximum, operand0=AMAX_FLOOR,
             op1=nl.divide, operand1=E4M3_MAX, reverse1=True, engine=nisa.vector_engine,
         )  # fmt: skip
-        nisa.activation(dst[:rr, :K], nl.copy, src[:rr, :K], scale=iv[:rr, :])
 
     def evict(dst: Any, src: Any) -> None:
         if count["ev"] % 2 == 0:
@@ -210,32 +219,40 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
         count["ev"] += 1
 
     def transpose(g: int) -> None:
+        """Quantise task g's rows chunk by chunk (ScalarE cast to fp8) and transpose them into q^T."""
         _, rr, t = rows_of(g)
-        src, dstT = xq[g % 2], xT[tasks[g][0] % sets]
+        src, iv, dstT = xs[g % xb], inv[g % 2], xT[tasks[g][0] % sets]
         c0 = t * PMAX
-        groups = [(j0, min(TP_GROUP, kfull - j0), PMAX) for j0 in range(0, kfull, TP_GROUP)]
-        if ktail:
-            groups.append((kfull, 1, ktail))
-        for j0, gn, kk in groups:
-            tp = tps[count["tp"] % 2]
-            count["tp"] += 1
-            for i in range(gn):
-                j = j0 + i
-                nisa.nc_transpose(dst=tp[:kk, i, :rr], data=src[:rr, j * PMAX : j * PMAX + kk])
-            evict(dstT[:kk, j0 : j0 + gn, c0 : c0 + rr], tp[:kk, :gn, :rr])
+        for k0 in range(0, K, XS_COLS):
+            kc = min(XS_COLS, K - k0)
+            q = xq[count["xq"] % 2]
+            count["xq"] += 1
+            nisa.activation(q[:rr, :kc], nl.copy, src[:rr, k0 : k0 + kc], scale=iv[:rr, :])
+            jf = k0 // PMAX + kc // PMAX  # full k-tiles of the chunk end here
+            groups = [(j0, min(TP_GROUP, jf - j0), PMAX) for j0 in range(k0 // PMAX, jf, TP_GROUP)]
+            if kc % PMAX:
+                groups.append((jf, 1, kc % PMAX))
+            for j0, gn, kk in groups:
+                tp = tps[count["tp"] % 2]
+                count["tp"] += 1
+                for i in range(gn):
+                    a0 = (j0 + i) * PMAX - k0
+                    nisa.nc_transpose(dst=tp[:kk, i, :rr], data=q[:rr, a0 : a0 + kk])
+                evict(dstT[:kk, j0 : j0 + gn, c0 : c0 + rr], tp[:kk, :gn, :rr])
 
     def step(limit: int) -> bool:
-        """One pipeline step over tasks < limit: quantise, load ahead, transpose (one step behind)."""
+        """One pipeline step over tasks < limit: quantise, load ahead, transpose (one step behind the quant
+        while loads can still go ahead).  Row buffer ld % xb was last read by transpose(ld - xb)."""
         did = False
         if pipe["q"] < pipe["ld"]:
             quant(pipe["q"])
             pipe["q"] += 1
             did = True
-        while pipe["ld"] < limit and pipe["ld"] - pipe["q"] < xb:
-            load(pipe["ld"])  # buffer ld % xb was last read by task ld - xb, already quantised
+        while pipe["ld"] < limit and pipe["ld"] - pipe["tp"] < xb:
+            load(pipe["ld"])
             pipe["ld"] += 1
             did = True
-        if pipe["tp"] < pipe["q"] - 1 or (pipe["tp"] < pipe["q"] and pipe["q"] >= limit):
+        if pipe["tp"] < pipe["q"] and (pipe["tp"] < pipe["q"] - 1 or pipe["q"] == pipe["ld"]):
             transpose(pipe["tp"])
             pipe["tp"] += 1
             did = True
@@ -243,7 +260,8 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
 
     def flush(limit: int) -> None:
         while pipe["tp"] < limit:
-            step(limit)
+            if not step(limit):
+                raise RuntimeError(f"linear_fp8: activation pipeline stalled at {pipe} (limit {limit})")
 
     def load_panel(n0: int, nn: int) -> tuple[Any, Any, Any]:
         i = count["panel"] % 2
