@@ -85,7 +85,9 @@ def _fixed_bytes(k: int, nb: int, xbufs: int, itemsize: int) -> int:
     """SBUF bytes per partition of everything but the ``q^T`` sets (a pure function)."""
     kt = math.ceil(k / PMAX)
     weights = 2 * kt * nb
-    rows = xbufs * k * itemsize + 3 * min(k, XS_COLS)  # row buffers + fp8 |x| scratch and two quantised chunks
+    rows = xbufs * k * itemsize + 3 * min(
+        k, XS_COLS
+    )  # row buffers + fp8 |x| scratch and two quantised chunks
     tiles = 3 * nb * 4 + 3 * nb * itemsize + 2 * 2 * nb * 4  # fp32 eviction, output, w_scale/bias panels
     return weights + rows + tiles + 256  # + the [128, 1] scale tiles
 
@@ -118,7 +120,9 @@ def plan_tiles_fp8(m: int, k: int, n: int, itemsize: int) -> tuple[int, int, int
         bm1 = min(cap, max(left, 0) // per_tok // PMAX * PMAX)
         if bm1 >= PMAX:
             return bm1, min(nb, n), 1, xb
-    raise ValueError(f"linear_fp8: K={k} is too large for the kernel's SBUF tiles at {itemsize} B activations")
+    raise ValueError(
+        f"linear_fp8: K={k} is too large for the kernel's SBUF tiles at {itemsize} B activations"
+    )
 
 
 def max_k(itemsize: int) -> int:
@@ -165,7 +169,11 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
     sx = [nl.ndarray((PMAX, rt), dtype=nl.float32, buffer=nl.sbuf) for _ in range(sets)]
     wb = [nl.ndarray((PMAX, kt, nb), dtype=f8, buffer=nl.sbuf) for _ in range(2)]
     wsb = [nl.ndarray((PMAX, nb), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
-    bb = [nl.ndarray((PMAX, nb), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)] if bias is not None else []
+    bb = (
+        [nl.ndarray((PMAX, nb), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
+        if bias is not None
+        else []
+    )
     tb = [nl.ndarray((PMAX, nb), dtype=nl.float32, buffer=nl.sbuf) for _ in range(3)]
     ob = [nl.ndarray((PMAX, nb), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
     acc = [nl.ndarray((PMAX, nb), dtype=nl.float32, buffer=nl.psum) for _ in range(ACC_BANKS)]
@@ -295,7 +303,9 @@ def linear_fp8_kernel(x, w_q, w_scale, bias):
             j = kfull - 1
             mms.append((xT[s][:, j : j + 1, c0 : c0 + rr], ws[:, j : j + 1, :nn], False))
         if ktail:
-            mms.append((xT[s][:ktail, kfull : kfull + 1, c0 : c0 + rr], ws[:ktail, kfull : kfull + 1, :nn], False))
+            mms.append(
+                (xT[s][:ktail, kfull : kfull + 1, c0 : c0 + rr], ws[:ktail, kfull : kfull + 1, :nn], False)
+            )
         for i, (st, mv, dr) in enumerate(mms):
             mode = nisa.matmul_perf_mode.double_row if dr else nisa.matmul_perf_mode.none
             nisa.nc_matmul(dst=a[:rr, :nn], stationary=st, moving=mv, accumulate=(i > 0), perf_mode=mode)

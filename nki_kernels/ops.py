@@ -67,8 +67,8 @@ from nki_kernels.op_dispatch import (
 from nki_kernels.ops_attention import attention, attention_block_table, attention_segments
 from nki_kernels.ops_dense import LINEAR_MAX_K, conv3d_causal, conv_weight_taps, linear
 from nki_kernels.ops_elementwise import ELEMENTWISE_MAX_C, adaln_norm_modulate, gate_residual, rms_norm
-from nki_kernels.ops_linear_fp8 import LINEAR_FP8_MAX_K, linear_fp8, quantize_weight_fp8
 from nki_kernels.ops_kv import kv_cache_slide, kv_cache_write, kv_cache_write_at
+from nki_kernels.ops_linear_fp8 import LINEAR_FP8_MAX_K, linear_fp8, quantize_weight_fp8
 from nki_kernels.ops_rope import rope3d, rope3d_positions, rope3d_tables, rope_tables
 
 __all__ = [

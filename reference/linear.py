@@ -46,7 +46,7 @@ def _scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scale, inverse)`` from an fp32 absmax: ``a = max(amax, AMAX_FLOOR)``, ``a / 240`` and ``240 / a``
     (two correctly rounded fp32 divisions, as the kernel's VectorE computes them)."""
     a = torch.clamp_min(amax.to(torch.float32), AMAX_FLOOR)
-    # a tensor numerator: torch evaluates ``scalar / tensor`` as ``reciprocal(tensor) * scalar`` (two roundings)
+    # a tensor numerator: torch evaluates ``scalar / tensor`` as ``reciprocal(tensor) * scalar`` (2 roundings)
     return a / E4M3_MAX, torch.full_like(a, E4M3_MAX) / a
 
 

@@ -60,7 +60,9 @@ def _assert_matches(out: torch.Tensor, x: torch.Tensor, wq: torch.Tensor, ws: to
     err = (out.float() - ref.float()).abs()
     assert torch.isfinite(out.float()).all(), what
     bad = err > tol
-    assert not bad.any(), f"{what}: {int(bad.sum())} elements beyond tolerance, worst {float((err - tol).max())}"
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} elements beyond tolerance, worst {float((err - tol).max())}"
+    )
 
 
 def _inputs(m: int, k: int, n: int, bias: bool, seed: int, dtype=torch.bfloat16):
