@@ -9,6 +9,8 @@ from typing import Any
 
 from perf.e2e.chunk import ChunkModel, chunk_model, warmup_forwards
 from perf.e2e.components import vae_components
+from perf.e2e.fp8 import VARIANT as FP8_VARIANT
+from perf.e2e.fp8 import fp8_linear_chunks
 from perf.e2e.kernels import KernelProvider, TracedKernels, default_kernel_provider
 from perf.e2e.params import ENDS, E2EParams
 from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
@@ -23,7 +25,7 @@ from perf.footprint import (
     vae_probe,
     vae_strides,
 )
-from perf.matmul_model import MatmulProvider, default_matmul_provider
+from perf.matmul_model import MatmulProvider, TracedLinearProvider, default_matmul_provider
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 
 __all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VARIANTS"]
@@ -133,6 +135,9 @@ def run_model(
         first_dec = sum(c.total_s for c in first) + fixed
         static = pipe.window_blocks * chunks[("merged", end)].dit_s + first_dec
         ttff[end] = Ttff(sum(warm) + first_dec, static, warm, first_dec)
+    if isinstance(matmul, TracedLinearProvider):  # the FP8-linear variant (perf/e2e/fp8.py); traced only
+        for end, cm in fp8_linear_chunks(m, pipe, cores=cores, kw=kw).items():
+            chunks[(FP8_VARIANT, end)] = cm
     scaling: list[tuple[int, str, dict[str, tuple[float, float]]]] = []
     for c in scaling_cores:
         try:
