@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from rolling_forcing.fp8 import FP8_MIN_FEATURES, use_fp8_linears
+from rolling_forcing.fp8 import FP8_MIN_FEATURES, KV_FP8, use_fp8_linears
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.stream import NoiseSource
 from rolling_forcing.video import VideoSpec
 
-__all__ = ["PSNR_THRESHOLD_DB", "PsnrGate", "psnr", "psnr_gate", "stream_video"]
+__all__ = ["PSNR_THRESHOLD_DB", "PsnrGate", "kv_cache_gate", "psnr", "psnr_gate", "stream_video"]
 
 PSNR_THRESHOLD_DB = 35.0
 """Pass mark of the decoded-video PSNR against the bf16 stream (issue 13)."""
@@ -56,11 +56,14 @@ def psnr(a: torch.Tensor, b: torch.Tensor, peak_to_peak: float = 2.0) -> float:
 @torch.no_grad()
 def stream_video(
     model: Any, model_cfg: Any, pipe_cfg: Any, text_embeds: torch.Tensor, decoder: Any, num_blocks: int,
-    *, seed: int = 0, backend: str | None = None,
+    *, seed: int = 0, backend: str | None = None, kv_dtype: str | None = None, merged: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The decoded video ``[B, T, 3, H, W]`` (float32, ``[-1, 1]``) of ``num_blocks`` blocks streamed with
-    noise drawn per block from ``seed`` (relative positions: any length)."""
-    pipe = RollingForcingPipeline(model, model_cfg, pipe_cfg, backend=backend, positions="relative")
+    noise drawn per block from ``seed`` (relative positions: any length); ``kv_dtype`` and ``merged`` as
+    :class:`~rolling_forcing.pipeline.RollingForcingPipeline` takes them."""
+    pipe = RollingForcingPipeline(
+        model, model_cfg, pipe_cfg, backend=backend, positions="relative", kv_dtype=kv_dtype, merged=merged
+    )
     gen = torch.Generator().manual_seed(seed)
     noise = NoiseSource(
         text_embeds.shape[0], model_cfg.latent_frame_shape(), pipe_cfg.frames_per_block, num_blocks,
@@ -98,3 +101,24 @@ def psnr_gate(
     names = use_fp8_linears(m8, backend=backend, min_features=min_features)
     out = stream_video(m8, model_cfg, pipe_cfg, text_embeds, decoder, blocks, seed=seed, backend=backend)
     return PsnrGate(psnr(out, ref), int(ref.shape[1]), blocks, tuple(names), threshold_db)
+
+
+def kv_cache_gate(
+    model: Any,
+    model_cfg: Any,
+    pipe_cfg: Any,
+    text_embeds: torch.Tensor,
+    decoder: Any,
+    *,
+    num_blocks: int,
+    seed: int = 0,
+    backend: str | None = None,
+    merged: bool | None = None,
+    threshold_db: float = PSNR_THRESHOLD_DB,
+) -> PsnrGate:
+    """The FP8 KV cache's gate: the decoded video with ``kv_dtype="float8_e4m3"`` against the same stream
+    with the cache in ``pipe_cfg.dtype`` (same model, prompt, noise), PSNR >= ``threshold_db``."""
+    kw: dict[str, Any] = {"seed": seed, "backend": backend, "merged": merged}
+    ref = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, **kw)
+    out = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, kv_dtype=KV_FP8, **kw)
+    return PsnrGate(psnr(out, ref), int(ref.shape[1]), num_blocks, ("kv_cache",), threshold_db)

@@ -27,6 +27,7 @@ from perf.footprint import (
 )
 from perf.matmul_model import MatmulProvider, TracedLinearProvider, default_matmul_provider
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
+from rolling_forcing.fp8 import kv_fp8_bytes_per_element
 
 __all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VARIANTS"]
 
@@ -152,7 +153,8 @@ def run_model(
             scaling.append((c, f"no plan: {e}".split("\n")[0][:60], {}))
     merged = chunks[("merged", "pessimistic")]
     fps_: list[Footprint] = []
-    for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+    kv8 = kv_fp8_bytes_per_element(m.head_dim)  # FP8 KV layout: e4m3 + an fp32 scale per token-head
+    for kvb, lab in ((2, "bf16"), (kv8, "fp8 KV cache")):
         for copies, wl in ((None, "weights per core"), (1, "one shared weight copy")):
             fps_.append(
                 footprint(
@@ -167,7 +169,7 @@ def run_model(
                 )
             )
     for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears")):
-        for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+        for kvb, lab in ((2, "bf16"), (kv8, "fp8 KV cache")):
             fps_.append(
                 footprint(
                     m,
@@ -180,7 +182,7 @@ def run_model(
                     label=f"{lab}, {wl}",
                 )
             )
-    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, 1)]
+    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, kv8)]
     wv: list[tuple[str, str, ChunkModel]] = []
     for end in ENDS:
         for wp in WEIGHT_VARIANTS:
