@@ -43,6 +43,10 @@ class Fp8Linear(nn.Module):
     the input's dtype.
     """
 
+    weight_q: torch.Tensor
+    w_scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, backend: str | None = None) -> None:
         super().__init__()
         if not isinstance(linear, nn.Linear):
