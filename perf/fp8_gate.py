@@ -1,4 +1,4 @@
-"""The FP8 linear error gate (issue 13, item 5), first half: per linear of one Wan2.1-1.3B block, random
+"""The FP8 linear error gate, first half: per linear of one Wan2.1-1.3B block, random
 weights at the checkpoint's initialisation and activations with realistic statistics, the error of the FP8
 path against the bf16 path must stay within ``factor x`` the bf16 path's own error against fp32 plus a
 stated floor.  All figures are **measured** (CPU, torch) relative errors.

@@ -1,4 +1,4 @@
-"""The FP8 gate's second half (issue 13, item 5): the decoded video of a stream with FP8 linears against
+"""The FP8 gate's second half: the decoded video of a stream with FP8 linears against
 the bf16 stream of the same model, prompt and noise, PSNR >= 35 dB over a 30 s stream.  **PENDING**: it
 is meant for the project's trained demo model, which has not landed; :func:`psnr_gate` is written and
 tested on the tiny preset's random weights (plumbing only: a random model says nothing about quality).
@@ -26,7 +26,7 @@ from rolling_forcing.video import VideoSpec
 __all__ = ["PSNR_THRESHOLD_DB", "PsnrGate", "kv_cache_gate", "psnr", "psnr_gate", "stream_video"]
 
 PSNR_THRESHOLD_DB = 35.0
-"""Pass mark of the decoded-video PSNR against the bf16 stream (issue 13)."""
+"""Pass mark of the decoded-video PSNR against the bf16 stream (the project's FP8 gate)."""
 
 
 @dataclass(frozen=True)
