@@ -152,6 +152,7 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "kv_cache_write_at": ("kv_cache", "kv_cache_write_emulated"),
     "kv_cache_slide": ("kv_cache", "kv_cache_slide_emulated"),
     "linear": ("linear", "linear_emulated"),
+    "linear_fp8": ("linear_fp8", "linear_fp8_emulated"),
     "conv3d_causal": ("conv3d", "conv3d_causal_emulated"),
     "adaln_norm_modulate": ("elementwise", "adaln_norm_modulate_emulated"),
     "gate_residual": ("elementwise", "gate_residual_emulated"),
