@@ -47,7 +47,8 @@ Limits (every op; each checked on entry, with the error it raises):
 Where things live: this module re-exports the public API; the ops are defined per family in
 :mod:`nki_kernels.ops_rope`, :mod:`nki_kernels.ops_attention`, :mod:`nki_kernels.ops_kv` and
 :mod:`nki_kernels.ops_dense` (linear, causal conv3d), :mod:`nki_kernels.ops_linear_fp8` (FP8 linear)
-and :mod:`nki_kernels.ops_elementwise` (adaLN norm + modulation, gated residual, RMSNorm), each holding its raw ops, fakes and public functions;
+and :mod:`nki_kernels.ops_elementwise` (adaLN norm + modulation, gated residual, RMSNorm), each holding
+its raw ops, fakes and public functions;
 the argument rules shared by several ops are in :mod:`nki_kernels.op_checks` and backend resolution, the
 kernel entry point of every op (written once) and the checks of kernel results in
 :mod:`nki_kernels.op_dispatch`.
