@@ -226,7 +226,7 @@ def test_rms_norm_op_rejects_bad_input(args, err, match) -> None:
     ("args", "err", "match"),
     [
         ((_X, torch.zeros(2, 6, 9), _M), ValueError, r"y shape \(2, 6, 9\) must equal x shape"),
-        ((_X, _X.bfloat16(), _M), TypeError, "y dtype torch.bfloat16 must match"),
+        ((_X.bfloat16(), _X, _M), TypeError, "y dtype torch.float32 must match x dtype torch.bfloat16"),
         ((_X, _X, torch.zeros(2, 7, 8)), ValueError, "gate has F=7 frames"),
         ((_X, _X, torch.zeros(8)), ValueError, r"gate must be \[B, F, C\] or \[B, C\]"),
     ],
