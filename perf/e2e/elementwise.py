@@ -1,0 +1,144 @@
+"""The DiT block's elementwise work as the project's fused kernels (``nki_kernels/elementwise.py``), priced
+by cost model v2 over trace-only emulator runs (*modelled*).
+
+Wan's block, with the original Wan2.1's precision (modulation and residuals under ``autocast(float32)``:
+the residual stream ``x`` is fp32, every branch (linear / attention output) bf16), one core's
+``tokens`` x ``dim`` share; each component of the chunk model's list maps to kernel calls:
+
+==================  ===============================================================  =====
+component           kernel call(s) on one core                                       calls
+==================  ===============================================================  =====
+adaln_norm1_mod     ``adaln_norm_modulate`` fp32 x -> bf16, per-frame rows              1
+rmsnorm_qk          ``rms_norm`` bf16 on q, then on k                                   2
+gate_residual_sa    ``gate_residual`` fp32 x + fp32 gate x bf16 y -> fp32, per frame    1
+norm3_affine        ``adaln_norm_modulate`` fp32 x -> bf16, one row (bias, weight - 1)  1
+rmsnorm_cross_q     ``rms_norm`` bf16                                                   1
+residual_cross      ``gate_residual`` fp32 + bf16 with a ones gate row                  1
+adaln_norm2_mod     as adaln_norm1_mod                                                  1
+gelu_tanh           ``gelu_tanh`` bf16 over ``tokens`` x ``ffn_dim``                    1
+gate_residual_ffn   as gate_residual_sa                                                 1
+==================  ===============================================================  =====
+
+Frames: a core's contiguous share of ``tokens`` can touch ``frames_touched(tokens, tokens_per_frame)``
+frames (it starts anywhere in a frame); the per-frame kernels are traced with that many equal frames over
+``tokens`` rounded up to a multiple of it (each frame costs one modulation-row broadcast, and frame ends cut
+partial tiles), the worst alignment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FUSED", "FusedCall", "frames_touched", "fused_calls", "separate_pass", "trace_args"]
+
+
+@dataclass(frozen=True)
+class FusedCall:
+    """One fused kernel call: ``kernel`` (name in ``nki_kernels.elementwise``), the per-core shape
+    ``(tokens, features)``, ``frames`` modulation rows (0 = none), ``x_dtype`` / ``y_dtype`` / ``out_dtype``
+    (``"bfloat16"`` / ``"float32"``; ``""`` = no such operand / x's dtype)."""
+
+    kernel: str
+    tokens: int
+    features: int
+    frames: int = 0
+    x_dtype: str = "bfloat16"
+    y_dtype: str = ""
+    out_dtype: str = ""
+
+
+FUSED = (
+    "adaln_norm1_mod",
+    "rmsnorm_qk",
+    "gate_residual_sa",
+    "norm3_affine",
+    "rmsnorm_cross_q",
+    "residual_cross",
+    "adaln_norm2_mod",
+    "gelu_tanh",
+    "gate_residual_ffn",
+)
+"""The chunk model's elementwise components, in block order (all of them are fused kernel calls)."""
+
+
+def separate_pass(name: str, tokens: int, dim: int, ffn_dim: int) -> tuple[int, int, int, int, str]:
+    """``(elements, read B, write B, ALU ops per element, engine)`` of component ``name`` as one separate
+    pass over HBM (the unfused accounting: fp32 residual stream, bf16 branches; a provider without fused
+    kernels is charged ``max(HBM bytes / per-core HBM share, elements x ops / (128 lanes x clock))``).
+    The bytes are also every fused call's compulsory traffic (the roofline's byte side)."""
+    n, d, f = tokens, dim, ffn_dim
+    table = {  # elements, read B, write B, ALU ops per element, engine
+        "adaln_norm1_mod": (n * d, 4, 2, 4, "vector"),
+        "rmsnorm_qk": (2 * n * d, 2, 2, 3, "vector"),
+        "gate_residual_sa": (n * d, 6, 4, 2, "vector"),
+        "norm3_affine": (n * d, 4, 2, 4, "vector"),
+        "rmsnorm_cross_q": (n * d, 2, 2, 3, "vector"),
+        "residual_cross": (n * d, 6, 4, 1, "vector"),
+        "adaln_norm2_mod": (n * d, 4, 2, 4, "vector"),
+        "gelu_tanh": (n * f, 2, 2, 1, "scalar"),
+        "gate_residual_ffn": (n * d, 6, 4, 2, "vector"),
+    }
+    if name not in table:
+        raise ValueError(f"separate_pass: name must be one of {FUSED}, got {name!r}")
+    return table[name]
+
+
+def frames_touched(tokens: int, tokens_per_frame: int) -> int:
+    """Most frames a contiguous run of ``tokens`` tokens can touch with ``tokens_per_frame`` tokens per
+    frame (a pure function): ``ceil((tokens - 1) / tpf) + 1``, at most ``tokens``."""
+    if min(tokens, tokens_per_frame) < 1:
+        raise ValueError(
+            f"frames_touched: need tokens >= 1 and tokens_per_frame >= 1, got {tokens}, {tokens_per_frame}"
+        )
+    return min(tokens, math.ceil((tokens - 1) / tokens_per_frame) + 1)
+
+
+def fused_calls(name: str, tokens: int, dim: int, ffn_dim: int, tokens_per_frame: int) -> list[FusedCall]:
+    """The kernel calls of component ``name`` (one of :data:`FUSED`) on a core's ``tokens`` (module
+    docstring table). Raises ``ValueError`` for any other name."""
+    f32, bf = "float32", "bfloat16"
+    g = frames_touched(tokens, tokens_per_frame)
+    adaln = FusedCall("adaln_norm_modulate", tokens, dim, g, f32, "", bf)
+    gate = FusedCall("gate_residual", tokens, dim, g, f32, bf)
+    rms = FusedCall("rms_norm", tokens, dim)
+    table: dict[str, list[FusedCall]] = {
+        "adaln_norm1_mod": [adaln],
+        "rmsnorm_qk": [rms, rms],
+        "gate_residual_sa": [gate],
+        "norm3_affine": [FusedCall("adaln_norm_modulate", tokens, dim, 1, f32, "", bf)],
+        "rmsnorm_cross_q": [rms],
+        "residual_cross": [FusedCall("gate_residual", tokens, dim, 1, f32, bf)],
+        "adaln_norm2_mod": [adaln],
+        "gelu_tanh": [FusedCall("gelu_tanh", tokens, ffn_dim)],
+        "gate_residual_ffn": [gate],
+    }
+    if name not in table:
+        raise ValueError(f"fused_calls: name must be one of {FUSED}, got {name!r}")
+    return table[name]
+
+
+def trace_args(call: FusedCall, spec: Callable[..., Any]) -> tuple[Any, tuple[Any, ...]]:
+    """``(kernel, args)`` of a trace-only emulator run of ``call`` (``spec(shape, dtype)`` builds the
+    emulator's tensor specs): ``tokens`` rounded up to a multiple of ``frames``."""
+    from nki_kernels import elementwise as ew
+
+    c = call.features
+    n = math.ceil(call.tokens / max(call.frames, 1)) * max(call.frames, 1)
+    x = spec((n, c), call.x_dtype)
+    if call.kernel == "adaln_norm_modulate":
+        rows = spec((call.frames, c), "float32")
+        return ew.adaln_norm_modulate_kernel, (x, rows, rows, 1e-6, call.out_dtype or None)
+    if call.kernel == "gate_residual":
+        return ew.gate_residual_kernel, (
+            x,
+            spec((n, c), call.y_dtype or call.x_dtype),
+            spec((call.frames, c), "float32"),
+        )
+    if call.kernel == "rms_norm":
+        return ew.rms_norm_kernel, (x, spec((1, c), "float32"), 1e-6)
+    if call.kernel == "gelu_tanh":
+        return ew.gelu_tanh_kernel, (x,)
+    raise ValueError(f"trace_args: unknown kernel {call.kernel!r}")

@@ -1,0 +1,109 @@
+"""The chunk model charges the DiT block's elementwise work as the project's fused kernels
+(perf/e2e/elementwise.py): which kernel calls stand for which component, at Wan's fp32-residual dtypes,
+priced by cost model v2 from their own traces; a provider without fused kernels keeps the separate passes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nki_kernels import elementwise as ew
+from nki_kernels.emulator import TensorSpec, run
+from nki_kernels.emulator.cost import profile_range
+from perf.e2e import AnalyticKernels, E2EParams, Forward, TracedKernels, forward_components
+from perf.e2e.elementwise import FUSED, FusedCall, frames_touched, fused_calls, separate_pass
+from perf.matmul_model import AnalyticMatmulProvider
+from rolling_forcing.config import get_preset
+
+pytestmark = pytest.mark.emulator
+
+WAN = get_preset("wan2.1-1.3b")
+TPF = math.prod(WAN.grid_hw)  # 1,560 tokens per latent frame at 480x832
+
+
+class _Fused:
+    """Analytic attention / RoPE / KV write plus the traced fused elementwise kernels."""
+
+    name = "fused"
+
+    def __init__(self) -> None:
+        self.analytic, self.traced = AnalyticKernels(E2EParams()), TracedKernels(E2EParams())
+
+    def attention(self, *args):  # noqa: ANN002, ANN201
+        return self.analytic.attention(*args)
+
+    def rope(self, *args):  # noqa: ANN002, ANN201
+        return self.analytic.rope(*args)
+
+    def kv_write(self, *args):  # noqa: ANN002, ANN201
+        return self.analytic.kv_write(*args)
+
+    def elementwise(self, *args):  # noqa: ANN002, ANN201
+        return self.traced.elementwise(*args)
+
+
+def _components(kernels, end: str = "pessimistic"):
+    p = E2EParams()
+    fwd = Forward("merged", 18 * TPF, (("update", 3 * TPF, 7 * 3 * TPF), ("denoise", 15 * TPF, 7 * 3 * TPF)))
+    cs = forward_components(
+        WAN, fwd, tp=4, sp=2, comm_s=0.0, collectives=0, kernels=kernels,
+        matmul=AnalyticMatmulProvider(), params=p, point=p.at(end),
+    )  # fmt: skip
+    return {c.name: c for c in cs}
+
+
+def test_frames_touched_is_the_worst_alignment() -> None:
+    assert frames_touched(3510, 1560) == 4  # starts on a frame's last token: 1 + 1560 + 1560 + 389
+    assert (
+        frames_touched(1560, 1560) == 2 and frames_touched(1561, 1560) == 2 and frames_touched(1, 1560) == 1
+    )
+    assert frames_touched(3, 1) == 3 and frames_touched(28080, 1560) == 19
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        frames_touched(0, 1560)
+
+
+def test_component_to_kernel_table_follows_wans_dtypes() -> None:
+    """fp32 residual stream in, bf16 branch inputs out; q and k normalised by two calls; the ungated
+    cross residual and the affine norm3 with one row; GELU over the FFN width."""
+    n, d, f = 3510, 1536, 8960
+    calls = {name: fused_calls(name, n, d, f, TPF) for name in FUSED}
+    adaln = FusedCall("adaln_norm_modulate", n, d, 4, "float32", "", "bfloat16")
+    gate = FusedCall("gate_residual", n, d, 4, "float32", "bfloat16")
+    assert calls["adaln_norm1_mod"] == calls["adaln_norm2_mod"] == [adaln]
+    assert calls["gate_residual_sa"] == calls["gate_residual_ffn"] == [gate]
+    assert calls["norm3_affine"] == [FusedCall("adaln_norm_modulate", n, d, 1, "float32", "", "bfloat16")]
+    assert calls["residual_cross"] == [FusedCall("gate_residual", n, d, 1, "float32", "bfloat16")]
+    assert calls["rmsnorm_qk"] == [FusedCall("rms_norm", n, d)] * 2
+    assert calls["rmsnorm_cross_q"] == [FusedCall("rms_norm", n, d)]
+    assert calls["gelu_tanh"] == [FusedCall("gelu_tanh", n, f)]
+    with pytest.raises(ValueError, match="must be one of"):
+        fused_calls("layernorm", n, d, f, TPF)
+
+
+def test_chunk_charges_the_fused_kernels_instead_of_the_separate_passes() -> None:
+    """Each elementwise component's time is its kernels' own v2 schedule (traced here independently)
+    at the end, its launches the kernel calls; without ``elementwise`` the separate-pass formula."""
+    fused, plain = _components(_Fused()), _components(AnalyticKernels(E2EParams()))
+    n = math.ceil(18 * TPF / 8)
+    p = E2EParams()
+    for name in FUSED:
+        elems, rb, wb, ops, eng = separate_pass(name, n, WAN.dim, WAN.ffn_dim)
+        hz = p.vector_hz if eng == "vector" else p.scalar_hz
+        sep = max(elems * (rb + wb) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz))
+        assert plain[name].time_s == pytest.approx(sep, rel=1e-12) and plain[name].launches == 1
+        assert fused[name].hbm_bytes == plain[name].hbm_bytes == elems * (rb + wb)  # compulsory traffic
+        assert "traced fused" in fused[name].source and fused[name].group == "elementwise"
+    # independently: adaLN fp32 -> bf16 over 4 equal frames of 3,510 -> 3,512 tokens, pessimistic end
+    x, rows = TensorSpec((3512, WAN.dim), "float32"), TensorSpec((4, WAN.dim), "float32")
+    _, tr = run(
+        ew.adaln_norm_modulate_kernel, x, rows, rows, 1e-6, "bfloat16", trace_only=True, keep_events=True
+    )
+    _, hi = profile_range(tr, schedule=True)
+    assert fused["adaln_norm1_mod"].time_s == pytest.approx((hi.latency_ns - hi.fixed_ns) * 1e-9, rel=1e-12)
+    # q and k: two rms_norm calls, twice one call's time
+    assert fused["rmsnorm_qk"].launches == 2 and fused["rmsnorm_cross_q"].launches == 1
+    assert fused["rmsnorm_qk"].time_s == pytest.approx(2 * fused["rmsnorm_cross_q"].time_s, rel=1e-12)
+    # the fp32-residual gate reads fp32 x and bf16 y: its trace moves the 10 B / element the budget charges
+    gate = TracedKernels(E2EParams()).elementwise("gate_residual_sa", n, WAN.dim, WAN.ffn_dim, TPF)[0]
+    assert gate.hbm_bytes == 3512 * WAN.dim * 10 + 4 * WAN.dim * 4
