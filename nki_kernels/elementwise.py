@@ -328,8 +328,9 @@ def rms_norm_kernel(x, weight, eps):
     return out
 
 
-GELU_COLS = 2048
-"""Columns per GELU tile (``GELU_COLS x itemsize`` bytes per descriptor: 4 KiB in bf16)."""
+GELU_COLS = 4608
+"""Most columns per GELU tile (9 KiB per partition in bf16); ``C`` is cut into equal column tiles of at most
+this many (Wan's FFN width 8,960 into two of 4,480: long descriptors, no thin tail)."""
 
 
 @nki.jit
@@ -337,14 +338,14 @@ def gelu_tanh_kernel(x):
     """``out[N, C] = gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`` elementwise (Wan's
     FFN activation, ``nn.GELU(approximate="tanh")``), out in x's dtype (bf16 or fp32), one rounding.
 
-    Tiles of up to 128 rows x :data:`GELU_COLS` columns (any ``N >= 1``, ``C >= 1``: the rows need not
-    fit one partition, unlike the normalising kernels); per tile one load DMA, one ScalarE ``activation``
+    Tiles of up to 128 rows x ``ceil(C / ceil(C / GELU_COLS))`` columns (:data:`GELU_COLS`; any
+    ``N >= 1``, ``C >= 1``: the rows need not fit one partition, unlike the normalising kernels); per tile one load DMA, one ScalarE ``activation``
     (``gelu_apprx_tanh``, fp32 inside) in place, one store DMA; loads run one tile ahead of the
     activation in program order, :data:`ROT` tiles rotate. LNC: tiles dealt round-robin."""
     N, C = x.shape
     dt = x.dtype
     out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
-    cols = min(GELU_COLS, C)
+    cols = math.ceil(C / math.ceil(C / GELU_COLS))  # equal column tiles of <= GELU_COLS (no thin tail)
     tiles = [
         (r0, min(PMAX, N - r0), c0, min(cols, C - c0)) for r0 in range(0, N, PMAX) for c0 in range(0, C, cols)
     ]
