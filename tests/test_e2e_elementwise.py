@@ -107,3 +107,19 @@ def test_chunk_charges_the_fused_kernels_instead_of_the_separate_passes() -> Non
     # the fp32-residual gate reads fp32 x and bf16 y: its trace moves the 10 B / element the budget charges
     gate = TracedKernels(E2EParams()).elementwise("gate_residual_sa", n, WAN.dim, WAN.ffn_dim, TPF)[0]
     assert gate.hbm_bytes == 3512 * WAN.dim * 10 + 4 * WAN.dim * 4
+
+
+def test_bf16_residual_stream_uses_the_same_dtype_kernels() -> None:
+    """The causal repos' block (rolling_forcing/model.py): x, y and the branch input all bf16, so the bf16
+    kernels and 2-byte residual traffic; a third dtype is refused."""
+    n, d, f = 3510, 1536, 8960
+    bf = "bfloat16"
+    assert fused_calls("adaln_norm1_mod", n, d, f, TPF, bf) == [FusedCall("adaln_norm_modulate", n, d, 4, bf)]
+    assert fused_calls("gate_residual_ffn", n, d, f, TPF, bf) == [FusedCall("gate_residual", n, d, 4, bf)]
+    assert fused_calls("gelu_tanh", n, d, f, TPF, bf) == fused_calls("gelu_tanh", n, d, f, TPF)
+    assert separate_pass("gate_residual_sa", n, d, f, bf)[1:3] == (4, 2)
+    assert separate_pass("gate_residual_sa", n, d, f)[1:3] == (6, 4)
+    assert separate_pass("adaln_norm2_mod", n, d, f, bf)[1:3] == (2, 2)
+    for fn in (fused_calls, separate_pass):
+        with pytest.raises(ValueError, match="residual must be one of"):
+            fn("gelu_tanh", n, d, f, *((TPF,) if fn is fused_calls else ()), "float16")

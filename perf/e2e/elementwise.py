@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FUSED", "FusedCall", "frames_touched", "fused_calls", "separate_pass", "trace_args"]
+__all__ = ["FUSED", "RESIDUALS", "FusedCall", "frames_touched", "fused_calls", "separate_pass", "trace_args"]
 
 
 @dataclass(frozen=True)
@@ -64,22 +64,37 @@ FUSED = (
 """The chunk model's elementwise components, in block order (all of them are fused kernel calls)."""
 
 
-def separate_pass(name: str, tokens: int, dim: int, ffn_dim: int) -> tuple[int, int, int, int, str]:
+RESIDUALS = ("float32", "bfloat16")
+"""Residual-stream dtypes: ``"float32"`` (the original Wan2.1 block, modulation and residuals under
+``autocast(float32)``; the chunk model's default) or ``"bfloat16"`` (the causal repos' block, which
+``rolling_forcing/model.py`` follows: everything in the activation dtype)."""
+
+
+def _check_residual(residual: str) -> int:
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+    return 4 if residual == "float32" else 2
+
+
+def separate_pass(
+    name: str, tokens: int, dim: int, ffn_dim: int, residual: str = "float32"
+) -> tuple[int, int, int, int, str]:
     """``(elements, read B, write B, ALU ops per element, engine)`` of component ``name`` as one separate
-    pass over HBM (the unfused accounting: fp32 residual stream, bf16 branches; a provider without fused
-    kernels is charged ``max(HBM bytes / per-core HBM share, elements x ops / (128 lanes x clock))``).
-    The bytes are also every fused call's compulsory traffic (the roofline's byte side)."""
+    pass over HBM (the unfused accounting: residual stream in ``residual``, bf16 branches; a provider
+    without fused kernels is charged ``max(HBM bytes / per-core HBM share, elements x ops / (128 lanes x
+    clock))``). The bytes are also every fused call's compulsory traffic (the roofline's byte side)."""
+    r = _check_residual(residual)
     n, d, f = tokens, dim, ffn_dim
     table = {  # elements, read B, write B, ALU ops per element, engine
-        "adaln_norm1_mod": (n * d, 4, 2, 4, "vector"),
+        "adaln_norm1_mod": (n * d, r, 2, 4, "vector"),
         "rmsnorm_qk": (2 * n * d, 2, 2, 3, "vector"),
-        "gate_residual_sa": (n * d, 6, 4, 2, "vector"),
-        "norm3_affine": (n * d, 4, 2, 4, "vector"),
+        "gate_residual_sa": (n * d, r + 2, r, 2, "vector"),
+        "norm3_affine": (n * d, r, 2, 4, "vector"),
         "rmsnorm_cross_q": (n * d, 2, 2, 3, "vector"),
-        "residual_cross": (n * d, 6, 4, 1, "vector"),
-        "adaln_norm2_mod": (n * d, 4, 2, 4, "vector"),
+        "residual_cross": (n * d, r + 2, r, 1, "vector"),
+        "adaln_norm2_mod": (n * d, r, 2, 4, "vector"),
         "gelu_tanh": (n * f, 2, 2, 1, "scalar"),
-        "gate_residual_ffn": (n * d, 6, 4, 2, "vector"),
+        "gate_residual_ffn": (n * d, r + 2, r, 2, "vector"),
     }
     if name not in table:
         raise ValueError(f"separate_pass: name must be one of {FUSED}, got {name!r}")
@@ -96,21 +111,26 @@ def frames_touched(tokens: int, tokens_per_frame: int) -> int:
     return min(tokens, math.ceil((tokens - 1) / tokens_per_frame) + 1)
 
 
-def fused_calls(name: str, tokens: int, dim: int, ffn_dim: int, tokens_per_frame: int) -> list[FusedCall]:
+def fused_calls(
+    name: str, tokens: int, dim: int, ffn_dim: int, tokens_per_frame: int, residual: str = "float32"
+) -> list[FusedCall]:
     """The kernel calls of component ``name`` (one of :data:`FUSED`) on a core's ``tokens`` (module
-    docstring table). Raises ``ValueError`` for any other name."""
-    f32, bf = "float32", "bfloat16"
+    docstring table) with the residual stream in ``residual`` (``"bfloat16"``: the same kernels with x,
+    y and out all bf16). Raises ``ValueError`` for any other name or residual dtype."""
+    _check_residual(residual)
+    bf = "bfloat16"
+    r, o, y = residual, ("" if residual == bf else bf), ("" if residual == bf else bf)
     g = frames_touched(tokens, tokens_per_frame)
-    adaln = FusedCall("adaln_norm_modulate", tokens, dim, g, f32, "", bf)
-    gate = FusedCall("gate_residual", tokens, dim, g, f32, bf)
+    adaln = FusedCall("adaln_norm_modulate", tokens, dim, g, r, "", o)
+    gate = FusedCall("gate_residual", tokens, dim, g, r, y)
     rms = FusedCall("rms_norm", tokens, dim)
     table: dict[str, list[FusedCall]] = {
         "adaln_norm1_mod": [adaln],
         "rmsnorm_qk": [rms, rms],
         "gate_residual_sa": [gate],
-        "norm3_affine": [FusedCall("adaln_norm_modulate", tokens, dim, 1, f32, "", bf)],
+        "norm3_affine": [FusedCall("adaln_norm_modulate", tokens, dim, 1, r, "", o)],
         "rmsnorm_cross_q": [rms],
-        "residual_cross": [FusedCall("gate_residual", tokens, dim, 1, f32, bf)],
+        "residual_cross": [FusedCall("gate_residual", tokens, dim, 1, r, y)],
         "adaln_norm2_mod": [adaln],
         "gelu_tanh": [FusedCall("gelu_tanh", tokens, ffn_dim)],
         "gate_residual_ffn": [gate],

@@ -298,15 +298,16 @@ class TracedKernels:
         )
 
     def elementwise(
-        self, name: str, tokens: int, dim: int, ffn_dim: int, tokens_per_frame: int
+        self, name: str, tokens: int, dim: int, ffn_dim: int, tokens_per_frame: int, residual: str = "float32"
     ) -> tuple[KernelCost, int]:
-        """Elementwise component ``name`` as the project's fused kernels (:mod:`perf.e2e.elementwise`):
-        the summed cost of its kernel calls on one core and their count. A call that fails to trace is
-        priced as the separate pass (:func:`perf.e2e.elementwise.separate_pass`) and says so."""
+        """Elementwise component ``name`` as the project's fused kernels (:mod:`perf.e2e.elementwise`,
+        residual stream in ``residual``): the summed cost of its kernel calls on one core and their count.
+        A call that fails to trace is priced as the separate pass (:func:`perf.e2e.elementwise.separate_pass`)
+        and says so."""
         from perf.e2e.elementwise import fused_calls, separate_pass, trace_args
 
         total: KernelCost | None = None
-        calls = fused_calls(name, tokens, dim, ffn_dim, tokens_per_frame)
+        calls = fused_calls(name, tokens, dim, ffn_dim, tokens_per_frame, residual)
         for call in calls:
 
             def compute(call: Any = call) -> KernelCost:
@@ -314,7 +315,7 @@ class TracedKernels:
                 return _profile_cost(*self._trace(kernel, *args), 0, f"traced fused {call.kernel}")
 
             def fallback() -> KernelCost:
-                elems, rb, wb, ops, eng = separate_pass(name, tokens, dim, ffn_dim)
+                elems, rb, wb, ops, eng = separate_pass(name, tokens, dim, ffn_dim, residual)
                 p = self.params
                 hz = p.vector_hz if eng == "vector" else p.scalar_hz
                 t = max(elems * (rb + wb) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz)) / len(calls)
