@@ -123,3 +123,19 @@ def test_bf16_residual_stream_uses_the_same_dtype_kernels() -> None:
     for fn in (fused_calls, separate_pass):
         with pytest.raises(ValueError, match="residual must be one of"):
             fn("gelu_tanh", n, d, f, *((TPF,) if fn is fused_calls else ()), "float16")
+
+
+def test_layer_table_sums_its_rows() -> None:
+    """``python -m perf.e2e.elementwise_table``: one row per component and a sum row that adds them."""
+    from perf.e2e.elementwise_table import layer_table
+
+    rows = layer_table("bfloat16", tokens=300)
+    assert len(rows) == 2 + len(FUSED) + 1
+    body = [r.split("|") for r in rows[2:-1]]
+    assert [b[1].strip() for b in body] == list(FUSED)
+    sep = sum(float(b[2]) for b in body)
+    lo = sum(float(b[3].split(" - ")[0]) for b in body)
+    total = rows[-1].split("|")
+    assert float(total[2].strip(" *")) == pytest.approx(sep, abs=0.06)
+    assert float(total[3].strip(" *").split(" - ")[0]) == pytest.approx(lo, abs=0.06)
+    assert total[4].strip(" *") == str(sum(int(b[4]) for b in body)) == "10"
