@@ -126,7 +126,8 @@ def test_bf16_residual_stream_uses_the_same_dtype_kernels() -> None:
 
 
 def test_layer_table_sums_its_rows() -> None:
-    """``python -m perf.e2e.elementwise_table``: one row per component and a sum row that adds them."""
+    """``python -m perf.e2e.elementwise_table``: one row per component and a sum row that adds them (to
+    the rounding of 9 rows at 0.1 µs)."""
     from perf.e2e.elementwise_table import layer_table
 
     rows = layer_table("bfloat16", tokens=300)
@@ -136,6 +137,6 @@ def test_layer_table_sums_its_rows() -> None:
     sep = sum(float(b[2]) for b in body)
     lo = sum(float(b[3].split(" - ")[0]) for b in body)
     total = rows[-1].split("|")
-    assert float(total[2].strip(" *")) == pytest.approx(sep, abs=0.06)
-    assert float(total[3].strip(" *").split(" - ")[0]) == pytest.approx(lo, abs=0.06)
+    assert float(total[2].strip(" *")) == pytest.approx(sep, abs=0.5)
+    assert float(total[3].strip(" *").split(" - ")[0]) == pytest.approx(lo, abs=0.5)
     assert total[4].strip(" *") == str(sum(int(b[4]) for b in body)) == "10"
