@@ -88,6 +88,26 @@ def test_adaln_fp32_stream_keeps_a_large_mean() -> None:
     assert_within(out, base, BF, max_abs_err(low, base), what="adaln fp32 mean 1000")
 
 
+def test_adaln_fp32_rounds_once_under_cancellation() -> None:
+    """Every token of a frame holds the same row, so ``xn`` is one row per frame and ``shift = -xn (1 +
+    scale) + delta`` cancels the ~100-sized product down to ``delta`` ~ 1: a kernel that rounded ``1 +
+    scale``, ``shift`` or the product to bf16 (bf16 ulp at 100: 0.5) is off by ~0.2 where the bf16 output
+    rule allows ~0.02."""
+    g = _gen(13)
+    b, f, tpf, c = 1, 3, 50, 640
+    v = torch.randn(b, f, 1, c, generator=g, dtype=torch.float64) * 2.0 + 0.5
+    x = v.expand(b, f, tpf, c).reshape(b, f * tpf, c).contiguous()
+    scale = 99.0 + torch.randn(b, f, c, generator=g, dtype=torch.float64) * 3.0
+    xn = ref_adaln(x, torch.zeros(b, f, c, dtype=torch.float64), torch.zeros(b, f, c, dtype=torch.float64))
+    xn_rows = xn.view(b, f, tpf, c)[:, :, 0]
+    shift = -xn_rows * (1 + scale) + torch.randn(b, f, c, generator=g, dtype=torch.float64)
+    base = ref_adaln(x, shift, scale, 1e-6)
+    assert base.abs().max() < 6.0  # the cancellation holds
+    low = ref_adaln(x.float(), shift.float(), scale.float(), 1e-6, out_dtype=BF)
+    out = adaln_norm_modulate_emulated(x.float(), shift.float(), scale.float(), 1e-6, out_dtype=BF)
+    assert_within(out, base, BF, max_abs_err(low, base), what="adaln fp32->bf16 under cancellation")
+
+
 @pytest.mark.parametrize(("b", "length", "c", "f", "lnc"), CASES)
 def test_gate_residual_fp32_x_bf16_y_matches_reference(b, length, c, f, lnc) -> None:
     """x fp32, y bf16 (exact: drawn in bf16), gate fp32: ``x + fp32(gate * y)`` as Wan's autocast(float32)
