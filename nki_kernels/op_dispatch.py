@@ -153,6 +153,7 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "gate_residual": ("elementwise", "gate_residual_emulated"),
     "rms_norm": ("elementwise", "rms_norm_emulated"),
     "gelu_tanh": ("elementwise", "gelu_tanh_emulated"),
+    "gate_residual_adaln": ("elementwise_fused", "gate_residual_adaln_emulated"),
 }
 
 

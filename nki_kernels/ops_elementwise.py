@@ -22,12 +22,24 @@ import torch
 from nki_kernels.op_checks import _check_tensor
 from nki_kernels.op_dispatch import _op_backend, _run_backend, entry
 
-__all__ = ["adaln_norm_modulate", "gate_residual", "gelu_tanh", "rms_norm", "ELEMENTWISE_MAX_C"]
+__all__ = [
+    "adaln_norm_modulate",
+    "gate_residual",
+    "gate_residual_adaln",
+    "gelu_tanh",
+    "rms_norm",
+    "ELEMENTWISE_MAX_C",
+    "FUSED_MAX_C",
+]
 
 
 ELEMENTWISE_MAX_C = {torch.bfloat16: 4608, torch.float32: 2560}
 """Largest feature count ``C`` the kernels' SBUF tiles take per dtype (``nki_kernels.elementwise.max_features``);
 a bf16 / fp32 mix (adaLN's ``out_dtype``) takes the fp32 limit. ``gelu_tanh`` has no limit."""
+
+
+FUSED_MAX_C = 1536
+"""Largest ``C`` of ``gate_residual_adaln`` (``nki_kernels.elementwise_fused.fused_max_features``)."""
 
 
 def _rows3(m: torch.Tensor) -> torch.Tensor:
@@ -54,6 +66,33 @@ def _adaln_op(
 @_adaln_op.register_fake
 def _(x, shift, scale, eps, out_dtype, backend):
     return x.new_empty(x.shape, dtype=out_dtype)
+
+
+@torch.library.custom_op("nki_ardiff::gate_residual_adaln", mutates_args=())
+def _gate_adaln_op(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if _run_backend(backend) == "reference":
+        from reference.elementwise import gate_residual_adaln as ref
+
+        xo, br = ref(x, y, gate, shift, scale, eps, out_dtype)
+        return xo.contiguous(), br.contiguous()
+    f = max(m.shape[1] if m.dim() == 3 else 1 for m in (gate, shift, scale))
+    rows = [_rows3(m).expand(-1, f, -1).contiguous() for m in (gate, shift, scale)]  # one frame count
+    xo, br = entry("gate_residual_adaln")(x, y, *rows, eps, out_dtype=out_dtype)
+    return xo.contiguous(), br.contiguous()
+
+
+@_gate_adaln_op.register_fake
+def _(x, y, gate, shift, scale, eps, out_dtype, backend):
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=out_dtype)
 
 
 @torch.library.custom_op("nki_ardiff::gelu_tanh", mutates_args=())
@@ -261,3 +300,57 @@ def gelu_tanh(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """
     _check_x(x, limit=False)
     return _gelu_op(x, _op_backend(backend))
+
+
+def gate_residual_adaln(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float = 1e-6,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x_new = x + gate * y`` and ``adaln_norm_modulate(x_new, shift, scale, eps, out_dtype)`` in one
+    pass (Wan's fp32 residual update followed by the next norm: ``norm3`` with ``shift = bias``, ``scale =
+    weight - 1``, ``norm2``, the next block's ``norm1``; :mod:`nki_kernels.elementwise_fused`). Equal to
+    :func:`gate_residual` then :func:`adaln_norm_modulate` (bitwise on the emulator), without reading
+    ``x_new`` back.
+
+    Args:
+        x: ``[B, L, C]`` fp32 residual stream, contiguous.
+        y: ``[B, L, C]`` bf16 branch output, contiguous.
+        gate, shift, scale: ``[B, F, C]`` (``F`` divides ``L``) or ``[B, C]``, fp32, each its own frame
+            count (rows are repeated to the largest).
+        eps: LayerNorm epsilon, finite and > 0.
+        out_dtype: the branch input's dtype, ``torch.bfloat16`` (default) or ``torch.float32``.
+        backend: see :mod:`nki_kernels.ops`.
+
+    Returns:
+        ``(x_new fp32, branch in out_dtype)``, each ``[B, L, C]``.
+
+    Limits: ``C <= 1536`` (:data:`FUSED_MAX_C`; Wan2.1-1.3B's width).
+    """
+    _check_x(x, limit=False)
+    if x.dtype != torch.float32:
+        raise TypeError(f"x dtype {x.dtype} must be torch.float32 (the fp32 residual stream)")
+    if x.shape[2] > FUSED_MAX_C:
+        raise ValueError(f"x has C={x.shape[2]} features; gate_residual_adaln takes at most C={FUSED_MAX_C}")
+    _check("y", y, (3,), "[B, L, C]")
+    if tuple(y.shape) != tuple(x.shape):
+        raise ValueError(f"y shape {tuple(y.shape)} must equal x shape {tuple(x.shape)}")
+    if y.dtype != torch.bfloat16:
+        raise TypeError(f"y dtype {y.dtype} must be torch.bfloat16 (the branch output)")
+    if y.device != x.device:
+        raise ValueError(f"y is on {y.device} but x is on {x.device}")
+    for name, m in (("gate", gate), ("shift", shift), ("scale", scale)):
+        _check_rows(name, m, x)
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}")
+    _check_eps(eps)
+    fs = {m.shape[1] if m.dim() == 3 else 1 for m in (gate, shift, scale)}
+    if any(max(fs) % f for f in fs):
+        raise ValueError(f"gate, shift and scale frame counts {sorted(fs)} must each divide the largest")
+    return _gate_adaln_op(x, y, gate, shift, scale, float(eps), out_dtype, _op_backend(backend))

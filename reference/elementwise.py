@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["adaln_norm_modulate", "gate_residual", "gelu_tanh", "rms_norm"]
+__all__ = ["adaln_norm_modulate", "gate_residual", "gate_residual_adaln", "gelu_tanh", "rms_norm"]
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -99,3 +99,30 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """
     acc = _acc(x)
     return torch.nn.functional.gelu(x.to(acc), approximate="tanh").to(x.dtype)
+
+
+def gate_residual_adaln(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float = 1e-6,
+    out_dtype: torch.dtype | None = torch.bfloat16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x_new = x + gate * y`` and the next norm's branch input ``adaln_norm_modulate(x_new, shift, scale,
+    eps, out_dtype)`` (Wan's residual update followed by ``norm3`` / ``norm2`` / the next block's ``norm1``).
+
+    Args:
+        x: ``[B, L, C]`` residual stream (Wan: fp32).
+        y: ``[B, L, C]`` branch output (Wan: bf16).
+        gate, shift, scale: ``[B, F, C]`` (``F`` divides ``L``) or ``[B, C]``.
+        eps: LayerNorm epsilon.
+        out_dtype: the branch input's dtype (``None``: x's).
+
+    Returns:
+        ``(x_new in x.dtype, branch in out_dtype)``: :func:`gate_residual` then :func:`adaln_norm_modulate`
+        on the rounded ``x_new``.
+    """
+    x_new = gate_residual(x, y, gate)
+    return x_new, adaln_norm_modulate(x_new, shift, scale, eps, out_dtype)
