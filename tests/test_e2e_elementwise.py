@@ -9,10 +9,20 @@ import math
 import pytest
 
 from nki_kernels import elementwise as ew
+from nki_kernels.elementwise_fused import gate_residual_adaln_kernel
 from nki_kernels.emulator import TensorSpec, run
 from nki_kernels.emulator.cost import profile_range
 from perf.e2e import AnalyticKernels, E2EParams, Forward, TracedKernels, forward_components
-from perf.e2e.elementwise import FUSED, FusedCall, frames_touched, fused_calls, separate_pass
+from perf.e2e.elementwise import (
+    FUSED,
+    PAIRS,
+    FusedCall,
+    compulsory_bytes,
+    elementwise_plan,
+    frames_touched,
+    fused_calls,
+    separate_pass,
+)
 from perf.matmul_model import AnalyticMatmulProvider
 from rolling_forcing.config import get_preset
 
@@ -77,25 +87,72 @@ def test_component_to_kernel_table_follows_wans_dtypes() -> None:
     assert calls["rmsnorm_qk"] == [FusedCall("rms_norm", n, d)] * 2
     assert calls["rmsnorm_cross_q"] == [FusedCall("rms_norm", n, d)]
     assert calls["gelu_tanh"] == [FusedCall("gelu_tanh", n, f)]
+    pair = [FusedCall("gate_residual_adaln", n, d, 4, "float32", "bfloat16", "bfloat16")]
+    assert all(fused_calls(name, n, d, f, TPF) == pair for name in PAIRS)
+    with pytest.raises(ValueError, match="must be one of"):  # no bf16 pair kernel
+        fused_calls("residual_cross+adaln_norm2_mod", n, d, f, TPF, "bfloat16")
     with pytest.raises(ValueError, match="must be one of"):
         fused_calls("layernorm", n, d, f, TPF)
 
 
+def test_plan_covers_every_component_once_per_layer() -> None:
+    """Each of the 9 components is charged exactly once per layer, alone or inside a pair; pairs only fuse a
+    residual with the norm that reads its result (the FFN residual with the next layer's norm1)."""
+    for layers in (1, 2, 30):
+        for pairs in (False, True):
+            plan = elementwise_plan(layers, pairs)
+            cover = {name: 0 for name in FUSED}
+            for name, calls, _ in plan:
+                for part in PAIRS.get(name, (name,)):
+                    cover[part] += calls
+            assert cover == {name: layers for name in FUSED}, (layers, pairs)
+    assert {n for n, _, _ in elementwise_plan(30, False)} == set(FUSED)
+    once = [(n, c) for n, c, per_layer in elementwise_plan(30, True) if not per_layer]
+    assert once == [("adaln_norm1_mod", 1), ("gate_residual_ffn", 1)]
+    assert ("gate_residual_ffn+adaln_norm1_mod", 29, True) in elementwise_plan(30, True)
+    with pytest.raises(ValueError, match="num_layers"):
+        elementwise_plan(0, True)
+
+
 def test_chunk_charges_the_fused_kernels_instead_of_the_separate_passes() -> None:
-    """Each elementwise component's time is its kernels' own v2 schedule (traced here independently)
-    at the end, its launches the kernel calls; without ``elementwise`` the separate-pass formula."""
+    """Each elementwise component's time is its kernels' own v2 schedule (traced here independently) at
+    the end, its launches the kernel calls, its calls the plan's; without ``elementwise`` the 9 separate
+    passes of the unfused accounting."""
     fused, plain = _components(_Fused()), _components(AnalyticKernels(E2EParams()))
-    n = math.ceil(18 * TPF / 8)
+    n, d, f, L = math.ceil(18 * TPF / 8), WAN.dim, WAN.ffn_dim, WAN.num_layers
     p = E2EParams()
     for name in FUSED:
-        elems, rb, wb, ops, eng = separate_pass(name, n, WAN.dim, WAN.ffn_dim)
+        elems, rb, wb, ops, eng = separate_pass(name, n, d, f)
         hz = p.vector_hz if eng == "vector" else p.scalar_hz
         sep = max(elems * (rb + wb) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz))
         assert plain[name].time_s == pytest.approx(sep, rel=1e-12) and plain[name].launches == 1
-        assert fused[name].hbm_bytes == plain[name].hbm_bytes == elems * (rb + wb)  # compulsory traffic
-        assert "traced fused" in fused[name].source and fused[name].group == "elementwise"
-    # independently: adaLN fp32 -> bf16 over 4 equal frames of 3,510 -> 3,512 tokens, pessimistic end
-    x, rows = TensorSpec((3512, WAN.dim), "float32"), TensorSpec((4, WAN.dim), "float32")
+        assert plain[name].calls == L and plain[name].hbm_bytes == elems * (rb + wb)
+    for name, calls, per_layer in elementwise_plan(L, True):
+        c = fused[name]
+        assert (c.calls, c.per_layer, c.group) == (calls, per_layer, "elementwise")
+        assert "traced fused" in c.source and c.hbm_bytes == compulsory_bytes(name, n, d, f)
+    ew_names = {c for c in fused if fused[c].group == "elementwise"}
+    assert ew_names == {nm for nm, _, _ in elementwise_plan(L, True)}  # the separate ones are gone
+    # independently: the residual + norm pair over 4 equal frames of 3,510 -> 3,512 tokens, pessimistic end
+    x, y = TensorSpec((3512, d), "float32"), TensorSpec((3512, d), "bfloat16")
+    rows = TensorSpec((4, d), "float32")
+    _, tr = run(
+        gate_residual_adaln_kernel,
+        x,
+        y,
+        rows,
+        rows,
+        rows,
+        1e-6,
+        "bfloat16",
+        trace_only=True,
+        keep_events=True,
+    )
+    _, hi = profile_range(tr, schedule=True)
+    pair = fused["gate_residual_sa+norm3_affine"]
+    assert pair.time_s == pytest.approx((hi.latency_ns - hi.fixed_ns) * 1e-9, rel=1e-12)
+    assert pair.hbm_bytes == 3510 * d * 12  # fp32 x in and out, bf16 y in, bf16 branch out
+    # and the first layer's norm1 alone: adaLN fp32 -> bf16
     _, tr = run(
         ew.adaln_norm_modulate_kernel, x, rows, rows, 1e-6, "bfloat16", trace_only=True, keep_events=True
     )
@@ -105,8 +162,8 @@ def test_chunk_charges_the_fused_kernels_instead_of_the_separate_passes() -> Non
     assert fused["rmsnorm_qk"].launches == 2 and fused["rmsnorm_cross_q"].launches == 1
     assert fused["rmsnorm_qk"].time_s == pytest.approx(2 * fused["rmsnorm_cross_q"].time_s, rel=1e-12)
     # the fp32-residual gate reads fp32 x and bf16 y: its trace moves the 10 B / element the budget charges
-    gate = TracedKernels(E2EParams()).elementwise("gate_residual_sa", n, WAN.dim, WAN.ffn_dim, TPF)[0]
-    assert gate.hbm_bytes == 3512 * WAN.dim * 10 + 4 * WAN.dim * 4
+    gate = TracedKernels(E2EParams()).elementwise("gate_residual_ffn", n, d, f, TPF)[0]
+    assert gate.hbm_bytes == 3512 * d * 10 + 4 * d * 4
 
 
 def test_bf16_residual_stream_uses_the_same_dtype_kernels() -> None:
@@ -126,17 +183,17 @@ def test_bf16_residual_stream_uses_the_same_dtype_kernels() -> None:
 
 
 def test_layer_table_sums_its_rows() -> None:
-    """``python -m perf.e2e.elementwise_table``: one row per component and a sum row that adds them (to
-    the rounding of 9 rows at 0.1 µs)."""
+    """``python -m perf.e2e.elementwise_table``: one row per plan item and a per-forward row that adds
+    them (to the rounding of the rows at 0.1 µs)."""
     from perf.e2e.elementwise_table import layer_table
 
-    rows = layer_table("bfloat16", tokens=300)
-    assert len(rows) == 2 + len(FUSED) + 1
+    rows = layer_table("float32", tokens=300)
+    plan = elementwise_plan(WAN.num_layers, True)
+    assert len(rows) == 2 + len(plan) + 1
     body = [r.split("|") for r in rows[2:-1]]
-    assert [b[1].strip() for b in body] == list(FUSED)
-    sep = sum(float(b[2]) for b in body)
-    lo = sum(float(b[3].split(" - ")[0]) for b in body)
+    assert [b[1].strip() for b in body] == [nm for nm, _, _ in plan]
+    assert [int(b[4]) for b in body] == [c for _, c, _ in plan]
+    lo = sum(float(b[3].split(" - ")[0]) * int(b[4]) for b in body) / 1e3
     total = rows[-1].split("|")
-    assert float(total[2].strip(" *")) == pytest.approx(sep, abs=0.5)
-    assert float(total[3].strip(" *").split(" - ")[0]) == pytest.approx(lo, abs=0.5)
-    assert total[4].strip(" *") == str(sum(int(b[4]) for b in body)) == "10"
+    assert float(total[3].split("**")[1].split(" - ")[0]) == pytest.approx(lo, abs=0.05 * 60 / 1e3 + 0.005)
+    assert f"({sum(int(b[4]) * int(b[5]) for b in body)} calls)" in total[3]

@@ -19,6 +19,13 @@ gelu_tanh           ``gelu_tanh`` bf16 over ``tokens`` x ``ffn_dim``            
 gate_residual_ffn   as gate_residual_sa                                                 1
 ==================  ===============================================================  =====
 
+**Residual + norm pairs** (:data:`PAIRS`, fp32 residual stream only): where a residual update feeds the
+next norm, one ``gate_residual_adaln`` call (``nki_kernels/elementwise_fused.py``: 12 instead of 16 bytes
+per element, one call instead of two) replaces both components: ``gate_residual_sa+norm3_affine`` and
+``residual_cross+adaln_norm2_mod`` in every layer, ``gate_residual_ffn+adaln_norm1_mod`` (the FFN residual
+with the NEXT layer's ``norm1``) in all but the last; the first layer's ``adaln_norm1_mod`` and the last
+layer's ``gate_residual_ffn`` stay single calls once per forward (:func:`elementwise_plan`).
+
 Frames: a core's contiguous share of ``tokens`` can touch ``frames_touched(tokens, tokens_per_frame)``
 frames (it starts anywhere in a frame); the per-frame kernels are traced with that many equal frames over
 ``tokens`` rounded up to a multiple of it (each frame costs one modulation-row broadcast, and frame ends cut
@@ -32,7 +39,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FUSED", "RESIDUALS", "FusedCall", "frames_touched", "fused_calls", "separate_pass", "trace_args"]
+__all__ = [
+    "FUSED",
+    "PAIRS",
+    "RESIDUALS",
+    "FusedCall",
+    "compulsory_bytes",
+    "elementwise_plan",
+    "frames_touched",
+    "fused_calls",
+    "separate_pass",
+    "trace_args",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,48 @@ FUSED = (
     "gate_residual_ffn",
 )
 """The chunk model's elementwise components, in block order (all of them are fused kernel calls)."""
+
+
+PAIRS = {
+    "gate_residual_sa+norm3_affine": ("gate_residual_sa", "norm3_affine"),
+    "residual_cross+adaln_norm2_mod": ("residual_cross", "adaln_norm2_mod"),
+    "gate_residual_ffn+adaln_norm1_mod": ("gate_residual_ffn", "adaln_norm1_mod"),
+}
+"""Fused residual + next-norm components -> the two components each replaces (the last pair's norm is the
+next layer's ``norm1``)."""
+
+
+def elementwise_plan(num_layers: int, pairs: bool) -> list[tuple[str, int, bool]]:
+    """``(component, calls per forward, per_layer)`` of the elementwise work of ``num_layers`` blocks (a
+    pure function): the 9 components of :data:`FUSED` once per layer, or with ``pairs`` the residual + norm
+    pairs of :data:`PAIRS` (``L``, ``L`` and ``L - 1`` calls), the unpaired components once per layer and
+    the first ``adaln_norm1_mod`` and the last ``gate_residual_ffn`` once per forward."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"elementwise_plan: num_layers must be an int >= 1, got {num_layers!r}")
+    L = num_layers
+    if not pairs:
+        return [(name, L, True) for name in FUSED]
+    plan = [(name, L, True) for name in ("rmsnorm_qk", "rmsnorm_cross_q", "gelu_tanh")]
+    plan += [("gate_residual_sa+norm3_affine", L, True), ("residual_cross+adaln_norm2_mod", L, True)]
+    if L > 1:
+        plan.append(("gate_residual_ffn+adaln_norm1_mod", L - 1, True))
+    return plan + [("adaln_norm1_mod", 1, False), ("gate_residual_ffn", 1, False)]
+
+
+def compulsory_bytes(name: str, tokens: int, dim: int, ffn_dim: int, residual: str = "float32") -> int:
+    """HBM bytes one call of component ``name`` must move on one core (every input read once, every output
+    written once): :func:`separate_pass`'s, and for a pair the sum of its two parts less the residual's
+    re-read (``tokens x dim x`` the residual's itemsize)."""
+    if name in PAIRS:
+        a, b = PAIRS[name]
+        r = _check_residual(residual)
+        return (
+            compulsory_bytes(a, tokens, dim, ffn_dim, residual)
+            + compulsory_bytes(b, tokens, dim, ffn_dim, residual)
+            - tokens * dim * r
+        )
+    elems, rb, wb, _, _ = separate_pass(name, tokens, dim, ffn_dim, residual)
+    return elems * (rb + wb)
 
 
 RESIDUALS = ("float32", "bfloat16")
@@ -135,8 +195,12 @@ def fused_calls(
         "gelu_tanh": [FusedCall("gelu_tanh", tokens, ffn_dim)],
         "gate_residual_ffn": [gate],
     }
+    if residual == "float32":
+        pair = FusedCall("gate_residual_adaln", tokens, dim, g, r, bf, bf)
+        table.update({p: [pair] for p in PAIRS})
     if name not in table:
-        raise ValueError(f"fused_calls: name must be one of {FUSED}, got {name!r}")
+        known = FUSED + (tuple(PAIRS) if residual == "float32" else ())
+        raise ValueError(f"fused_calls: name must be one of {known} (residual {residual}), got {name!r}")
     return table[name]
 
 
@@ -161,4 +225,10 @@ def trace_args(call: FusedCall, spec: Callable[..., Any]) -> tuple[Any, tuple[An
         return ew.rms_norm_kernel, (x, spec((1, c), "float32"), 1e-6)
     if call.kernel == "gelu_tanh":
         return ew.gelu_tanh_kernel, (x,)
+    if call.kernel == "gate_residual_adaln":
+        from nki_kernels.elementwise_fused import gate_residual_adaln_kernel
+
+        rows = spec((call.frames, c), "float32")
+        y = spec((n, c), call.y_dtype)
+        return gate_residual_adaln_kernel, (x, y, rows, rows, rows, 1e-6, call.out_dtype or "bfloat16")
     raise ValueError(f"trace_args: unknown kernel {call.kernel!r}")

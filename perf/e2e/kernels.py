@@ -304,7 +304,7 @@ class TracedKernels:
         residual stream in ``residual``): the summed cost of its kernel calls on one core and their count.
         A call that fails to trace is priced as the separate pass (:func:`perf.e2e.elementwise.separate_pass`)
         and says so."""
-        from perf.e2e.elementwise import fused_calls, separate_pass, trace_args
+        from perf.e2e.elementwise import PAIRS, fused_calls, separate_pass, trace_args
 
         total: KernelCost | None = None
         calls = fused_calls(name, tokens, dim, ffn_dim, tokens_per_frame, residual)
@@ -315,11 +315,14 @@ class TracedKernels:
                 return _profile_cost(*self._trace(kernel, *args), 0, f"traced fused {call.kernel}")
 
             def fallback() -> KernelCost:
-                elems, rb, wb, ops, eng = separate_pass(name, tokens, dim, ffn_dim, residual)
-                p = self.params
-                hz = p.vector_hz if eng == "vector" else p.scalar_hz
-                t = max(elems * (rb + wb) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz)) / len(calls)
-                return KernelCost(t, 0, elems * (rb + wb) // len(calls), {}, "separate pass")
+                t = nbytes = 0.0
+                for part in PAIRS.get(name, (name,)):
+                    elems, rb, wb, ops, eng = separate_pass(part, tokens, dim, ffn_dim, residual)
+                    p = self.params
+                    hz = p.vector_hz if eng == "vector" else p.scalar_hz
+                    t += max(elems * (rb + wb) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz))
+                    nbytes += elems * (rb + wb)
+                return KernelCost(t / len(calls), 0, int(nbytes) // len(calls), {}, "separate pass")
 
             c = self._cached(("ew", call), compute, fallback)
             total = c if total is None else _add_costs(total, c)
