@@ -459,9 +459,10 @@ def elementwise_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Calla
     forward (3,510 of 28,080 tokens x 1,536 features; 256 tokens with ``quick``), modulation rows of 2
     frames (1,755 tokens each: a core's share starts and ends mid-frame, so 2 equal frames stand in for its
     2.25): bf16 rows, Wan's fp32 residual stream (``*_fp32res``: adaLN fp32 x -> bf16, gate fp32 x + bf16
-    y -> fp32) and GELU-tanh over the FFN width (8,960). ``hbm_roofline_us``: the bytes the pass must move
-    at one core's HBM share (2.9 TB/s / 8)."""
+    y -> fp32; ``gate_residual_adaln``: both in one kernel) and GELU-tanh over the FFN width (8,960).
+    ``hbm_roofline_us``: the bytes the pass must move at one core's HBM share (2.9 TB/s / 8)."""
     from nki_kernels import elementwise as ew
+    from nki_kernels.elementwise_fused import gate_residual_adaln_kernel
 
     n, c, g, f = (256, 1536, 2, 8960) if quick else (3510, 1536, 2, 8960)
     act, a32, rows = _spec(n, c), _spec(n, c, dtype="float32"), _spec(g, c, dtype="float32")
@@ -476,6 +477,8 @@ def elementwise_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Calla
          6 * n * c + rb),
         ("gate_residual", "fp32res", ew.gate_residual_kernel, (a32, act, rows), 10 * n * c + rb // 2),
         ("gelu_tanh", "bf16", ew.gelu_tanh_kernel, (_spec(n, f),), 2 * n * f * BF16),
+        ("gate_residual_adaln", "fp32res", gate_residual_adaln_kernel, (a32, act, rows, rows, rows, 1e-6),
+         12 * n * c + 3 * rb // 2),
     ):  # fmt: skip
         extra = {
             "target": "latency -> hbm_roofline_us (one pass over HBM)",

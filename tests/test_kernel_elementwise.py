@@ -249,6 +249,7 @@ def test_bench_rows_move_exactly_the_minimum_bytes() -> None:
         ("adaln_norm_modulate", "fp32res"),
         ("gate_residual", "fp32res"),
         ("gelu_tanh", "bf16"),
+        ("gate_residual_adaln", "fp32res"),
     ]
     for _, _, _, fn in rows:
         f = fn()

@@ -148,7 +148,15 @@ def _gelu() -> None:
     gelu_tanh_emulated(_bf(1, 300, 2100), lnc=2)
 
 
+def _gate_adaln() -> None:
+    from nki_kernels.elementwise_fused import gate_residual_adaln_emulated
+
+    rows = _f32(1, 3, 520, seed=2)
+    gate_residual_adaln_emulated(_f32(1, 450, 520), _bf(1, 450, 520, seed=1), rows, rows, rows, 1e-6, lnc=2)
+
+
 ENTRIES: dict[str, tuple[Callable[[], None], str]] = {
+    "gate_residual_adaln_emulated": (_gate_adaln, "gate_residual_adaln_lnc2"),
     "adaln_norm_modulate_emulated": (_adaln, "adaln_fp32_to_bf16_lnc1"),
     "gate_residual_emulated": (_gate, "gate_residual_fp32_bf16_lnc2"),
     "rms_norm_emulated": (_rms, "rms_norm_bf16_lnc1"),

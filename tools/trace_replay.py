@@ -162,6 +162,8 @@ def cases() -> list[Case]:
         elw("rms_norm_bf16_lnc1", "rms_norm_kernel", (s(200, 520), s(1, 520, dtype=f32), 1e-6), 1),
         elw("gelu_tanh_bf16_lnc2", "gelu_tanh_kernel", (s(300, 2100),), 2),
         elw("gelu_tanh_fp32_lnc1", "gelu_tanh_kernel", (s(130, 40, dtype=f32),), 1),
+        Case("gate_residual_adaln_lnc2", ("elementwise_fused", "gate_residual_adaln_kernel"),
+             (x32, x16, rows3, rows3, rows3, 1e-6, bf), 2),
     ]  # fmt: skip
 
     return ew_cases + [
