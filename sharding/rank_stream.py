@@ -181,14 +181,10 @@ class RankStream:
         )  # fmt: skip
         idx = MergedIndex.from_step(step, lay, st.cache.layers[0].k.device)
         attn = self._merged_attn(st.cache, idx)
+        kind = "static" if spec.method.sequential else "merged"
+        frames = lay.update_frames
         return self.forward(
-            x,
-            t,
-            st.cache.text_kv(),
-            attn,
-            context_frames=lay.update_frames,
-            kind="merged",
-            index=idx.tensors(),
+            x, t, st.cache.text_kv(), attn, context_frames=frames, kind=kind, index=idx.tensors()
         )
 
     def update_pass(
