@@ -31,6 +31,7 @@ from typing import Protocol
 
 import torch
 
+from nki_kernels import ops
 from rolling_forcing import schedule, sequential
 from rolling_forcing.config import POSITION_MODES, PipelineConfig
 from rolling_forcing.merged import MergedLayout, MergedStep, merged_step
@@ -214,6 +215,37 @@ class UpdateMode(enum.Enum):
     MERGED = "merged"
 
 
+def resolve_update_mode(
+    method: StreamMethod, backend: str | None, merged: bool | None, static: bool = False
+) -> UpdateMode:
+    """The update mode of a stream from its front's ``merged`` / ``static`` options (the rule of every
+    stream, unsharded and sharded).
+
+    Rolling Forcing: ``merged`` True -> ``MERGED`` (needs ``ops.attention_block_table`` on ``backend``,
+    else ``NotImplementedError``), False -> ``TWO_PASS``, None -> ``MERGED`` where that op runs. A
+    sequential method: ``static=True`` -> ``MERGED`` (the static forward), ``merged`` True -> ``BATCHED``,
+    else ``TWO_PASS``. Raises ``TypeError`` for a ``merged`` that is not a bool or None or a ``static``
+    that is not a bool, ``ValueError`` for ``static=True`` with Rolling Forcing or with ``merged=False``.
+    """
+    if merged is not None and not isinstance(merged, bool):
+        raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
+    if not isinstance(static, bool):
+        raise TypeError(f"static must be a bool, got {type(static).__name__}")
+    if static and not method.sequential:
+        raise ValueError("static=True is for sequential methods (Rolling Forcing's merged forward is static)")
+    if static and merged is False:
+        raise ValueError("static=True batches the cache updates: it needs merged=True or None")
+    if method.sequential:
+        return UpdateMode.MERGED if static else UpdateMode.BATCHED if merged else UpdateMode.TWO_PASS
+    supported = ops.has_kernel("attention_block_table", backend)
+    if merged and not supported:
+        raise NotImplementedError(
+            f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement; "
+            "use merged=False (two passes) or backend='reference'"
+        )
+    return UpdateMode.MERGED if (supported if merged is None else merged) else UpdateMode.TWO_PASS
+
+
 @dataclass(frozen=True)
 class HeldUpdate:
     """A cache update held back for the next call's merged forward: the call ``plan`` whose update it is
@@ -390,6 +422,7 @@ __all__ = [
     "num_calls",
     "renoise_window",
     "resolve_positions",
+    "resolve_update_mode",
     "stream_plans",
     "window_input",
 ]

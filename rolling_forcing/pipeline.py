@@ -19,6 +19,11 @@ ONE forward with static shapes (:mod:`rolling_forcing.merged`; equal to the two-
 
 Partial attentions over disjoint key sets are merged exactly with their log-sum-exp
 (:mod:`rolling_forcing.attend`, shared with the sharded stream).
+
+The loop itself (windows, prompt switches and re-cache passes, the held merged update, the clean blocks
+kept for a re-cache) is :class:`rolling_forcing.driver.StreamDriver`, the one driver of the unsharded
+and the sharded stream; this class is the unsharded front: it validates the options, owns the stream's
+state and supplies the forwards (:class:`rolling_forcing.passes.LocalPasses`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from collections.abc import Iterator
 
 import torch
 
-from nki_kernels import ops
 from rolling_forcing import sequential
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
@@ -43,6 +47,7 @@ from rolling_forcing.driver import (
     num_calls,
     renoise_window,
     resolve_positions,
+    resolve_update_mode,
     stream_plans,
     window_input,
 )
@@ -71,12 +76,15 @@ class RollingForcingPipeline:
             ``"relative"`` (positions re-based every pass; any length). None: ``pipe_cfg.positions``.
         merged: True: one static-shape forward per window (update of w-1 + denoise of w,
             :mod:`rolling_forcing.merged`); False: the two passes separately. None (default): merged when
-            the backend implements ``ops.attention_block_table`` (the reference backend does; the kernel
-            backends once an NKI kernel exists), else two-pass; ``self.merged`` tells which. Explicit
-            ``merged=True`` on a backend without that kernel raises ``NotImplementedError``. Sequential
-            methods run two-pass (None -> False; True raises ``NotImplementedError``).
+            the backend implements ``ops.attention_block_table`` (``ops.has_kernel``), else two-pass;
+            ``self.merged`` tells which. Explicit ``merged=True`` on a backend without it raises
+            ``NotImplementedError``. Sequential methods run two-pass by default (None -> False); True
+            batches each block's cache update with the next block's first denoise call. The rule is
+            :func:`rolling_forcing.driver.resolve_update_mode`, shared with the sharded stream.
         compile: merged mode only: ``torch.compile(fullgraph=True)`` the merged forward (True, or a
             dynamo backend name/callable); None: eager.
+        static: sequential methods only: every call is one static-shape merged forward of [the held-back
+            cache update (masked when none), the block to denoise] (needs ``merged`` True or None).
     """
 
     def __init__(
@@ -94,31 +102,17 @@ class RollingForcingPipeline:
     ) -> None:
         meth = get_method("rolling-forcing" if method is None else method)
         mode = resolve_positions(pipe_cfg, positions)
-        if merged is not None and not isinstance(merged, bool):
-            raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
         if (
             not meth.sequential
             and method is not None
             and meth.pipeline_config(pipe_cfg.dtype, pipe_cfg.positions) != pipe_cfg
         ):
             raise ValueError(f"method={meth.name!r} does not match pipe_cfg {pipe_cfg}")
+        upd_mode = resolve_update_mode(meth, backend, merged, static)
         self.method = meth
         self._timing: Timing = meth if meth.sequential else pipe_cfg
-        supported = ops.has_kernel("attention_block_table", backend) and not meth.sequential
-        if merged and not supported and not meth.sequential:
-            raise NotImplementedError(
-                f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement "
-                "yet (no NKI kernel); use merged=False (two passes) or backend='reference'"
-            )
-        self.merged = supported if merged is None else merged
-        if static and not meth.sequential:
-            raise ValueError(
-                "static=True is for sequential methods (Rolling Forcing's merged forward is static)"
-            )
-        if static and merged is False:
-            raise ValueError("static=True batches the cache updates: it needs merged=True or None")
-        self.static = bool(static)
-        self.merged = self.merged or self.static
+        self.merged = upd_mode is not UpdateMode.TWO_PASS
+        self.static = static
         if compile not in (None, False) and not self.merged:
             raise ValueError("compile= applies to the merged forward only; it needs merged=True")
         if compile not in (None, False) and meth.sequential and not self.static:
@@ -131,16 +125,11 @@ class RollingForcingPipeline:
         self._pending_prompt: Switch | None = None
         self.state: StreamState | None = None
         layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
-        merged_fwd: MergedForward | None = None
         if self.static:
             layout = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
+        merged_fwd = None
+        if upd_mode is UpdateMode.MERGED:
             merged_fwd = MergedForward(model, layout, backend, compile)
-        elif self.merged and not meth.sequential:
-            merged_fwd = MergedForward(model, layout, backend, compile)
-        if merged_fwd is not None:
-            upd_mode = UpdateMode.MERGED
-        else:
-            upd_mode = UpdateMode.BATCHED if self.merged else UpdateMode.TWO_PASS
         spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, layout.frames if merged_fwd is not None else 0)
         self._passes = LocalPasses(model, spec, backend, merged_fwd)
         self._driver = StreamDriver(model, spec, self._passes)

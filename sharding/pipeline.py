@@ -80,19 +80,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nki_kernels import ops
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.driver import (
+    UpdateMode,
+    check_method_stream,
+    num_calls,
+    resolve_positions,
+    resolve_update_mode,
+)
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import (
     CausalWanModel,
 )
-from rolling_forcing.pipeline import (
-    Chunk,
-    check_method_stream,
-    num_calls,
-    resolve_positions,
-)
-from rolling_forcing.stream import NoiseSource
+from rolling_forcing.stream import Chunk, NoiseSource
 from sharding.attention import (
     DEFAULT_TIMEOUT_S,
     build_groups,
@@ -311,28 +311,15 @@ class ShardedRollingForcingPipeline:
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         self.method = get_method("rolling-forcing" if method is None else method)
-        if static and not self.method.sequential:
-            raise ValueError(
-                "static=True is for sequential methods (Rolling Forcing's merged forward is static)"
-            )
-        if static and merged is False:
-            raise ValueError("static=True batches the cache updates: it needs merged=True or None")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if merged is not None and not isinstance(merged, bool):
-            raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
         if compile not in (None, False):
             raise ValueError(
                 "compile= is not supported by the sharded stream (the ranks run eager forwards; the "
                 "collectives inside attention would have to be traced too); use compile=None or cores=1"
             )
-        supported = ops.has_kernel("attention_block_table", backend) and not self.method.sequential
-        if merged and not supported and not self.method.sequential:
-            raise NotImplementedError(
-                f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement; "
-                "use merged=False (two passes)"
-            )
-        self.merged: bool = (supported if merged is None else merged) or static
+        upd_mode = resolve_update_mode(self.method, backend, merged, static)
+        self.merged: bool = upd_mode is not UpdateMode.TWO_PASS
         self.static = static
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg

@@ -28,6 +28,7 @@ from rolling_forcing.driver import (
     check_method_stream,
     merged_call_step,
     resolve_positions,
+    resolve_update_mode,
 )
 from rolling_forcing.merged import MergedIndex, MergedLayout
 from rolling_forcing.methods import StreamMethod, get_method
@@ -86,22 +87,15 @@ class RankStream:
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         check_plan(groups.plan, model_cfg, pipe_cfg)
-        if not isinstance(merged, bool) or not isinstance(static, bool):
-            raise TypeError(f"merged and static must be bools, got {merged!r} and {static!r}")
+        if not isinstance(merged, bool):
+            raise TypeError(f"merged must be a bool, got {type(merged).__name__}")
         meth = self.method = get_method("rolling-forcing" if method is None else method)
-        if static and not meth.sequential:
-            raise ValueError(
-                "static=True is for sequential methods (Rolling Forcing's merged forward is static)"
-            )
-        self.merged, self.static = merged or static, static
+        upd_mode = resolve_update_mode(meth, backend, merged, static)
+        self.merged, self.static = upd_mode is not UpdateMode.TWO_PASS, static
         if static:
             self._layout = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
-            upd_mode = UpdateMode.MERGED
         else:
             self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
-            upd_mode = UpdateMode.TWO_PASS
-            if merged:
-                upd_mode = UpdateMode.BATCHED if meth.sequential else UpdateMode.MERGED
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.groups, self.plan, self.rank = groups, groups.plan, groups.rank
         self.backend, self.positions, self.gather_group = backend, mode, gather_group
@@ -111,9 +105,7 @@ class RankStream:
         self._driver = StreamDriver(model, self._spec, self)
         self.cache: RollingKVCache | None = None
         self.cache_shape: tuple[int, ...] | None = None  # [B, S, H/tp, D] of the last stream's buffers
-        self.stats = (
-            ForwardStats()
-        )  # measured: forwards of the last stream by kind, distinct input signatures
+        self.stats = ForwardStats()  # measured: the last stream's forwards by kind and input signature
 
     # ---- the stream (the driver of RollingForcingPipeline.stream) ------------------------------------
     @torch.no_grad()

@@ -35,6 +35,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import rolling_forcing.driver
 import sharding.pipeline
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel, Head
@@ -255,7 +256,8 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match="compile= is not supported by the sharded stream"):
         ShardedRollingForcingPipeline(model, TINY, P, cores=2, compile=True)
     with monkeypatch.context() as m:  # a backend without the block-table attention: two-pass default
-        m.setattr(sharding.pipeline.ops, "has_kernel", lambda op, backend=None: False)
+        # the mode rule of every stream lives in rolling_forcing.driver.resolve_update_mode
+        m.setattr(rolling_forcing.driver.ops, "has_kernel", lambda op, backend=None: False)
         assert ShardedRollingForcingPipeline(model, TINY, P, cores=2).merged is False
         with pytest.raises(NotImplementedError, match="attention_block_table"):
             ShardedRollingForcingPipeline(model, TINY, P, cores=2, merged=True)
