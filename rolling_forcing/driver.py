@@ -33,7 +33,8 @@ import torch
 
 from nki_kernels import ops
 from rolling_forcing import schedule, sequential
-from rolling_forcing.config import POSITION_MODES, PipelineConfig
+from rolling_forcing.cache import RollingKVCache
+from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
 from rolling_forcing.merged import MergedLayout, MergedStep, merged_step
 from rolling_forcing.methods import StreamMethod
 from rolling_forcing.model import CausalWanModel, add_noise, flow_to_x0
@@ -308,6 +309,17 @@ class DriverSpec:
     mode: UpdateMode
     merged_frames: int = 0
 
+    def __post_init__(self) -> None:
+        if self.positions not in POSITION_MODES:
+            raise ValueError(f"positions must be one of {POSITION_MODES}, got {self.positions!r}")
+        if not isinstance(self.mode, UpdateMode):
+            raise TypeError(f"mode must be an UpdateMode, got {type(self.mode).__name__}")
+        if (self.mode is UpdateMode.MERGED) != (self.merged_frames > 0):
+            raise ValueError(
+                f"merged_frames must be > 0 exactly for UpdateMode.MERGED, got {self.merged_frames} with "
+                f"{self.mode}"
+            )
+
     @property
     def timing(self) -> Timing:
         return self.method if self.method.sequential else self.pipe_cfg
@@ -327,15 +339,43 @@ class StreamDriver:
         self.timing = spec.timing
         self.table = self.timing.scheduler_table()
 
-    def run(
-        self, st: StreamState, take_switch: Callable[[Plan], Switch | None], device: torch.device
-    ) -> Iterator[Chunk]:
-        """Run the stream of ``st`` (text k/v already in ``st.cache``), yielding each chunk when final.
+    def start(
+        self,
+        model_cfg: ModelConfig,
+        text_embeds: torch.Tensor,
+        num_blocks: int,
+        *,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | NoiseSource | None = None,
+        num_heads: int | None = None,
+    ) -> StreamState:
+        """The state of a new stream: its noise (``noise``: initial noise ``[B, num_blocks*fpb, C, H, W]``
+        or a :class:`NoiseSource`; None: drawn from ``generator`` up front, the originals' order), a KV
+        cache on the model's device in ``pipe_cfg``'s dtype (``num_heads``: a tensor-parallel rank's head
+        count; None: all) holding the text k/v of ``text_embeds`` ``[B, L<=text_len, text_dim]`` (all
+        heads). Inputs are checked by the front before (``check_method_stream``)."""
+        tim, dtype = self.timing, self.spec.pipe_cfg.torch_dtype
+        bsz = text_embeds.shape[0]
+        if isinstance(noise, NoiseSource):
+            src = noise
+        else:
+            src = NoiseSource(
+                bsz, model_cfg.latent_frame_shape(), tim.frames_per_block, num_blocks, dtype,
+                generator=generator, initial_noise=noise,
+            )  # fmt: skip
+        device = self.model.patch_embedding.weight.device
+        cache = RollingKVCache(model_cfg, tim, bsz, device=device, dtype=dtype, num_heads=num_heads)
+        cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
+        return StreamState(num_blocks, cache, src)
+
+    def run(self, st: StreamState, take_switch: Callable[[Plan], Switch | None]) -> Iterator[Chunk]:
+        """Run the stream of ``st`` (from :meth:`start`), yielding each chunk when final.
 
         ``take_switch(plan)`` is asked before every call: the prompt switch to apply before it, or None
         (it is asked after the chunk of the call before was consumed, so a switch made then lands here).
         """
         spec, tim, passes = self.spec, self.timing, self.passes
+        device = self.model.patch_embedding.weight.device
         fpb = tim.frames_per_block
         held: HeldUpdate | None = None
         for plan in stream_plans(spec.method, spec.pipe_cfg, st.num_blocks, spec.positions):

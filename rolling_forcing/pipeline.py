@@ -33,7 +33,6 @@ from collections.abc import Iterator
 import torch
 
 from rolling_forcing import sequential
-from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.driver import (
     DriverSpec,
@@ -181,26 +180,12 @@ class RollingForcingPipeline:
             noise: initial noise ``[B, num_blocks*fpb, C, H, W]`` (the original's ``noise`` argument), or a
                 :class:`NoiseSource`; None draws it from ``generator`` in the original order.
         """
-        cfg, mcfg = self.pipe_cfg, self.model_cfg
-        check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
-        fpb = self._timing.frames_per_block
-        bsz = text_embeds.shape[0]
-        dtype = cfg.torch_dtype
-        device = self.model.patch_embedding.weight.device
-        if isinstance(noise, NoiseSource):
-            src = noise
-        else:
-            src = NoiseSource(
-                bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype,
-                generator=generator, initial_noise=noise,
-            )  # fmt: skip
-        cache = RollingKVCache(mcfg, self._timing, bsz, device=device, dtype=dtype)
-        cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
+        check_method_stream(self.model, self.method, self.pipe_cfg, text_embeds, num_blocks, self.positions)
+        st = self._driver.start(self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise)
         self._pending_prompt = None
-        st = StreamState(num_blocks, cache, src)
         self.state = st
         self._passes.stats = ForwardStats()
-        yield from self._driver.run(st, self._take_prompt, device)
+        yield from self._driver.run(st, self._take_prompt)
         self.state = None
 
     def _take_prompt(self, plan: Plan) -> Switch | None:

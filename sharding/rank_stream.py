@@ -126,27 +126,18 @@ class RankStream:
         as the unsharded ``set_prompt(embeds, recache)`` called after the chunk of the window before
         (see :func:`check_prompts` for the errors). :attr:`stats` counts this stream's forwards.
         """
-        cfg, mcfg, tim = self.pipe_cfg, self.model_cfg, self._spec.timing
+        cfg = self.pipe_cfg
         check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
-        bsz, dtype = text_embeds.shape[0], cfg.torch_dtype
         sched: PromptSchedule = dict(prompts) if prompts is not None else {}
-        check_prompts(self.model, cfg, sched, bsz, num_blocks, self.method)
+        check_prompts(self.model, cfg, sched, text_embeds.shape[0], num_blocks, self.method)
         self.stats = ForwardStats()
-        device = self.model.patch_embedding.weight.device
-        if isinstance(noise, NoiseSource):
-            src = noise
-        else:
-            src = NoiseSource(
-                bsz, mcfg.latent_frame_shape(), tim.frames_per_block, num_blocks, dtype,
-                generator=generator, initial_noise=noise,
-            )  # fmt: skip
-        self.cache = cache = RollingKVCache(mcfg, tim, bsz, dtype=dtype, num_heads=self.plan.heads_per_core)
-        self.cache_shape = tuple(cache.layers[0].k.shape)
-        cache.set_text(
-            self.model.text_kv(text_embeds.to(dtype))
-        )  # all heads: cross-attention is token-sharded
-        st = StreamState(num_blocks, cache, src)
-        yield from self._driver.run(st, lambda plan: sched.get(plan.index), device)
+        hpc = self.plan.heads_per_core  # the cache: this rank's heads; its text k/v: all heads
+        st = self._driver.start(
+            self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise, num_heads=hpc
+        )
+        self.cache = st.cache
+        self.cache_shape = tuple(st.cache.layers[0].k.shape)
+        yield from self._driver.run(st, lambda plan: sched.get(plan.index))
         self.cache = None
 
     # ---- the passes the driver runs (rolling_forcing.driver.StreamPasses) --------------------------------

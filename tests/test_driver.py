@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from rolling_forcing import schedule
-from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import PipelineConfig
 from rolling_forcing.driver import (
     DriverSpec,
@@ -33,7 +32,7 @@ from rolling_forcing.methods import get_method
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.schedule import WritePass
 from rolling_forcing.sequential import RecachePlan
-from rolling_forcing.stream import NoiseSource, StreamState
+from rolling_forcing.stream import StreamState
 from sharding.pipeline import ShardedRollingForcingPipeline
 from tests.pipeline_helpers import TINY, text_embeds, tiny_model
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
@@ -87,6 +86,16 @@ def test_merged_input_layout() -> None:
         merged_input(held, x_win, t_win, 3, 8, 0)
 
 
+def test_driver_spec_refuses_inconsistent_modes() -> None:
+    rf = get_method("rolling-forcing")
+    with pytest.raises(ValueError, match="merged_frames must be > 0 exactly for UpdateMode.MERGED"):
+        DriverSpec(rf, P, "absolute", UpdateMode.MERGED)
+    with pytest.raises(ValueError, match="merged_frames must be > 0 exactly"):
+        DriverSpec(rf, P, "absolute", UpdateMode.TWO_PASS, 18)
+    with pytest.raises(ValueError, match="positions must be one of"):
+        DriverSpec(rf, P, "sideways", UpdateMode.TWO_PASS)
+
+
 # ---- the driver's call order --------------------------------------------------------------------------
 class _Recorder:
     """StreamPasses that records each call and predicts zero flow."""
@@ -118,13 +127,10 @@ def _drive(method: str, mode: UpdateMode, nb: int, switch: dict[int, bool], fram
     meth = get_method(method)
     spec = DriverSpec(meth, P, "relative", mode, frames)
     rec = _Recorder()
-    tim = spec.timing
-    cache = RollingKVCache(TINY, tim, 1, dtype=torch.float32)
-    cache.set_text(model.text_kv(text_embeds()))
-    src = NoiseSource(1, TINY.latent_frame_shape(), tim.frames_per_block, nb, torch.float32)
-    st = StreamState(nb, cache, src)
+    drv = StreamDriver(model, spec, rec)
+    st = drv.start(TINY, text_embeds(), nb)
     sw = {w: (text_embeds(9), rc) for w, rc in switch.items()}
-    chunks = list(StreamDriver(model, spec, rec).run(st, lambda p: sw.get(p.index), torch.device("cpu")))
+    chunks = list(drv.run(st, lambda p: sw.get(p.index)))
     return rec.calls, chunks, st
 
 
