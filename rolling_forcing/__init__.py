@@ -8,5 +8,7 @@ Modules (import what you need; nothing happens at import time):
 * :mod:`rolling_forcing.model`    -- ``CausalWanModel`` (Wan2.1 key names; RoPE/attention through
   ``nki_kernels.ops``)
 * :mod:`rolling_forcing.pipeline` -- ``RollingForcingPipeline.stream`` yielding final ``Chunk`` s
+* :mod:`rolling_forcing.driver`   -- the one stream driver (unsharded and sharded) and its pure helpers
+* :mod:`rolling_forcing.passes`   -- the unsharded stream's forwards (attention closures over the cache)
 * :mod:`rolling_forcing.merged`   -- the merged, static-shape forward (cache update + denoise in one)
 """

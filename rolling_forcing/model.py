@@ -214,7 +214,9 @@ class CausalWanModel(nn.Module):
         return self
 
     # ---- text ----------------------------------------------------------------------------------
-    def _check_context(self, context: torch.Tensor) -> None:
+    def check_context(self, context: torch.Tensor) -> None:
+        """Raise ``TypeError``/``ValueError`` unless ``context`` is text embeddings ``[B, 1..text_len,
+        text_dim]`` (a prompt, before :meth:`embed_text`)."""
         c = self.cfg
         if not isinstance(context, torch.Tensor):
             raise TypeError(f"text embeddings must be a torch.Tensor, got {type(context).__name__}")
@@ -226,7 +228,7 @@ class CausalWanModel(nn.Module):
 
     def embed_text(self, context: torch.Tensor) -> torch.Tensor:
         """Zero-pad ``[B, L<=text_len, text_dim]`` to text_len; text_embedding -> ``[B, text_len, dim]``."""
-        self._check_context(context)
+        self.check_context(context)
         pad = self.cfg.text_len - context.shape[1]
         if pad:
             context = torch.cat([context, context.new_zeros(context.shape[0], pad, context.shape[2])], dim=1)
@@ -247,7 +249,9 @@ class CausalWanModel(nn.Module):
         return out
 
     # ---- forwards ------------------------------------------------------------------------------
-    def _check_latents(self, x: torch.Tensor, name: str, frames_dim: int) -> None:
+    def check_latents(self, x: torch.Tensor, name: str, frames_dim: int) -> None:
+        """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``x`` is latents of this model:
+        ``[B, F, C, H, W]`` (``frames_dim=1``) or ``[B, C, F, H, W]`` (``frames_dim=2``)."""
         c = self.cfg
         chw = (c.in_channels, c.latent_height, c.latent_width)
         if not isinstance(x, torch.Tensor):
@@ -256,6 +260,51 @@ class CausalWanModel(nn.Module):
         if x.dim() != 5 or got != chw:
             layout = "[B, F, C, H, W]" if frames_dim == 1 else "[B, C, F, H, W]"
             raise ValueError(f"{name} must be {layout} with (C, H, W) = {chw}, got {tuple(x.shape)}")
+
+    def check_forward_inputs(self, x: torch.Tensor, timesteps: torch.Tensor, context_frames: int) -> Grid:
+        """Validate the inputs of a forward (:meth:`forward_with`, or a sharded forward built from the
+        same pieces) and return the token grid ``(F, Hp, Wp)`` of ``x``.
+
+        Raises ``TypeError``/``ValueError`` naming the argument: ``x`` not ``[B, F, C, H, W]`` latents,
+        ``timesteps`` not ``[B, F]``, ``context_frames`` not an int in ``[0, F]``.
+        """
+        self.check_latents(x, "x", 1)
+        b, f = x.shape[:2]
+        if tuple(timesteps.shape) != (b, f):
+            raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
+        if isinstance(context_frames, bool) or not isinstance(context_frames, int):
+            raise TypeError(f"context_frames must be an int, got {type(context_frames).__name__}")
+        if not 0 <= context_frames <= f:
+            raise ValueError(f"context_frames must be in [0, F={f}], got {context_frames}")
+        hp, wp = self.cfg.grid_hw
+        return (f, hp, wp)
+
+    def embed(
+        self, x: torch.Tensor, timesteps: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Patch and time embeddings of checked inputs (:meth:`check_forward_inputs`).
+
+        Returns ``(tok, e, e0)`` in the weights' dtype: the tokens ``[B, L, dim]`` (L = F*Hp*Wp, (f, h, w)
+        order), the time embedding ``[B*F, dim]`` (the head's modulation input) and the blocks' per-frame
+        modulation ``[B, F, 6, dim]``.
+        """
+        c = self.cfg
+        b, f = x.shape[:2]
+        dtype = self.patch_embedding.weight.dtype
+        tok = self.patch_embedding(x.permute(0, 2, 1, 3, 4).to(dtype)).flatten(2).transpose(1, 2)
+        e = self.time_embedding(sinusoidal_embedding_1d(c.freq_dim, timesteps.flatten()).to(dtype))
+        e0 = self.time_projection(e).unflatten(1, (6, c.dim)).unflatten(0, (b, f))
+        return tok, e, e0
+
+    def unpatchify(self, out: torch.Tensor, frames: int) -> torch.Tensor:
+        """Head output of ``frames`` frames (``[B, frames*Hp*Wp, patch_out]`` or ``[B, frames, Hp*Wp,
+        patch_out]``, tokens in (f, h, w) order) -> latents ``[B, frames, C, H, W]`` (out's dtype)."""
+        c = self.cfg
+        hp, wp = c.grid_hw
+        _, ph, pw = c.patch_size
+        b = out.shape[0]
+        out = out.reshape(b, frames, hp, wp, ph, pw, c.out_channels)
+        return torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, frames, c.out_channels, hp * ph, wp * pw)
 
     def forward_with(
         self,
@@ -285,34 +334,19 @@ class CausalWanModel(nn.Module):
             the flow (velocity ``eps - x0``) prediction ``[B, F - context_frames, C, H, W]`` of the frames
             after the context frames, in x's dtype.
         """
-        self._check_latents(x, "x", 1)
+        grid = self.check_forward_inputs(x, timesteps, context_frames)
         b, f = x.shape[:2]
-        if tuple(timesteps.shape) != (b, f):
-            raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
-        if isinstance(context_frames, bool) or not isinstance(context_frames, int):
-            raise TypeError(f"context_frames must be an int, got {type(context_frames).__name__}")
-        if not 0 <= context_frames <= f:
-            raise ValueError(f"context_frames must be in [0, F={f}], got {context_frames}")
-        c = self.cfg
-        hp, wp = c.grid_hw
-        grid: Grid = (f, hp, wp)
-        dtype = self.patch_embedding.weight.dtype
-        tok = self.patch_embedding(x.permute(0, 2, 1, 3, 4).to(dtype)).flatten(2).transpose(1, 2)
-        e = self.time_embedding(sinusoidal_embedding_1d(c.freq_dim, timesteps.flatten()).to(dtype))
-        e0 = self.time_projection(e).unflatten(1, (6, c.dim)).unflatten(0, (b, f))
+        tok, e, e0 = self.embed(x, timesteps)
         last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
             drop = context_frames if i == last else 0
             tok = blk(i, tok, e0, grid, text_kv[i], self_attn, backend, drop)
         fo = f - context_frames
-        _, ph, pw = c.patch_size
         if fo == 0:
             return x.new_empty((b, 0, *x.shape[2:]))
         e_out = e.unflatten(0, (b, f))[:, context_frames:].unsqueeze(2)
         out = self.head(tok, e_out, fo)  # [B, F', Hp*Wp, patch_out]
-        out = out.view(b, fo, hp, wp, ph, pw, c.out_channels)
-        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, fo, c.out_channels, hp * ph, wp * pw)
-        return out.to(x.dtype)
+        return self.unpatchify(out, fo).to(x.dtype)
 
     def forward_full(
         self,
@@ -332,7 +366,7 @@ class CausalWanModel(nn.Module):
         Returns:
             flow prediction ``[B, C, F, H, W]``; full attention over all tokens, RoPE from frame 0.
         """
-        self._check_latents(latents, "latents", 2)
+        self.check_latents(latents, "latents", 2)
         b, f = latents.shape[0], latents.shape[2]
         if timestep.dim() != 1 or timestep.shape[0] != b:
             raise ValueError(f"timestep must be [B] = [{b}], got {tuple(timestep.shape)}")

@@ -41,6 +41,7 @@ from rolling_forcing.config import POSITION_MODES, PipelineConfig
 
 if TYPE_CHECKING:
     from rolling_forcing.methods import StreamMethod
+    from rolling_forcing.sequential import StepPlan
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,60 @@ def window_plan(
     )
 
 
+@dataclass(frozen=True)
+class WritePass:
+    """One cache-writing forward of one block (a cache update, or a Rolling Forcing re-cache pass).
+
+    Attributes:
+        block: the block whose clean x0 is encoded.
+        pass_: its keys and positions (the block itself is the last cache key: it is read back after the
+            write).
+        slot: buffer slot written.
+        store_roped: the keys are stored roped at ``pass_.query_position`` (absolute mode, non-sink).
+    """
+
+    block: int
+    pass_: PassPlan
+    slot: int
+    store_roped: bool
+
+
+def update_write(plan: WindowPlan | StepPlan) -> WritePass:
+    """The cache-update forward of ``plan``'s start block (a window, or a sequential method's step whose
+    ``update`` is set; raises ``ValueError`` for a step without one)."""
+    if plan.update is None:
+        raise ValueError(f"call {plan.index} has no cache update")
+    return WritePass(plan.start_block, plan.update, plan.write_slot, plan.store_roped)
+
+
+def kept_clean_blocks(cfg: PipelineConfig, block: int) -> set[int]:
+    """Blocks whose clean x0 a stream keeps once ``block`` is cached (for a re-cache at a prompt switch):
+    the sink blocks and the ``ring_slots`` newest blocks ending at ``block`` (the blocks still cached)."""
+    sink = set(range(cfg.sink_blocks))
+    return sink | set(range(max(cfg.sink_blocks, block - cfg.ring_slots + 1), block + 1))
+
+
+def recache_passes(
+    cfg: PipelineConfig, num_blocks: int, present: Sequence[int], positions: str | None = None
+) -> tuple[WritePass, ...]:
+    """Rolling Forcing's re-cache at a prompt switch (this project's adaptation of LongLive's KV
+    re-cache): one update-only forward per clean block still cached (``present``), oldest first, each at
+    the slot and position of its original cache update (the update pass of window
+    ``b + window_blocks - 1``), attending to the cached blocks before it with the keys of blocks evicted
+    since then (older than the oldest ring block present) left out; the sink is kept.
+    """
+    mode = _positions(positions, cfg)
+    blocks = sorted(present)
+    oldest_ring = min((b for b in blocks if b >= cfg.sink_blocks), default=0)
+    out = []
+    for b in blocks:
+        plan = window_plan(cfg, num_blocks, b + cfg.window_blocks - 1, mode)
+        keys = tuple(k for k in plan.update.cache_keys if k.block < cfg.sink_blocks or k.block >= oldest_ring)
+        upd = PassPlan(plan.update.query_blocks, plan.update.query_position, keys, False)
+        out.append(WritePass(b, upd, plan.write_slot, plan.store_roped))
+    return tuple(out)
+
+
 def max_position(cfg: PipelineConfig, num_blocks: int, positions: str | None = None) -> int:
     """Largest RoPE time position any pass of the stream uses."""
     mode = _positions(positions, cfg)
@@ -293,15 +348,19 @@ __all__ = [
     "KeyBlock",
     "PassPlan",
     "WindowPlan",
+    "WritePass",
     "block_levels",
     "check_positions",
     "denoise_pass",
     "frame_timesteps",
+    "kept_clean_blocks",
     "max_position",
     "num_windows",
+    "recache_passes",
     "segments",
     "slot_of",
     "update_pass",
+    "update_write",
     "window_kind",
     "window_plan",
     "window_range",

@@ -80,19 +80,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nki_kernels import ops
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.driver import (
+    UpdateMode,
+    check_method_stream,
+    num_calls,
+    resolve_positions,
+    resolve_update_mode,
+)
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import (
     CausalWanModel,
 )
-from rolling_forcing.pipeline import (
-    Chunk,
-    check_method_stream,
-    num_calls,
-    resolve_positions,
-)
-from rolling_forcing.stream import NoiseSource
+from rolling_forcing.stream import Chunk, NoiseSource
 from sharding.attention import (
     DEFAULT_TIMEOUT_S,
     build_groups,
@@ -114,6 +114,7 @@ __all__ = [
 
 PRELOAD: tuple[str, ...] = (
     *DEFAULT_PRELOAD,
+    "rolling_forcing.driver",
     "rolling_forcing.pipeline",
     "sharding.stream_checks",
     "sharding.rank_stream",
@@ -165,6 +166,7 @@ class _Job:
     prompts: tuple[tuple[int, torch.Tensor, bool], ...] = ()
     method: StreamMethod | str = "rolling-forcing"
     upfront: bool = True
+    static: bool = False
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -231,7 +233,7 @@ def _rank_main(
     runner = RankStream(
         job.model, job.model_cfg, job.pipe_cfg, groups,
         backend=job.backend, positions=job.positions, gather_group=gather, merged=job.merged,
-        method=job.method,
+        method=job.method, static=job.static,
     )  # fmt: skip
     gen = torch.Generator()
     gen.set_state(job.generator_state)
@@ -278,9 +280,13 @@ class ShardedRollingForcingPipeline:
             backend without that op raises ``NotImplementedError``.
         compile: not supported for the sharded stream (anything but None/False raises ``ValueError``:
             the ranks run eager forwards).
-        method: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` (a sequential method runs
-            two-pass: ``merged`` None -> False, True raises ``NotImplementedError``); its prompt switches
-            use ``window`` = the step index, a multiple of the method's steps (the block's first call).
+        method: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline`; a sequential method runs
+            two-pass by default (``merged`` None -> False), ``merged=True`` batches each block's cache
+            update with the next block's first denoise call (:meth:`RankStream._batched_attn`) and
+            ``static=True`` runs every call as one static-shape merged forward, both as the unsharded
+            stream; its prompt switches use ``window`` = the step index, a multiple of the method's
+            steps (the block's first call).
+        static: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` (sequential methods only).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
 
@@ -301,27 +307,20 @@ class ShardedRollingForcingPipeline:
         compile: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         method: str | StreamMethod | None = None,
+        static: bool = False,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         self.method = get_method("rolling-forcing" if method is None else method)
-        if self.method.sequential and merged:
-            raise NotImplementedError(f"merged=True: Rolling Forcing only, not method={self.method.name!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if merged is not None and not isinstance(merged, bool):
-            raise TypeError(f"merged must be a bool or None, got {type(merged).__name__}")
         if compile not in (None, False):
             raise ValueError(
                 "compile= is not supported by the sharded stream (the ranks run eager forwards; the "
                 "collectives inside attention would have to be traced too); use compile=None or cores=1"
             )
-        supported = ops.has_kernel("attention_block_table", backend) and not self.method.sequential
-        if merged and not supported:
-            raise NotImplementedError(
-                f"merged=True needs ops.attention_block_table, which backend={backend!r} does not implement; "
-                "use merged=False (two passes)"
-            )
-        self.merged: bool = supported if merged is None else merged
+        upd_mode = resolve_update_mode(self.method, backend, merged, static)
+        self.merged: bool = upd_mode is not UpdateMode.TWO_PASS
+        self.static = static
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend, self.positions, self.timeout_s = backend, mode, timeout_s
@@ -357,7 +356,7 @@ class ShardedRollingForcingPipeline:
             raise ValueError(f"window must be >= 0, got {window}")
         if not isinstance(recache, bool):
             raise TypeError(f"recache must be a bool, got {type(recache).__name__}")
-        self.model._check_context(text_embeds)
+        self.model.check_context(text_embeds)
         self._prompts[window] = (text_embeds.detach().clone(), recache)
 
     def stream(
@@ -398,7 +397,7 @@ class ShardedRollingForcingPipeline:
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
             self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())), self.method,
-            upfront,
+            upfront, self.static,
         )  # fmt: skip
         self._streaming = True
         try:

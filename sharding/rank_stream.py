@@ -15,33 +15,27 @@ import torch
 import torch.distributed as dist
 
 from nki_kernels import ops
-from rolling_forcing import schedule
+from rolling_forcing import sequential
 from rolling_forcing.attend import attend_cache
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
-from rolling_forcing.merged import MergedIndex, MergedLayout, merged_step
-from rolling_forcing.methods import StreamMethod, get_method
-from rolling_forcing.model import (
-    CausalWanModel,
-    Grid,
-    SelfAttnFn,
-    TextKV,
-    flow_to_x0,
-    sinusoidal_embedding_1d,
-)
-from rolling_forcing.pipeline import (
-    Chunk,
-    ForwardStats,
-    NoiseSource,
-    Timing,
+from rolling_forcing.driver import (
+    DriverSpec,
+    HeldUpdate,
+    Plan,
+    StreamDriver,
+    UpdateMode,
     check_method_stream,
-    renoise_window,
+    merged_call_step,
     resolve_positions,
-    stream_plans,
-    window_input,
+    resolve_update_mode,
 )
-from rolling_forcing.schedule import KeyBlock, PassPlan, WindowPlan
-from rolling_forcing.sequential import StepPlan, recache_plan
+from rolling_forcing.merged import MergedIndex, MergedLayout
+from rolling_forcing.methods import StreamMethod, get_method
+from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, TextKV
+from rolling_forcing.schedule import KeyBlock, PassPlan, WritePass
+from rolling_forcing.sequential import RecachePlan
+from rolling_forcing.stream import Chunk, ForwardStats, NoiseSource, StreamState
 from sharding.attention import (
     ShardGroups,
     local_heads,
@@ -69,7 +63,11 @@ class RankStream:
             18 frames, static shapes; :mod:`rolling_forcing.merged`'s plan and ops on this rank's heads);
             False: the two passes separately. Every rank must pass the same value.
 
-    The KV cache holds only this rank's heads (``[B, S, H/tp, D]`` per layer and k/v); see the module
+    The stream runs on the one driver of every stream (:class:`rolling_forcing.driver.StreamDriver`);
+    this class supplies its forwards (:class:`~rolling_forcing.driver.StreamPasses`:
+    :meth:`denoise_pass`, :meth:`merged_pass`, :meth:`update_pass`, :meth:`recache_pass`), each a
+    token-sharded :meth:`forward`. The KV cache holds only this rank's heads (``[B, S, H/tp, D]`` per
+    layer and k/v; its text k/v holds all heads: cross-attention is token-sharded); see the module
     docstring. Every rank yields the same chunks.
     """
 
@@ -85,29 +83,31 @@ class RankStream:
         gather_group: Any = None,
         merged: bool = False,
         method: str | StreamMethod | None = None,
+        static: bool = False,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         check_plan(groups.plan, model_cfg, pipe_cfg)
         if not isinstance(merged, bool):
             raise TypeError(f"merged must be a bool, got {type(merged).__name__}")
-        self.method = get_method("rolling-forcing" if method is None else method)
-        if self.method.sequential and merged:
-            raise NotImplementedError(f"merged=True: Rolling Forcing only, not method={self.method.name!r}")
-        self._timing: Timing = self.method if self.method.sequential else pipe_cfg
-        self.merged = merged
-        self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
+        meth = self.method = get_method("rolling-forcing" if method is None else method)
+        upd_mode = resolve_update_mode(meth, backend, merged, static)
+        self.merged, self.static = upd_mode is not UpdateMode.TWO_PASS, static
+        if static:
+            self._layout = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
+        else:
+            self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.groups, self.plan, self.rank = groups, groups.plan, groups.rank
         self.backend, self.positions, self.gather_group = backend, mode, gather_group
         self.heads = local_heads(self.plan, self.rank)
-        self._table = self._timing.scheduler_table()
+        frames = self._layout.frames if upd_mode is UpdateMode.MERGED else 0
+        self._spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, frames)
+        self._driver = StreamDriver(model, self._spec, self)
         self.cache: RollingKVCache | None = None
         self.cache_shape: tuple[int, ...] | None = None  # [B, S, H/tp, D] of the last stream's buffers
-        self.stats = (
-            ForwardStats()
-        )  # measured: forwards of the last stream by kind, distinct input signatures
+        self.stats = ForwardStats()  # measured: the last stream's forwards by kind and input signature
 
-    # ---- the stream (same loop as RollingForcingPipeline.stream) ------------------------------------
+    # ---- the stream (the driver of RollingForcingPipeline.stream) ------------------------------------
     @torch.no_grad()
     def stream(
         self,
@@ -118,7 +118,7 @@ class RankStream:
         noise: torch.Tensor | NoiseSource | None = None,
         prompts: PromptSchedule | None = None,
     ) -> Iterator[Chunk]:
-        """Generate ``num_blocks`` blocks; yield each :class:`~rolling_forcing.pipeline.Chunk` when final.
+        """Generate ``num_blocks`` blocks; yield each :class:`~rolling_forcing.stream.Chunk` when final.
 
         Arguments as :meth:`rolling_forcing.pipeline.RollingForcingPipeline.stream`; every rank must pass
         the same text, noise, generator state and ``prompts`` (the noise is drawn replicated).
@@ -126,182 +126,62 @@ class RankStream:
         as the unsharded ``set_prompt(embeds, recache)`` called after the chunk of the window before
         (see :func:`check_prompts` for the errors). :attr:`stats` counts this stream's forwards.
         """
-        cfg, mcfg, tim = self.pipe_cfg, self.model_cfg, self._timing
+        cfg = self.pipe_cfg
         check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
-        bsz, dtype, fpb = text_embeds.shape[0], cfg.torch_dtype, tim.frames_per_block
         sched: PromptSchedule = dict(prompts) if prompts is not None else {}
-        check_prompts(self.model, cfg, sched, bsz, num_blocks, self.method)
+        check_prompts(self.model, cfg, sched, text_embeds.shape[0], num_blocks, self.method)
         self.stats = ForwardStats()
-        device = self.model.patch_embedding.weight.device
-        src = (
-            noise
-            if isinstance(noise, NoiseSource)
-            else NoiseSource(
-                bsz,
-                mcfg.latent_frame_shape(),
-                fpb,
-                num_blocks,
-                dtype,
-                generator=generator,
-                initial_noise=noise,
-            )
+        hpc = self.plan.heads_per_core  # the cache: this rank's heads; its text k/v: all heads
+        st = self._driver.start(
+            self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise, num_heads=hpc
         )
-        hpc = self.plan.heads_per_core
-        self.cache = cache = RollingKVCache(mcfg, tim, bsz, dtype=dtype, num_heads=hpc)
-        self.cache_shape = tuple(cache.layers[0].k.shape)
-        text_kv = self.model.text_kv(text_embeds.to(dtype))  # all heads: cross-attention is token-sharded
-        noisy: dict[int, torch.Tensor] = {}
-        clean_blocks: dict[int, torch.Tensor] = {}  # block -> x0 last cached (for a re-cache)
-        if self.merged:
-            yield from self._merged_windows(
-                cache, text_kv, src, noisy, num_blocks, device, sched, clean_blocks
-            )
-            self.cache = None
-            return
-        for plan in stream_plans(self.method, cfg, num_blocks, self.positions):
-            w = plan.index
-            if w in sched:
-                text_kv = self._apply_prompt(cache, sched[w], clean_blocks, num_blocks, plan.start_block)
-            x_in, t_in = window_input(tim, plan, src, noisy, device)
-            flow = self.forward(x_in, t_in, text_kv, self._denoise_attn(cache, plan), kind="denoise")
-            x0 = flow_to_x0(flow, x_in, t_in, self._table)
-            renoise_window(tim, self._table, plan, x0, src, noisy)
-            clean = x0[:, :fpb].contiguous()
-            if plan.update is not None:
-                self._update(cache, text_kv, plan, clean, clean_blocks)
-            if plan.finished_block is not None:
-                yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
+        self.cache = st.cache
+        self.cache_shape = tuple(st.cache.layers[0].k.shape)
+        yield from self._driver.run(st, lambda plan: sched.get(plan.index))
         self.cache = None
 
-    def _merged_windows(
-        self,
-        cache: RollingKVCache,
-        text_kv: TextKV,
-        src: NoiseSource,
-        noisy: dict[int, torch.Tensor],
-        num_blocks: int,
-        device: torch.device,
-        prompts: PromptSchedule,
-        clean_blocks: dict[int, torch.Tensor],
-    ) -> Iterator[Chunk]:
-        """The merged window loop (as ``RollingForcingPipeline._merged_windows``).
+    # ---- the passes the driver runs (rolling_forcing.driver.StreamPasses) --------------------------------
+    def denoise_pass(self, st: StreamState, plan: Plan, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The denoise forward of ``plan`` (sharded self-attention over the pass's cache keys + own keys)."""
+        attn = self._pass_attn(st.cache, plan.denoise, None)
+        return self.forward(x, t, st.cache.text_kv(), attn, kind="denoise")
 
-        At a prompt switch the pending update belongs to the old prompt: it runs alone first
-        (:meth:`_update`), as in the unsharded merged stream, and the next merged forward's update is masked.
+    def merged_pass(
+        self, st: StreamState, plan: Plan, held: HeldUpdate | None, x: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
+        """One merged forward (:meth:`_merged_attn`): the held update (masked when None) + ``plan``'s window,
+        at the index tensors of the same :func:`~rolling_forcing.driver.merged_call_step` as the unsharded
+        stream. The update frames only write the cache: the last layer and the head skip them."""
+        spec, lay = self._spec, self._layout
+        if spec.mode is UpdateMode.BATCHED:  # a sequential method: the held update + one block, eager
+            assert held is not None
+            attn = self._batched_attn(st.cache, held.write, plan.denoise)
+            fpb = spec.timing.frames_per_block
+            return self.forward(x, t, st.cache.text_kv(), attn, context_frames=fpb, kind="batched")
+        step = merged_call_step(
+            spec.method, spec.pipe_cfg, lay, st.num_blocks, plan.index, spec.positions,
+            None if held is None else held.plan.index,
+        )  # fmt: skip
+        idx = MergedIndex.from_step(step, lay, st.cache.layers[0].k.device)
+        attn = self._merged_attn(st.cache, idx)
+        kind = "static" if spec.method.sequential else "merged"
+        frames = lay.update_frames
+        return self.forward(
+            x, t, st.cache.text_kv(), attn, context_frames=frames, kind=kind, index=idx.tensors()
+        )
 
-        Per window w one forward of ``layout.frames`` frames: the clean x0 of window w-1's start block
-        (masked for w = 0), then window w padded with zeros. Its index tensors are
-        :meth:`~rolling_forcing.merged.MergedIndex.from_step` of the same
-        :func:`~rolling_forcing.merged.merged_step` the unsharded merged stream uses.
-        """
-        cfg, lay = self.pipe_cfg, self._layout
-        fpb = cfg.frames_per_block
-        pending: tuple[WindowPlan, torch.Tensor] | None = None  # (plan, clean x0 of its start block)
-        for w in range(schedule.num_windows(cfg, num_blocks)):
-            if w in prompts:
-                if pending is not None:
-                    self._update(cache, text_kv, pending[0], pending[1], clean_blocks)
-                    pending = None
-                text_kv = self._apply_prompt(cache, prompts[w], clean_blocks, num_blocks, w)
-            plan = schedule.window_plan(cfg, num_blocks, w, self.positions)
-            x_win, t_win = window_input(cfg, plan, src, noisy, device)
-            bsz, nf = x_win.shape[:2]
-            step = merged_step(
-                cfg, lay, num_blocks, w, self.positions, pending[0].index if pending is not None else None
-            )
-            upd = pending[1] if pending is not None else x_win.new_zeros((bsz, fpb, *x_win.shape[2:]))
-            pad = x_win.new_zeros((bsz, lay.frames - fpb - nf, *x_win.shape[2:]))
-            x = torch.cat([upd, x_win, pad], dim=1)
-            t = torch.zeros(bsz, lay.frames, dtype=torch.float32)
-            t[:, :fpb] = float(cfg.context_noise)
-            t[:, fpb : fpb + nf] = t_win
-            idx = MergedIndex.from_step(step, lay, device)
-            # the update frames only write the cache: the last layer and the head skip them
-            flow = self.forward(
-                x, t, text_kv, self._merged_attn(cache, idx), context_frames=fpb, kind="merged",
-                index=idx.tensors(),
-            )  # fmt: skip
-            x0 = flow_to_x0(flow[:, :nf], x_win, t_win, self._table)  # flow: the padded window only
-            renoise_window(cfg, self._table, plan, x0, src, noisy)
-            if pending is not None:
-                self._record_clean(clean_blocks, pending[0].start_block, pending[1])
-            clean = x0[:, :fpb].contiguous()
-            pending = (plan, clean)  # the last window's update is never read: it is not run
-            if plan.finished_block is not None:
-                yield Chunk(plan.start_block, clean, True, plan.start_block == num_blocks - 1, w)
-
-    # ---- cache update alone, prompt switch (as RollingForcingPipeline._update / _apply_prompt) ---------
-    def _update(
-        self,
-        cache: RollingKVCache,
-        text_kv: TextKV,
-        plan: WindowPlan | StepPlan,
-        clean: torch.Tensor,
-        clean_blocks: dict[int, torch.Tensor],
+    def update_pass(
+        self, st: StreamState, write: WritePass, x: torch.Tensor, t: torch.Tensor, kind: str
     ) -> None:
-        """The cache-update forward of ``plan``'s start block (x0 ``clean`` ``[B, fpb, C, H, W]``), t = 0."""
-        cfg = self._timing
-        fpb = cfg.frames_per_block
-        t0 = torch.full((clean.shape[0], fpb), float(cfg.context_noise), dtype=torch.float32)
-        # only the k/v writes matter: the last layer stops at them (context_frames = all frames)
-        self.forward(clean, t0, text_kv, self._update_attn(cache, plan), context_frames=fpb, kind="update")
-        self._record_clean(clean_blocks, plan.start_block, clean)
+        """A cache-writing forward of one clean block (cache update or re-cache pass); only its k/v writes
+        matter: the last layer stops at them (``context_frames`` = all frames)."""
+        attn = self._pass_attn(st.cache, write.pass_, ((write.slot,), write.store_roped))
+        self.forward(x, t, st.cache.text_kv(), attn, context_frames=x.shape[1], kind=kind)
 
-    def _record_clean(self, clean_blocks: dict[int, torch.Tensor], s: int, clean: torch.Tensor) -> None:
-        """Remember the x0 of block ``s``, now cached; forget blocks no longer in the cache (sink kept)."""
-        cfg = self.pipe_cfg
-        clean_blocks[s] = clean
-        # the unsharded pipeline's rule, kept identical so a re-cache re-encodes the same blocks
-        keep = {0} | set(range(max(1, s - cfg.ring_slots + 1), s + 1))
-        for b in [b for b in clean_blocks if b not in keep]:
-            del clean_blocks[b]
-
-    def _apply_prompt(
-        self,
-        cache: RollingKVCache,
-        switch: tuple[torch.Tensor, bool],
-        clean_blocks: dict[int, torch.Tensor],
-        num_blocks: int,
-        block: int,
-    ) -> TextKV:
-        """Switch to ``switch = (embeds, recache)`` before the call of ``block``; return the new text k/v
-        (all heads, every rank). A sequential method re-caches as the unsharded ``_recache_window``.
-
-        ``recache``: the clean blocks still cached are re-encoded under the new prompt, oldest first,
-        each attending to the cached blocks before it (keys of evicted blocks excluded), exactly as the
-        unsharded ``RollingForcingPipeline._apply_prompt``: one update-only forward per block.
-        """
-        cfg = self.pipe_cfg
-        emb, recache = switch
-        text_kv = self.model.text_kv(emb.to(cfg.torch_dtype))
-        if not recache:
-            return text_kv
-        if self.method.sequential:
-            self._recache_window(cache, text_kv, clean_blocks, block)
-            return text_kv
-        present = sorted(clean_blocks)
-        oldest_ring = min((b for b in present if b >= cfg.sink_blocks), default=0)
-        for b in present:
-            plan = schedule.window_plan(cfg, num_blocks, b + cfg.window_blocks - 1, self.positions)
-            keys = tuple(
-                k for k in plan.update.cache_keys if k.block < cfg.sink_blocks or k.block >= oldest_ring
-            )
-            upd = PassPlan(plan.update.query_blocks, plan.update.query_position, keys, False)
-            x = clean_blocks[b]
-            t0 = torch.zeros(x.shape[:2], dtype=torch.float32)
-            attn = self._pass_attn(cache, upd, ((plan.write_slot,), plan.store_roped))
-            self.forward(x, t0, text_kv, attn, context_frames=x.shape[1], kind="update")
-        return text_kv
-
-    def _recache_window(
-        self, cache: RollingKVCache, text_kv: TextKV, clean_blocks: dict[int, torch.Tensor], block: int
-    ) -> None:
-        """LongLive's re-cache before ``block`` (:func:`rolling_forcing.sequential.recache_plan`): the
-        written blocks' clean k/v under the new prompt; they attend to the protected sink + themselves
-        (read back from the cache after the write, like the update pass)."""
-        rp = recache_plan(self.method, block, self.positions)
-        if rp is None:
-            return
+    def recache_pass(self, st: StreamState, rp: RecachePlan, x: torch.Tensor, t: torch.Tensor) -> None:
+        """LongLive's re-cache forward (:func:`rolling_forcing.sequential.recache_plan`): the written blocks'
+        clean k/v under the new prompt; they attend to the protected sink + themselves (read back from the
+        cache after the write, like the update pass)."""
         absolute = rp.store_roped
         fpb = self.method.frames_per_block
         own = tuple(
@@ -309,10 +189,8 @@ class RankStream:
             for i, (b, s) in enumerate(zip(rp.blocks, rp.slots))
         )
         p = PassPlan(rp.blocks, rp.pass_.query_position, (*rp.pass_.cache_keys, *own), False)
-        x = torch.cat([clean_blocks[b] for b in rp.blocks], dim=1)
-        t0 = torch.full(x.shape[:2], float(self.method.context_noise), dtype=torch.float32)
-        attn = self._pass_attn(cache, p, (rp.slots, rp.store_roped))
-        self.forward(x, t0, text_kv, attn, context_frames=x.shape[1], kind="recache")
+        attn = self._pass_attn(st.cache, p, (rp.slots, rp.store_roped))
+        self.forward(x, t, st.cache.text_kv(), attn, context_frames=x.shape[1], kind="recache")
 
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
@@ -347,26 +225,16 @@ class RankStream:
         merged forward's :class:`~rolling_forcing.merged.MergedIndex`).
         """
         model, c = self.model, self.model_cfg
-        model._check_latents(x, "x", 1)
+        grid = model.check_forward_inputs(x, timesteps, context_frames)
         b, f = x.shape[:2]
-        if tuple(timesteps.shape) != (b, f):
-            raise ValueError(f"timesteps must be [B, F] = {(b, f)}, got {tuple(timesteps.shape)}")
-        if isinstance(context_frames, bool) or not isinstance(context_frames, int):
-            raise TypeError(f"context_frames must be an int, got {type(context_frames).__name__}")
-        if not 0 <= context_frames <= f:
-            raise ValueError(f"context_frames must be in [0, F={f}], got {context_frames}")
-        hp, wp = c.grid_hw
-        grid: Grid = (f, hp, wp)
+        _, hp, wp = grid
         n_tok = f * hp * wp
         n_ctx = context_frames * hp * wp
         sl = local_tokens(n_tok, self.plan, self.rank)
         n_loc = sl.stop - sl.start
-        dtype = model.patch_embedding.weight.dtype
-        tok = model.patch_embedding(x.permute(0, 2, 1, 3, 4).to(dtype)).flatten(2).transpose(1, 2)
+        tok, e, e0 = model.embed(x, timesteps)  # replicated, then sliced: a few per cent of one layer
         tok = tok[:, sl].contiguous()  # [B, L_local, dim]
         self.stats.log(kind, x, timesteps, tok, *index)
-        e = model.time_embedding(sinusoidal_embedding_1d(c.freq_dim, timesteps.flatten()).to(dtype))
-        e0 = model.time_projection(e).unflatten(1, (6, c.dim)).unflatten(0, (b, f))  # [B, F, 6, dim]
         frame = torch.arange(sl.start, sl.stop) // (hp * wp)  # frame of each local token
         e0_tok = e0[:, frame]  # [B, L_local, 6, dim]: one modulation row per token
         tok_grid: Grid = (n_loc, 1, 1)  # one "frame" per token: modulation broadcasts row by row
@@ -391,12 +259,8 @@ class RankStream:
             n - self.context_tokens(n_tok, n_ctx, r)
             for r, n in enumerate(token_splits(n_tok, self.plan.world_size))
         )
-        out = self._gather_tokens(out, sizes)  # [B, L - n_ctx, patch_out]
-        fo = f - context_frames
-        _, ph, pw = c.patch_size
-        out = out.view(b, fo, hp, wp, ph, pw, c.out_channels)
-        out = torch.einsum("bfhwpqc->bfchpwq", out).reshape(b, fo, c.out_channels, hp * ph, wp * pw)
-        return out.to(x.dtype)
+        out = self._gather_tokens(out, sizes)
+        return model.unpatchify(out, f - context_frames).to(x.dtype)  # out: [B, L - n_ctx, patch_out]
 
     def context_tokens(self, n_tok: int, n_ctx: int, rank: int) -> int:
         """Tokens of ``rank``'s shard of ``n_tok`` among the first ``n_ctx`` (the shard's leading ones)."""
@@ -433,13 +297,6 @@ class RankStream:
         q_full[:, qsl] = q_s
         qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
         return qr[:, qsl].contiguous(), kr
-
-    def _denoise_attn(self, cache: RollingKVCache, plan: WindowPlan | StepPlan) -> SelfAttnFn:
-        return self._pass_attn(cache, plan.denoise, None)
-
-    def _update_attn(self, cache: RollingKVCache, plan: WindowPlan | StepPlan) -> SelfAttnFn:
-        assert plan.update is not None
-        return self._pass_attn(cache, plan.update, ((plan.write_slot,), plan.store_roped))
 
     def _pass_attn(
         self, cache: RollingKVCache, p: PassPlan, write: tuple[tuple[int, ...], bool] | None
@@ -498,6 +355,71 @@ class RankStream:
         t = lc.tokens_per_block
         for i, slot in enumerate(slots):
             lc.write(slot, k[:, i * t : (i + 1) * t], v[:, i * t : (i + 1) * t], backend=self.backend)
+
+    def _batched_attn(self, cache: RollingKVCache, upd: WritePass, den: PassPlan) -> SelfAttnFn:
+        """Sharded self-attention of one batched forward of a sequential method (the unsharded
+        :func:`rolling_forcing.attend.batched_update_attn` on this rank's heads and query shard).
+
+        The forward holds ``2 * fpb`` frames: the held-back update block (pass ``upd.pass_``, written to
+        ``upd.slot``) then one block to denoise (pass ``den``). The local step ropes each half of the keys
+        (and of the query shard, placed in a full-length zero tensor) at its pass's position, writes the
+        update block's k/v first, then attends the shard's denoise queries (global tokens ``>= T``) over
+        ``den.cache_keys`` + their own keys and its update queries (``< T``) over ``upd.pass_.cache_keys``
+        (the block read back). Last layer (``forward(context_frames=fpb)``): the update queries are
+        skipped and their zero-padded placeholders are not attended.
+        """
+        last = len(self.model.blocks) - 1
+        backend = self.backend
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            n_tok = grid[0] * grid[1] * grid[2]
+            t = n_tok // 2
+            gb: Grid = (grid[0] // 2, grid[1], grid[2])
+            lc = cache.layers[layer]
+            drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
+            if drop:
+                q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
+            qsl = query_shard_tokens(n_tok, self.plan, self.rank)
+            a, b = qsl.start, qsl.stop
+            den_only = layer == last
+
+            def local(
+                q_s: torch.Tensor,
+                k_all: torch.Tensor,
+                v_all: torch.Tensor,
+                *,
+                scale: float | None,
+                return_lse: bool,
+                backend: str | None,
+            ) -> torch.Tensor:
+                q_full = q_s.new_zeros(k_all.shape)
+                q_full[:, qsl] = q_s
+                ku, kd = k_all[:, :t].contiguous(), k_all[:, t:].contiguous()
+                qur, kur = ops.rope3d(
+                    q_full[:, :t].contiguous(), ku, gb, upd.pass_.query_position, backend=backend
+                )
+                qdr, kdr = ops.rope3d(q_full[:, t:].contiguous(), kd, gb, den.query_position, backend=backend)
+                lc.write(upd.slot, kur if upd.store_roped else ku, v_all[:, :t], backend=backend)
+                out = q_s.new_zeros(q_s.shape)
+                if b > t:  # the shard's denoise queries
+                    qd = qdr[:, max(a, t) - t : b - t].contiguous()
+                    own = (kdr, v_all[:, t:])
+                    out[:, max(a, t) - a :] = attend_cache(lc, qd, den.cache_keys, own, gb, backend=backend)
+                if a < t and not den_only:  # the shard's update queries
+                    qu = qur[:, a : min(b, t)].contiguous()
+                    out[:, : min(b, t) - a] = attend_cache(
+                        lc, qu, upd.pass_.cache_keys, None, gb, backend=backend
+                    )
+                return out
+
+            out = sharded_attention(
+                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend,
+            )  # fmt: skip
+            assert isinstance(out, torch.Tensor)
+            return out[:, drop:]
+
+        return attn
 
     def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
         """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import torch
 
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.driver import num_calls
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel
-from rolling_forcing.pipeline import num_calls
 from sharding.plan import ShardingPlan
 
 __all__ = ["PromptSchedule", "check_plan", "check_prompts"]
@@ -29,7 +29,7 @@ def check_prompts(
 ) -> None:
     """Validate a prompt schedule for a stream of ``num_blocks`` blocks and batch ``batch``.
 
-    Windows are the stream's calls (:func:`rolling_forcing.pipeline.stream_plans`); a sequential
+    Windows are the stream's calls (:func:`rolling_forcing.driver.stream_plans`); a sequential
     ``method``'s switch must fall on the first step of a block (``window % steps == 0``).
 
     Raises ``ValueError`` naming the window for a window outside ``[0, num_windows)`` or inside a block,
@@ -54,7 +54,7 @@ def check_prompts(
             raise TypeError(
                 f"recache of the switch at window {w} must be a bool, got {type(recache).__name__}"
             )
-        model._check_context(emb)
+        model.check_context(emb)
         if emb.shape[0] != batch:
             raise ValueError(
                 f"prompt of the switch at window {w} has batch {emb.shape[0]} != stream batch {batch}"

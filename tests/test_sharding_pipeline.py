@@ -35,6 +35,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import rolling_forcing.driver
 import sharding.pipeline
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel, Head
@@ -166,10 +167,10 @@ def test_2_ranks_merged_stream_with_prompt_switches_equals_unsharded() -> None:
     print(f"\n{sharded.plan.name} merged, 2 switches: max |sharded - unsharded| = {err:.3g} (<= {scale:.3g})")
     assert sharded.last_results is not None
     for r in sharded.last_results:
-        # the unsharded stream's 2 signatures (merged, and the update run alone at a switch; the
-        # re-cache forwards are update forwards of the same shapes)
-        assert _signatures(r) <= len(pipe.stats.signatures) == 2, r["signatures"]
-        assert r["forwards"]["merged"] == pipe.stats.forwards["merged"]
+        # the unsharded stream's 3 signatures: merged, the update run alone at a switch, and the
+        # re-cache forwards (update-only forwards of the same shapes, counted as "recache")
+        assert _signatures(r) <= len(pipe.stats.signatures) == 3, r["signatures"]
+        assert r["forwards"] == dict(pipe.stats.forwards)
     # the schedule was consumed by that stream
     assert sharded._prompts == {}
 
@@ -255,7 +256,8 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match="compile= is not supported by the sharded stream"):
         ShardedRollingForcingPipeline(model, TINY, P, cores=2, compile=True)
     with monkeypatch.context() as m:  # a backend without the block-table attention: two-pass default
-        m.setattr(sharding.pipeline.ops, "has_kernel", lambda op, backend=None: False)
+        # the mode rule of every stream lives in rolling_forcing.driver.resolve_update_mode
+        m.setattr(rolling_forcing.driver.ops, "has_kernel", lambda op, backend=None: False)
         assert ShardedRollingForcingPipeline(model, TINY, P, cores=2).merged is False
         with pytest.raises(NotImplementedError, match="attention_block_table"):
             ShardedRollingForcingPipeline(model, TINY, P, cores=2, merged=True)
