@@ -36,7 +36,9 @@ class DemoTextEncoder(nn.Module):
                 f"{text_len}, {text_dim}, {num_heads}, {num_layers}"
             )
         if text_dim % num_heads:
-            raise ValueError(f"DemoTextEncoder: text_dim={text_dim} must be divisible by num_heads={num_heads}")
+            raise ValueError(
+                f"DemoTextEncoder: text_dim={text_dim} must be divisible by num_heads={num_heads}"
+            )
         self.text_len = text_len
         self.text_dim = text_dim
         self.vocab = procedural.vocabulary()
@@ -72,7 +74,9 @@ class DemoTextEncoder(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` ``[B, text_len]`` int64 -> float32 ``[B, text_len, text_dim]`` (padding rows zero)."""
         if ids.dim() != 2 or ids.shape[1] != self.text_len or ids.dtype != torch.int64:
-            raise ValueError(f"ids must be int64 [B, text_len={self.text_len}], got {ids.dtype} {tuple(ids.shape)}")
+            raise ValueError(
+                f"ids must be int64 [B, text_len={self.text_len}], got {ids.dtype} {tuple(ids.shape)}"
+            )
         pad = ids == 0
         x = self.token_embedding(ids) + self.position_embedding
         for layer in self.layers:

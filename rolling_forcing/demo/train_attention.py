@@ -86,7 +86,9 @@ def training_layout(cfg: PipelineConfig, num_blocks: int, window: int) -> TrainL
     dn = plan.denoise
     own = tuple((s + i, dn.query_position + i * fpb) for i in range(plan.num_blocks))
     passes.append(
-        TrainPass(s, plan.num_blocks, dn.query_position, tuple((k.block, k.position) for k in dn.cache_keys) + own)
+        TrainPass(
+            s, plan.num_blocks, dn.query_position, tuple((k.block, k.position) for k in dn.cache_keys) + own
+        )
     )
     return TrainLayout(num_blocks, window, s, e, plan.levels, plan.kind, tuple(passes))
 
