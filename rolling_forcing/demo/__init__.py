@@ -81,12 +81,12 @@ def load_demo(
     text.eval()
     decoder = None
     if with_decoder:
-        from rolling_forcing.demo.autoencoder import load_streaming_decoder
+        from rolling_forcing.demo.autoencoder import DemoStreamingDecoder, load_autoencoder
 
         path = root / AE_FILE
         if not path.is_file():
             raise ValueError(f"demo autoencoder weights: {str(path)!r} does not exist")
-        decoder = load_streaming_decoder(path)
+        decoder = DemoStreamingDecoder(load_autoencoder(path))
     return DemoModel(cfg, model, text, decoder)
 
 
