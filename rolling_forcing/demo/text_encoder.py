@@ -44,7 +44,7 @@ class DemoTextEncoder(nn.Module):
         self.vocab = procedural.vocabulary()
         self._index = {w: i + 1 for i, w in enumerate(self.vocab)}
         self.token_embedding = nn.Embedding(len(self.vocab) + 1, text_dim, padding_idx=0)
-        self.position_embedding = nn.Parameter(torch.zeros(text_len, text_dim))
+        self.position_embedding = nn.Parameter(0.5 * torch.randn(text_len, text_dim))
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(
                 text_dim, num_heads, 2 * text_dim, dropout=0.0, batch_first=True, norm_first=True

@@ -57,6 +57,7 @@ class DitTrainConfig:
     tail_fraction: float = 0.1
     cut_fraction: float = 0.15
     context_jitter: float = 0.1
+    noise_scale: float = 1.0
     text_layers: int = 2
     text_heads: int = 4
     seed: int = 0
@@ -70,6 +71,8 @@ class DitTrainConfig:
                 raise ValueError(f"DitTrainConfig.{name} must be in [0, 1], got {getattr(self, name)}")
         if not self.lr > 0 or self.context_jitter < 0 or self.warmup_steps < 0:
             raise ValueError("DitTrainConfig: need lr > 0, context_jitter >= 0, warmup_steps >= 0")
+        if not 0.0 < self.noise_scale <= 1.0:
+            raise ValueError(f"DitTrainConfig.noise_scale must be in (0, 1], got {self.noise_scale}")
 
 
 @dataclass
@@ -156,9 +159,14 @@ def make_batch(
         lo, hi = (s + i) * fpb, (s + i + 1) * fpb
         ts = pipe_cfg.timesteps[level]
         eps = torch.randn(x0[:, lo:hi].shape, generator=gen)
-        x[:, lo:hi] = add_noise(x0[:, lo:hi], eps, ts, table)
+        if tcfg.noise_scale == 1.0:
+            x[:, lo:hi] = add_noise(x0[:, lo:hi], eps, ts, table)
+            target[:, lo - s * fpb : hi - s * fpb] = eps - x0[:, lo:hi]
+        else:  # noised at noise_scale * sigma, labelled sigma: flow_to_x0 still recovers x0
+            sig = tcfg.noise_scale * pipe_cfg.sigmas[level]
+            x[:, lo:hi] = (1 - sig) * x0[:, lo:hi] + sig * eps
+            target[:, lo - s * fpb : hi - s * fpb] = (sig / pipe_cfg.sigmas[level]) * (eps - x0[:, lo:hi])
         t[:, lo:hi] = ts
-        target[:, lo - s * fpb : hi - s * fpb] = eps - x0[:, lo:hi]
     return x, t, target, [clips.prompts[int(i)] for i in idx]
 
 
