@@ -129,7 +129,9 @@ def test_make_batch_noises_each_block_at_its_level() -> None:
         assert t[:, blk].eq(ts).all()
         x0 = x[:, blk] - sig[ts] * target[:, 3 * i : 3 * i + 3]  # x_t = x0 + sigma (eps - x0)
         clean = x[:, :6]  # no jitter, no cut: the clip's own first blocks tell which clip a sample is
-        match = [int(torch.argmin((clips.latents[:, :6] - clean[b]).abs().flatten(1).sum(1))) for b in range(4)]
+        match = [
+            int(torch.argmin((clips.latents[:, :6] - clean[b]).abs().flatten(1).sum(1))) for b in range(4)
+        ]
         assert [clips.prompts[j] for j in match] == prompts
         torch.testing.assert_close(x0, clips.latents[match][:, blk], rtol=0, atol=1e-5)
 
@@ -137,7 +139,9 @@ def test_make_batch_noises_each_block_at_its_level() -> None:
 def test_smoke_training_loss_falls_on_a_fixed_batch() -> None:
     torch.manual_seed(0)
     cfg = DitTrainConfig(steps=12, batch=2, warmup_steps=1, lr=2e-3, max_clean_blocks=1, tail_fraction=0.0)
-    res = train_dit(_clips(4, 18), get_preset("demo"), PipelineConfig(), cfg, progress=False, fixed_batch=True)
+    res = train_dit(
+        _clips(4, 18), get_preset("demo"), PipelineConfig(), cfg, progress=False, fixed_batch=True
+    )
     assert len(res.losses) == 12 and all(math.isfinite(v) for v in res.losses)
     assert sum(res.losses[-3:]) / 3 < 0.8 * sum(res.losses[:3]) / 3, res.losses
 
