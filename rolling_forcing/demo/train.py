@@ -30,10 +30,10 @@ from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, Laten
 
 __all__ = ["DEFAULT_AE_STEPS", "DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
 
-DEFAULT_AE_STEPS = 600
+DEFAULT_AE_STEPS = 700
 """Autoencoder steps of a full run."""
 
-DEFAULT_CLIPS = 768
+DEFAULT_CLIPS = 1024
 """Latent clips the DiT trains on."""
 
 SMOKE = {

@@ -46,9 +46,9 @@ __all__ = [
 class DitTrainConfig:
     """Hyper-parameters of :func:`train_dit` (defaults: the shipped run, docs/demo_model.md)."""
 
-    steps: int = 2000
+    steps: int = 3000
     batch: int = 8
-    lr: float = 5e-4
+    lr: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
