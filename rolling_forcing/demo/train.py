@@ -28,10 +28,7 @@ from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.demo import AE_FILE
 from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
 
-__all__ = ["DEFAULT_AE_STEPS", "DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
-
-DEFAULT_AE_STEPS = 700
-"""Autoencoder steps of a full run."""
+__all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
 
 DEFAULT_CLIPS = 1024
 """Latent clips the DiT trains on."""
@@ -111,7 +108,7 @@ def train_demo(
     """
     from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
     from rolling_forcing.demo.data import encode_clips
-    from rolling_forcing.demo.train_autoencoder import AETrainConfig, train_autoencoder
+    from rolling_forcing.demo.train_autoencoder import DEFAULT_STEPS, AETrainConfig, train_autoencoder
 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
@@ -119,7 +116,10 @@ def train_demo(
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    n_ae = ae_steps if ae_steps is not None else (SMOKE["ae_steps"] if smoke else DEFAULT_AE_STEPS)
+    n_ae = ae_steps if ae_steps is not None else (SMOKE["ae_steps"] if smoke else DEFAULT_STEPS)
+    ae_cfg = replace(AETrainConfig(), threads=threads)
+    if smoke:
+        ae_cfg = replace(ae_cfg, decoder_steps=SMOKE["ae_decoder_steps"])
     n_clips = clips if clips is not None else (SMOKE["clips"] if smoke else DEFAULT_CLIPS)
     dcfg: DitTrainConfig = dit if dit is not None else (SMOKE["dit"] if smoke else DitTrainConfig())
     dcfg = replace(dcfg, seed=seed)
@@ -132,9 +132,7 @@ def train_demo(
         if autoencoder is not None:
             ae: Any = load_autoencoder(autoencoder)
         else:
-            ae, ae_losses = train_autoencoder(
-                replace(AETrainConfig(), threads=threads), steps=n_ae, seed=seed, progress=progress
-            )
+            ae, ae_losses = train_autoencoder(ae_cfg, steps=n_ae, seed=seed, progress=progress)
         save_autoencoder(ae, out / AE_FILE, {"seed": str(seed)})
         t1 = time.perf_counter()
         latent_frames = (dcfg.max_clean_blocks + pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
@@ -153,7 +151,9 @@ def train_demo(
         "smoke": smoke,
         "threads": threads,
         "torch": torch.__version__,
-        "autoencoder": str(autoencoder) if autoencoder is not None else f"retrained, {n_ae} steps",
+        "autoencoder": str(autoencoder)
+        if autoencoder is not None
+        else f"retrained: {n_ae} steps + {ae_cfg.decoder_steps} decoder-only steps",
         "clips": n_clips,
         "dit": asdict(dcfg),
         "seconds_measured": {"autoencoder": t1 - t0, "clips": t2 - t1, "dit": t3 - t2},

@@ -46,7 +46,7 @@ __all__ = [
 class DitTrainConfig:
     """Hyper-parameters of :func:`train_dit` (defaults: the shipped run, docs/demo_model.md)."""
 
-    steps: int = 3000
+    steps: int = 4500
     batch: int = 8
     lr: float = 1e-3
     warmup_steps: int = 100
