@@ -41,6 +41,8 @@ class DemoTextEncoder(nn.Module):
             )
         self.text_len = text_len
         self.text_dim = text_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
         self.vocab = procedural.vocabulary()
         self._index = {w: i + 1 for i, w in enumerate(self.vocab)}
         self.token_embedding = nn.Embedding(len(self.vocab) + 1, text_dim, padding_idx=0)

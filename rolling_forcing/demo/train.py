@@ -33,11 +33,9 @@ __all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
 DEFAULT_CLIPS = 1024
 """Latent clips the DiT trains on."""
 
-SMOKE = {
-    "ae_steps": 3,
-    "clips": 4,
-    "dit": DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2),
-}
+SMOKE_AE_STEPS, SMOKE_AE_DECODER_STEPS, SMOKE_CLIPS = 3, 2, 4
+SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2)
+"""``smoke=True``: a few steps of each stage on a few clips."""
 
 
 @dataclass
@@ -116,12 +114,12 @@ def train_demo(
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    n_ae = ae_steps if ae_steps is not None else (SMOKE["ae_steps"] if smoke else DEFAULT_STEPS)
+    n_ae = ae_steps if ae_steps is not None else (SMOKE_AE_STEPS if smoke else DEFAULT_STEPS)
     ae_cfg = replace(AETrainConfig(), threads=threads)
     if smoke:
-        ae_cfg = replace(ae_cfg, decoder_steps=SMOKE["ae_decoder_steps"])
-    n_clips = clips if clips is not None else (SMOKE["clips"] if smoke else DEFAULT_CLIPS)
-    dcfg: DitTrainConfig = dit if dit is not None else (SMOKE["dit"] if smoke else DitTrainConfig())
+        ae_cfg = replace(ae_cfg, decoder_steps=SMOKE_AE_DECODER_STEPS)
+    n_clips = clips if clips is not None else (SMOKE_CLIPS if smoke else DEFAULT_CLIPS)
+    dcfg: DitTrainConfig = dit if dit is not None else (SMOKE_DIT if smoke else DitTrainConfig())
     dcfg = replace(dcfg, seed=seed)
     model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
     saved = torch.get_num_threads()

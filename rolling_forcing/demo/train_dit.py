@@ -254,10 +254,7 @@ def save_dit(result: DitTrainResult, out_dir: str | Path) -> list[Path]:
     text = result.text_encoder
     metas = [
         {"preset": result.model.cfg.name},
-        {
-            "num_layers": str(len(text.layers)),
-            "num_heads": str(text.layers[0].self_attn.num_heads if len(text.layers) else 1),
-        },
+        {"num_layers": str(text.num_layers), "num_heads": str(text.num_heads)},
     ]
     for path, mod, meta in zip(paths, (result.model, text), metas):
         save_file({k: v.detach().contiguous() for k, v in mod.state_dict().items()}, str(path), metadata=meta)
