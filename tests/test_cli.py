@@ -213,7 +213,7 @@ def test_report_records_a_reproducing_command(tmp_path) -> None:
 
     opts = GenerateOptions(out=tmp_path / "a b.mp4", blocks=6, prompt="two words", warmup=False)
     cmd = command_line(opts)
-    assert cmd.startswith("rolling-forcing generate --preset tiny --blocks 6 --prompt 'two words'")
+    assert cmd.startswith("rolling-forcing generate --preset demo --blocks 6 --prompt 'two words'")
     assert cmd.endswith("--no-warmup") and f"'{tmp_path / 'a b.mp4'}'" in cmd
 
 
@@ -281,19 +281,19 @@ def test_help_fits_80_columns_and_names_the_backend_env_var() -> None:
     # a real process on a 200-column "terminal" (CliRunner's output is not measured against COLUMNS)
     code = (
         "import sys\nfrom nki_ardiff.cli import main\n"
-        "for args in (['-h'], ['generate', '-h'], ['plan', '-h'], ['bench', '-h']):\n"
+        "for args in (['-h'], ['generate', '-h'], ['plan', '-h'], ['bench', '-h'], ['train-demo', '-h']):\n"
         "    try:\n        main(args)\n"
         "    except SystemExit as e:\n        assert e.code == 0, (args, e.code)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "NKI_ARDIFF_BACKEND"} | {"COLUMNS": "200"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("Usage: rolling-forcing") == 4
+    assert r.stdout.count("Usage: rolling-forcing") == 5
     wide = [line for line in r.stdout.splitlines() if len(line) > 80]
     assert wide == [], wide
     text = runner.invoke(app, ["generate", "-h"]).output
     assert "[env var: NKI_ARDIFF_BACKEND" in text
-    assert f"--preset <{'|'.join(['tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
+    assert f"--preset <{'|'.join(['demo', 'tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
     from nki_ardiff.cli_options import Preset
 
     assert {p.value for p in Preset} == set(PRESETS)

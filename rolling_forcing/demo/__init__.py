@@ -1,4 +1,4 @@
-"""The trained demo model (issue 12): a small causal DiT streaming 64x64 procedural scenes on CPU.
+"""The trained demo model: a small causal DiT streaming 64x64 procedural scenes on CPU.
 
 * :mod:`rolling_forcing.demo.text_encoder` -- word-level text encoder over the procedural vocabulary
 * :mod:`rolling_forcing.demo.train_attention` -- the training forward with the stream's key sets
