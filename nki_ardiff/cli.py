@@ -124,7 +124,7 @@ def generate(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no bars or tables, only the result")] = False,
     threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads (default: 1 for the tiny preset, else torch's)")
+        int | None, typer.Option(help="torch CPU threads (default: 1 for tiny and demo, else torch's)")
     ] = None,
     warmup: Annotated[
         bool, typer.Option(help="run an untimed minimal stream first (one-time costs out of the report)")

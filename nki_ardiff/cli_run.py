@@ -297,7 +297,8 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
     phase = _Phases(bars)
     # The tiny preset's matrices are too small to gain from intra-op threads; on a shared machine extra
     # threads only add contention (measured p50 chunk latency: 71 ms with 1 thread vs 153 ms with 2).
-    threads = opts.threads if opts.threads is not None else (1 if opts.preset == "tiny" else None)
+    # Same for the demo preset (measured p50: 44 ms with 1 thread vs 52 ms with 2, docs/demo_model.md).
+    threads = opts.threads if opts.threads is not None else (1 if opts.preset in ("tiny", "demo") else None)
     if threads is not None:
         torch.set_num_threads(threads)
     # Other processes on the machine distort wall-clock figures: record the load next to them.
