@@ -81,7 +81,18 @@ def test_generate_rejects_wrong_prompt_embeds(tmp_path) -> None:
     bad = tmp_path / "e.safetensors"
     save_file({"prompt_embeds": torch.zeros(1, 7, 32)}, str(bad))
     r = runner.invoke(
-        app, ["generate", "--blocks", "5", "--prompt-embeds", str(bad), "--out", str(tmp_path / "y.mp4")]
+        app,
+        [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "5",
+            "--prompt-embeds",
+            str(bad),
+            "--out",
+            str(tmp_path / "y.mp4"),
+        ],
     )
     assert r.exit_code == 2
     assert "text_len=16, text_dim=32" in r.output
