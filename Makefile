@@ -6,7 +6,7 @@ SCRATCH ?= build/perf
 UPDATE ?=
 NOSAVE := $(if $(UPDATE),,--no-save)
 
-.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate trace-replay
+.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate trace-replay train-demo
 
 test:
 	$(PY) -m pytest -q
@@ -46,3 +46,8 @@ mutate:
 # `make trace-replay UPDATE=1` rewrites the file for an intended change (say why in the commit)
 trace-replay:
 	$(PY) -m tools.trace_replay $(if $(UPDATE),--update,)
+
+# Retrain the demo model from scratch (autoencoder, then DiT + text encoder; ~60 min on 2 cores) into
+# $(SCRATCH)/demo-weights; copy the .safetensors into rolling_forcing/demo/weights/ to ship them.
+train-demo:
+	$(PY) -m nki_ardiff train-demo --out $(SCRATCH)/demo-weights $(if $(SMOKE),--smoke,)

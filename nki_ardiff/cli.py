@@ -1,9 +1,11 @@
-"""``rolling-forcing`` command line (typer): ``generate``, ``plan``, ``bench kernels``, ``bench e2e``.
+"""``rolling-forcing`` command line (typer): ``generate``, ``plan``, ``train-demo``, ``bench kernels|e2e``.
 
-``rolling-forcing generate --preset tiny --seconds 10 --out demo.mp4`` streams a video on CPU with no
-download: random seeded weights for the tiny DiT, seeded prompt embeddings and the preview decoder
-(see :mod:`rolling_forcing.decode`), writes an MP4 chunk by chunk and prints the per-chunk latency
-report against the real-time deadline (all figures *measured*, CPU wall clock). Real weights come in
+``rolling-forcing generate --seconds 10 --out demo.mp4`` streams a video on CPU with no download: the
+shipped trained demo model (``--preset demo``, the default: DiT, text encoder and autoencoder of
+:mod:`rolling_forcing.demo`); ``--preset tiny`` uses random seeded weights for the tiny DiT, seeded
+prompt embeddings and the preview decoder (see :mod:`rolling_forcing.decode`). It writes an MP4 chunk
+by chunk and prints the per-chunk latency report against the real-time deadline (all figures
+*measured*, CPU wall clock). Real weights come in
 through ``--checkpoint`` (Wan / RF / diffusers key layouts), ``--vae`` (diffusers ``AutoencoderKLWan``
 directory), ``--text-encoder`` (umT5 directory) or ``--prompt-embeds`` (``.safetensors``). Local paths
 only.
@@ -37,6 +39,7 @@ from nki_ardiff.cli_options import (
     command_line,
 )
 from nki_ardiff.cli_run import run_generate
+from nki_ardiff.cli_train import train_demo_cmd
 from rolling_forcing.serve.command import register_serve
 
 app = typer.Typer(
@@ -81,7 +84,9 @@ def _main_options(
 def generate(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="output .mp4 path")] = Path("demo.mp4"),
-    preset: Annotated[Preset, typer.Option(help="model preset")] = Preset.tiny,
+    preset: Annotated[
+        Preset, typer.Option(help="model preset (demo: the shipped trained model; tiny: random weights)")
+    ] = Preset.demo,
     seconds: Annotated[
         float, typer.Option(help=f"video length, rounded up to whole blocks; finite, <= {MAX_SECONDS:g}")
     ] = 10.0,
@@ -119,7 +124,7 @@ def generate(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no bars or tables, only the result")] = False,
     threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads (default: 1 for the tiny preset, else torch's)")
+        int | None, typer.Option(help="torch CPU threads (default: 1 for tiny and demo, else torch's)")
     ] = None,
     warmup: Annotated[
         bool, typer.Option(help="run an untimed minimal stream first (one-time costs out of the report)")
@@ -197,7 +202,7 @@ def plan(
 
 
 # Subcommands: name -> function (commands) and name -> typer app (groups). Registering one more is one line.
-COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "plan": plan}
+COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "plan": plan, "train-demo": train_demo_cmd}
 GROUPS: dict[str, typer.Typer] = {"bench": bench_app}
 for _name, _fn in COMMANDS.items():
     app.command(_name)(_fn)

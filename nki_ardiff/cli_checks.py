@@ -229,15 +229,37 @@ def _check_extras_and_backend(opts: GenerateOptions) -> None:
             ) from None
 
 
+def _check_demo(opts: GenerateOptions) -> None:
+    """The demo preset streams its shipped weights with its own text encoder and decoder."""
+    from rolling_forcing import procedural
+
+    for flag, value in (
+        ("--text-encoder", opts.text_encoder),
+        ("--vae", opts.vae),
+        ("--lora", opts.lora),
+    ):
+        if value is not None:
+            raise CliError(
+                flag, "the demo preset has its own text encoder and decoder; use --preset tiny or mid with it"
+            )
+    if opts.prompt_embeds is None and opts.prompt_schedule is None:
+        try:
+            procedural.prompt_words(opts.prompt)
+        except ValueError as exc:
+            raise CliError("--prompt", f"demo preset: {exc}") from None
+
+
 def _check_combinations(opts: GenerateOptions) -> None:
     from rolling_forcing.methods import get_method
 
     method = get_method(opts.method)
     if opts.prompt_embeds is not None and opts.text_encoder is not None:
         raise CliError("--prompt-embeds", "give at most one of --prompt-embeds and --text-encoder")
-    if opts.preset != "tiny" and opts.checkpoint is None:
+    if opts.preset == "demo":
+        _check_demo(opts)
+    elif opts.preset != "tiny" and opts.checkpoint is None:
         raise CliError("--checkpoint", f"preset {opts.preset!r} needs weights (random ones only for tiny)")
-    if opts.preset != "tiny" and opts.prompt_embeds is None and opts.text_encoder is None:
+    if opts.preset not in ("tiny", "demo") and opts.prompt_embeds is None and opts.text_encoder is None:
         raise CliError(
             "--text-encoder",
             f"preset {opts.preset!r} needs real text conditioning: pass --text-encoder DIR (umT5) or "

@@ -35,6 +35,7 @@ class DType(str, Enum):
 class Preset(str, Enum):
     """The model presets of :data:`rolling_forcing.config.PRESETS` (a test keeps the two in step)."""
 
+    demo = "demo"
     tiny = "tiny"
     micro = "micro"
     mid = "mid"
@@ -59,10 +60,10 @@ class GenerateOptions:
     """
 
     out: Path
-    preset: str = "tiny"
+    preset: str = "demo"
     seconds: float = 10.0
     blocks: int | None = None
-    prompt: str = "a red fox running through fresh snow, cinematic"
+    prompt: str = "a red circle and a blue square bouncing on a gray background"
     seed: int = 0
     checkpoint: Path | None = None
     use_ema: bool = False

@@ -174,7 +174,7 @@ class _Phases:
             sys.stderr.write(f" {time.perf_counter() - t0:.1f} s\n")
 
 
-def _build_text(opts: GenerateOptions, model_cfg: Any) -> tuple[Any, str]:
+def _build_text(opts: GenerateOptions, model_cfg: Any, demo: Any = None) -> tuple[Any, str]:
     from rolling_forcing import text as text_mod
 
     if opts.prompt_embeds is not None:
@@ -194,12 +194,21 @@ def _build_text(opts: GenerateOptions, model_cfg: Any) -> tuple[Any, str]:
         except (ValueError, TypeError, OSError) as exc:
             raise CliError("--text-encoder", str(exc)) from None
         return emb, f"umT5 from {opts.text_encoder}"
+    if demo is not None:
+        try:
+            return demo.text_encoder.encode([opts.prompt]), "demo text encoder (trained with the DiT)"
+        except ValueError as exc:
+            flag = "--prompt-schedule" if opts.prompt_schedule is not None else "--prompt"
+            raise CliError(flag, f"demo preset: {exc}") from None
     enc_s = text_mod.SeededTextEncoder(model_cfg.text_len, model_cfg.text_dim)
     return enc_s.encode([opts.prompt]), "seeded embeddings (tiny preset; SHA-256 of the prompt)"
 
 
-def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any) -> tuple[Any, str]:
+def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any, demo: Any = None) -> tuple[Any, str]:
     from rolling_forcing.decode import PreviewDecoder, WanVAEStreamingDecoder
+
+    if demo is not None:
+        return demo.decoder, "demo autoencoder (streaming decoder, trained)"
 
     if opts.vae is not None:
         try:
@@ -235,12 +244,21 @@ def _read_schedule(opts: GenerateOptions) -> Any:
         raise CliError("--prompt-schedule", str(exc)) from None
 
 
+def _load_demo() -> Any:
+    from rolling_forcing.demo import load_demo
+
+    try:
+        return load_demo()
+    except (ValueError, OSError) as exc:
+        raise CliError("--preset", f"demo: {exc}") from None
+
+
 def _load_weights(opts: GenerateOptions, model: Any) -> str:
     from rolling_forcing.checkpoint import load_checkpoint
 
     weights = f"random (torch.manual_seed({opts.seed}))"
     if opts.checkpoint is None:
-        return weights
+        return "shipped demo weights" if opts.preset == "demo" else weights
     try:
         fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema, lora=opts.lora)
     except (ValueError, TypeError, OSError, RuntimeError, EOFError) as exc:
@@ -279,7 +297,8 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
     phase = _Phases(bars)
     # The tiny preset's matrices are too small to gain from intra-op threads; on a shared machine extra
     # threads only add contention (measured p50 chunk latency: 71 ms with 1 thread vs 153 ms with 2).
-    threads = opts.threads if opts.threads is not None else (1 if opts.preset == "tiny" else None)
+    # Same for the demo preset (measured p50: 44 ms with 1 thread vs 52 ms with 2, docs/demo_model.md).
+    threads = opts.threads if opts.threads is not None else (1 if opts.preset in ("tiny", "demo") else None)
     if threads is not None:
         torch.set_num_threads(threads)
     # Other processes on the machine distort wall-clock figures: record the load next to them.
@@ -337,23 +356,30 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
     try:
         with _signals_raise() as got:
             torch.manual_seed(opts.seed)
+            demo = None
             with phase(f"building the {opts.preset} model"):
-                model = CausalWanModel(model_cfg)
+                if opts.preset == "demo":
+                    demo = _load_demo()
+                    model = demo.model
+                else:
+                    model = CausalWanModel(model_cfg)
             with phase(f"loading {opts.checkpoint}" if opts.checkpoint is not None else "random weights"):
                 meta["weights"] = _load_weights(opts, model)
             model = model.to(pipe_cfg.torch_dtype).eval()
             with phase("text conditioning"):
-                text_embeds, text_src = _build_text(opts, model_cfg)
+                text_embeds, text_src = _build_text(opts, model_cfg, demo)
                 switches: dict[int, Any] = {}  # block -> embeddings of the prompt that starts there
                 if schedule is not None:
                     segs = schedule.segments(pipe_cfg.frames_per_block, num_blocks)
-                    switches = {b: _build_text(replace(opts, prompt=p), model_cfg)[0] for b, p in segs[1:]}
-                    text_embeds = _build_text(replace(opts, prompt=segs[0][1]), model_cfg)[0]
+                    switches = {
+                        b: _build_text(replace(opts, prompt=p), model_cfg, demo)[0] for b, p in segs[1:]
+                    }
+                    text_embeds = _build_text(replace(opts, prompt=segs[0][1]), model_cfg, demo)[0]
                     starts = [b for b, _ in segs]
                     text_src += f"; prompt schedule {opts.prompt_schedule}: segments start at blocks {starts}"
             meta["text"] = text_src
             with phase("decoder"):
-                decoder, meta["decoder"] = _build_decoder(opts, model_cfg, spec)
+                decoder, meta["decoder"] = _build_decoder(opts, model_cfg, spec, demo)
             if opts.cores != 1:  # TP x SP over spawned CPU ranks; rank 0 streams the chunks
                 from sharding.pipeline import ShardedRollingForcingPipeline
 

@@ -53,6 +53,34 @@ def _(q, k, v, scale, return_lse, backend):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
+def _attention_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    q, k, v, scale, return_lse, _ = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.scale, ctx.return_lse = scale, return_lse
+
+
+def _attention_backward(
+    ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    """Gradient of exact softmax attention, whatever backend ran the forward: the reference math
+    (fp32 scores) is recomputed under autograd and differentiated (training a small model on CPU)."""
+    from reference.attention import attention as ref_attention
+
+    q, k, v = ctx.saved_tensors
+    with torch.enable_grad():
+        qd, kd, vd = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out, lse = ref_attention(qd, kd, vd, scale=ctx.scale, return_lse=True)
+        outs, grads = [out], [grad_out]
+        if ctx.return_lse and grad_lse is not None and grad_lse.numel():
+            outs.append(lse)
+            grads.append(grad_lse)
+        gq, gk, gv = torch.autograd.grad(outs, (qd, kd, vd), grads, allow_unused=True)
+    return gq, gk, gv, None, None, None
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
 @torch.library.custom_op("nki_ardiff::attention_segments", mutates_args=())
 def _attention_segments_op(
     q: torch.Tensor,
@@ -143,6 +171,9 @@ def attention(
 
     Returns:
         ``out`` ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)`` when ``return_lse``. Statistics in fp32.
+
+    Differentiable in q, k, v on every backend: the backward recomputes the reference's fp32 softmax
+    attention under autograd (the demo model trains through the DiT's cross-attention with it).
     """
     _check_tensor("q", q)
     _check_tensor("k", k)

@@ -117,6 +117,20 @@ PRESETS: dict[str, ModelConfig] = {
         latent_height=8,
         latent_width=8,
     ),
+    # the trained demo model (rolling_forcing/demo, docs/demo_model.md): 64x64-pixel procedural scenes,
+    # 8x8x16 latents of the demo autoencoder, text from the demo's word-level text encoder.
+    "demo": ModelConfig(
+        name="demo",
+        num_layers=4,
+        dim=128,
+        num_heads=4,
+        ffn_dim=512,
+        freq_dim=64,
+        text_dim=64,
+        text_len=16,
+        latent_height=8,
+        latent_width=8,
+    ),
     # even smaller: used by the long-stream (3,000 latent frames) memory test.
     "micro": ModelConfig(
         name="micro",

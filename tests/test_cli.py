@@ -25,6 +25,8 @@ def test_generate_tiny_writes_video_and_report(tmp_path) -> None:
             "generate",
             "--preset",
             "tiny",
+            "--preset",
+            "tiny",
             "--blocks",
             str(blocks),
             "--out",
@@ -60,7 +62,19 @@ def test_generate_is_deterministic_per_seed(tmp_path) -> None:
     for i in range(2):
         out = tmp_path / f"d{i}.mp4"
         r = runner.invoke(
-            app, ["generate", "--blocks", "5", "--out", str(out), "--no-progress", "--seed", "7"]
+            app,
+            [
+                "generate",
+                "--preset",
+                "tiny",
+                "--blocks",
+                "5",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--seed",
+                "7",
+            ],
         )
         assert r.exit_code == 0, r.output
         outs.append(read_video(out))
@@ -68,7 +82,10 @@ def test_generate_is_deterministic_per_seed(tmp_path) -> None:
 
 
 def test_generate_rejects_too_few_blocks(tmp_path) -> None:
-    r = runner.invoke(app, ["generate", "--seconds", "1", "--out", str(tmp_path / "x.mp4"), "--no-progress"])
+    r = runner.invoke(
+        app,
+        ["generate", "--preset", "tiny", "--seconds", "1", "--out", str(tmp_path / "x.mp4"), "--no-progress"],
+    )
     assert r.exit_code == 2
     assert "at least window_blocks=5 blocks" in r.output
     assert not (tmp_path / "x.mp4").exists()
@@ -81,14 +98,29 @@ def test_generate_rejects_wrong_prompt_embeds(tmp_path) -> None:
     bad = tmp_path / "e.safetensors"
     save_file({"prompt_embeds": torch.zeros(1, 7, 32)}, str(bad))
     r = runner.invoke(
-        app, ["generate", "--blocks", "5", "--prompt-embeds", str(bad), "--out", str(tmp_path / "y.mp4")]
+        app,
+        [
+            "generate",
+            "--preset",
+            "tiny",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "5",
+            "--prompt-embeds",
+            str(bad),
+            "--out",
+            str(tmp_path / "y.mp4"),
+        ],
     )
     assert r.exit_code == 2
     assert "text_len=16, text_dim=32" in r.output
 
 
 def test_wan_preset_needs_weights(tmp_path) -> None:
-    r = runner.invoke(app, ["generate", "--preset", "wan2.1-1.3b", "--out", str(tmp_path / "z.mp4")])
+    r = runner.invoke(
+        app, ["generate", "--preset", "tiny", "--preset", "wan2.1-1.3b", "--out", str(tmp_path / "z.mp4")]
+    )
     assert r.exit_code == 2 and "--checkpoint" in r.output
 
 
@@ -129,7 +161,7 @@ def test_plan_bad_cores_is_one_error_line_naming_the_option() -> None:
 def test_dash_h_and_version() -> None:
     from importlib.metadata import version
 
-    for args in (["-h"], ["plan", "-h"], ["generate", "-h"], ["bench", "-h"]):
+    for args in (["-h"], ["plan", "-h"], ["generate", "--preset", "tiny", "-h"], ["bench", "-h"]):
         r = runner.invoke(app, args)
         assert r.exit_code == 0 and "Usage:" in r.output, (args, r.output)
     assert runner.invoke(app, ["plan", "-h"]).output == runner.invoke(app, ["plan", "--help"]).output
@@ -198,7 +230,18 @@ def test_generate_with_local_weights_vae_and_embeds(tmp_path) -> None:
     out, rep = tmp_path / "real.mp4", tmp_path / "real.json"
     r = runner.invoke(
         app,
-        ["generate", "--blocks", "5", "--checkpoint", str(ckpt), "--vae", str(tmp_path), "--prompt-embeds"]
+        [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "5",
+            "--checkpoint",
+            str(ckpt),
+            "--vae",
+            str(tmp_path),
+            "--prompt-embeds",
+        ]
         + [str(embeds), "--out", str(out), "--report-json", str(rep), "--no-progress", "--no-warmup"],
     )
     assert r.exit_code == 0, r.output
@@ -213,7 +256,7 @@ def test_report_records_a_reproducing_command(tmp_path) -> None:
 
     opts = GenerateOptions(out=tmp_path / "a b.mp4", blocks=6, prompt="two words", warmup=False)
     cmd = command_line(opts)
-    assert cmd.startswith("rolling-forcing generate --preset tiny --blocks 6 --prompt 'two words'")
+    assert cmd.startswith("rolling-forcing generate --preset demo --blocks 6 --prompt 'two words'")
     assert cmd.endswith("--no-warmup") and f"'{tmp_path / 'a b.mp4'}'" in cmd
 
 
@@ -222,7 +265,18 @@ def test_generate_merged_and_two_pass_flags(tmp_path) -> None:
     videos, metas = {}, {}
     for flag in ("--merged", "--two-pass"):
         out, rep = tmp_path / f"{flag[2:]}.mp4", tmp_path / f"{flag[2:]}.json"
-        args = ["generate", "--blocks", "5", "--out", str(out), "--report-json", str(rep), "--no-progress"]
+        args = [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "5",
+            "--out",
+            str(out),
+            "--report-json",
+            str(rep),
+            "--no-progress",
+        ]
         r = runner.invoke(app, [*args, "--no-warmup", flag])
         assert r.exit_code == 0, r.output
         videos[flag], metas[flag] = read_video(out).astype(float), json.loads(rep.read_text())["meta"]
@@ -238,7 +292,17 @@ def test_generate_merged_and_two_pass_flags(tmp_path) -> None:
 
 def test_generate_default_mode_and_bad_combinations(tmp_path) -> None:
     rep = tmp_path / "r.json"
-    args = ["generate", "--blocks", "5", "--out", str(tmp_path / "a.mp4"), "--no-progress", "--no-warmup"]
+    args = [
+        "generate",
+        "--preset",
+        "tiny",
+        "--blocks",
+        "5",
+        "--out",
+        str(tmp_path / "a.mp4"),
+        "--no-progress",
+        "--no-warmup",
+    ]
     r = runner.invoke(app, [*args, "--report-json", str(rep)])
     assert r.exit_code == 0, r.output
     meta = json.loads(rep.read_text())["meta"]
@@ -266,7 +330,16 @@ def test_command_line_records_forward_mode(tmp_path) -> None:
 def test_generate_compiled_merged(tmp_path) -> None:
     """--compile: inductor-compiled merged forward (~25 s of compilation on CPU, hence slow)."""
     rep = tmp_path / "c.json"
-    args = ["generate", "--blocks", "6", "--out", str(tmp_path / "c.mp4"), "--no-progress"]
+    args = [
+        "generate",
+        "--preset",
+        "tiny",
+        "--blocks",
+        "6",
+        "--out",
+        str(tmp_path / "c.mp4"),
+        "--no-progress",
+    ]
     r = runner.invoke(app, [*args, "--compile", "--report-json", str(rep)])
     assert r.exit_code == 0, r.output
     meta = json.loads(rep.read_text())["meta"]
@@ -281,19 +354,19 @@ def test_help_fits_80_columns_and_names_the_backend_env_var() -> None:
     # a real process on a 200-column "terminal" (CliRunner's output is not measured against COLUMNS)
     code = (
         "import sys\nfrom nki_ardiff.cli import main\n"
-        "for args in (['-h'], ['generate', '-h'], ['plan', '-h'], ['bench', '-h']):\n"
+        "for args in (['-h'], ['generate', '-h'], ['plan', '-h'], ['bench', '-h'], ['train-demo', '-h']):\n"
         "    try:\n        main(args)\n"
         "    except SystemExit as e:\n        assert e.code == 0, (args, e.code)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "NKI_ARDIFF_BACKEND"} | {"COLUMNS": "200"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("Usage: rolling-forcing") == 4
+    assert r.stdout.count("Usage: rolling-forcing") == 5
     wide = [line for line in r.stdout.splitlines() if len(line) > 80]
     assert wide == [], wide
-    text = runner.invoke(app, ["generate", "-h"]).output
+    text = runner.invoke(app, ["generate", "--preset", "tiny", "-h"]).output
     assert "[env var: NKI_ARDIFF_BACKEND" in text
-    assert f"--preset <{'|'.join(['tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
+    assert f"--preset <{'|'.join(['demo', 'tiny', 'micro', 'mid', 'wan2.1-1.3b'])}>" in text
     from nki_ardiff.cli_options import Preset
 
     assert {p.value for p in Preset} == set(PRESETS)
@@ -307,17 +380,17 @@ def test_backend_env_var_is_the_flag_default(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(cli, "run_generate", lambda opts, echo: seen.append(opts.backend))
     out = ["--out", str(tmp_path / "x.mp4")]
     monkeypatch.setenv("NKI_ARDIFF_BACKEND", "emulator")
-    assert runner.invoke(app, ["generate", *out]).exit_code == 0
-    assert runner.invoke(app, ["generate", "--backend", "reference", *out]).exit_code == 0
+    assert runner.invoke(app, ["generate", "--preset", "tiny", *out]).exit_code == 0
+    assert runner.invoke(app, ["generate", "--preset", "tiny", "--backend", "reference", *out]).exit_code == 0
     monkeypatch.delenv("NKI_ARDIFF_BACKEND")
-    assert runner.invoke(app, ["generate", *out]).exit_code == 0
+    assert runner.invoke(app, ["generate", "--preset", "tiny", *out]).exit_code == 0
     assert seen == ["emulator", "reference", "reference"]
 
 
 def test_progress_bars_only_when_asked_or_on_a_terminal_and_quiet(tmp_path) -> None:
     """Not a terminal (CliRunner's stderr): no bar by default; --progress forces the warm-up and stream
     bars (tqdm, on stderr) and the build phases; --quiet prints only the result line."""
-    base = ["generate", "--blocks", "5", "--out", str(tmp_path / "p.mp4")]
+    base = ["generate", "--preset", "tiny", "--blocks", "5", "--out", str(tmp_path / "p.mp4")]
     r = runner.invoke(app, base)
     assert r.exit_code == 0 and "streaming" not in r.stderr and "warm-up:" not in r.stderr
     assert "per-chunk latency" in r.stdout

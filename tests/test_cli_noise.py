@@ -83,7 +83,17 @@ def _peak_rss_mib(blocks: int, out: Path) -> float:
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "NKI_ARDIFF_BACKEND"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    args = ["generate", "--blocks", str(blocks), "--positions", "relative", "--no-warmup", "-q"]
+    args = [
+        "generate",
+        "--preset",
+        "tiny",
+        "--blocks",
+        str(blocks),
+        "--positions",
+        "relative",
+        "--no-warmup",
+        "-q",
+    ]
     p = subprocess.Popen(
         [sys.executable, "-m", "nki_ardiff", *args, "--out", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,

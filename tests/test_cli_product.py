@@ -31,6 +31,9 @@ from rolling_forcing.video import read_video
 ROOT = Path(__file__).resolve().parents[1]
 
 
+GEN = ["generate", "--preset", "tiny"]  # these cases run the tiny preset (random weights)
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NKI_ARDIFF_BACKEND", "NKI_ARDIFF_DEBUG")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -79,7 +82,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # case -> (args, code run first, exit code, argument named, words of the rule)
 def _cases(f: dict[str, Path]) -> dict[str, tuple[list[str], str, int, str, str]]:
     out = str(f["dir"] / "never.mp4")
-    gen = ["generate", "--blocks", "5", "--no-warmup", "-q"]
+    gen = [*GEN, "--blocks", "5", "--no-warmup", "-q"]
     hide_hf = "import sys; sys.modules['diffusers'] = None; sys.modules['transformers'] = None"
     return {
         "corrupt": ([*gen, "--checkpoint", str(f["corrupt"]), "--out", out], "", 2, "--checkpoint",
@@ -107,20 +110,20 @@ def _cases(f: dict[str, Path]) -> dict[str, tuple[list[str], str, int, str, str]
         "parent_is_file": ([*gen, "--out", str(f["a_file"] / "x.mp4")], "", 2, "--out", "is not a directory"),
         "directory": ([*gen, "--out", str(f["dir"])], "", 2, "--out", "is a directory"),
         "extension": ([*gen, "--out", str(f["dir"] / "x.avi")], "", 2, "--out", "must end with .mp4"),
-        "seconds_inf": (["generate", "--seconds", "inf", "--out", out], "", 2, "--seconds", "finite"),
-        "seconds_nan": (["generate", "--seconds", "nan", "--out", out], "", 2, "--seconds", "finite"),
-        "seconds_huge": (["generate", "--seconds", "1e9", "--out", out], "", 2, "--seconds", "at most 86400"),
+        "seconds_inf": ([*GEN, "--seconds", "inf", "--out", out], "", 2, "--seconds", "finite"),
+        "seconds_nan": ([*GEN, "--seconds", "nan", "--out", out], "", 2, "--seconds", "finite"),
+        "seconds_huge": ([*GEN, "--seconds", "1e9", "--out", out], "", 2, "--seconds", "at most 86400"),
         "seconds_table": (
-            ["generate", "--seconds", "600", "--out", out], "", 2, "--seconds",
+            [*GEN, "--seconds", "600", "--out", out], "", 2, "--seconds",
             "1024-position RoPE table; switch with --positions relative",
         ),
-        "blocks_zero": (["generate", "--blocks", "0", "--out", out], "", 2, "--blocks", "must be in [1,"),
-        "seed": (["generate", "--seed", "-1", "--out", out], "", 2, "--seed", "[0, 2**63 - 2]"),
-        "preset": (["generate", "--preset", "huge", "--out", out], "", 2, "--preset", "'huge' is not one of"),
-        "no_checkpoint": (["generate", "--preset", "wan2.1-1.3b", "--out", out], "", 2, "--checkpoint",
+        "blocks_zero": ([*GEN, "--blocks", "0", "--out", out], "", 2, "--blocks", "must be in [1,"),
+        "seed": ([*GEN, "--seed", "-1", "--out", out], "", 2, "--seed", "[0, 2**63 - 2]"),
+        "preset": ([*GEN, "--preset", "huge", "--out", out], "", 2, "--preset", "'huge' is not one of"),
+        "no_checkpoint": ([*GEN, "--preset", "wan2.1-1.3b", "--out", out], "", 2, "--checkpoint",
                           "needs weights"),
-        "backend": (["generate", "--backend", "neuron", "--out", out], "", 2, "--backend", "Neuron SDK"),
-        "backend_env": (["generate", "--out", out], "", 2, "--backend", "is not one of"),
+        "backend": ([*GEN, "--backend", "neuron", "--out", out], "", 2, "--backend", "Neuron SDK"),
+        "backend_env": ([*GEN, "--out", out], "", 2, "--backend", "is not one of"),
         "vae_extra": (
             [*gen, "--vae", str(f["dir"]), "--out", out], hide_hf, 2, "--vae", "pip install -e '.[hf]'"
         ),
@@ -205,7 +208,17 @@ def test_debug_shows_the_traceback(files: dict[str, Path], monkeypatch) -> None:
     from nki_ardiff.cli import main
     from nki_ardiff.cli_checks import CliError
 
-    args = ["generate", "--blocks", "5", "--checkpoint", str(files["nan"]), "--out", "never.mp4"]
+    args = [
+        "generate",
+        "--preset",
+        "tiny",
+        "--blocks",
+        "5",
+        "--checkpoint",
+        str(files["nan"]),
+        "--out",
+        "never.mp4",
+    ]
     with pytest.raises(CliError, match="non-finite"):
         main(["--debug", *args])
     monkeypatch.setenv("NKI_ARDIFF_DEBUG", "1")
@@ -254,7 +267,7 @@ def test_stopped_stream(tmp_path: Path, cores: int, sig: signal.Signals) -> None
     and an interrupted report and exit 128 + signal; SIGKILL leaves only the hidden temporary file. No
     process started by the run survives 5 s in any case."""
     out, rep = tmp_path / "demo.mp4", tmp_path / "demo.json"
-    args = ["generate", "--blocks", "300", "--no-warmup", "-q", "--cores", str(cores)]
+    args = [*GEN, "--blocks", "300", "--no-warmup", "-q", "--cores", str(cores)]
     proc = subprocess.Popen(
         _cmd([*args, "--out", str(out), "--report-json", str(rep)]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),

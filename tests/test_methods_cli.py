@@ -21,7 +21,17 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     out = {}
     for m in ("rolling-forcing", "self-forcing", "causvid", "longlive"):
         vid, rep = tmp / f"{m}.mp4", tmp / f"{m}.json"
-        args = ["generate", "--blocks", str(BLOCKS), "--out", str(vid), "--report-json", str(rep)]
+        args = [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            str(BLOCKS),
+            "--out",
+            str(vid),
+            "--report-json",
+            str(rep),
+        ]
         r = runner.invoke(app, [*args, "--no-progress", "--no-warmup", "--seed", "3", "--method", m])
         assert r.exit_code == 0, r.output
         assert f"method={m}" in r.output
@@ -55,7 +65,7 @@ def test_bad_method_options_fail_before_the_model_is_built(tmp_path, monkeypatch
         raise AssertionError("model built before the options were checked")
 
     monkeypatch.setattr(rolling_forcing.model.CausalWanModel, "__init__", boom)
-    base = ["generate", "--out", str(tmp_path / "x.mp4"), "--no-progress"]
+    base = ["generate", "--preset", "tiny", "--out", str(tmp_path / "x.mp4"), "--no-progress"]
     cases = [
         (["--method", "self-forcing", "--blocks", "8"], "at most 7 blocks"),
         (["--method", "causvid", "--blocks", "5", "--compile"], "--compile"),
@@ -95,6 +105,8 @@ def test_generate_longlive_base_plus_lora(tmp_path) -> None:
         out, rep = tmp_path / f"v{len(extra)}.mp4", tmp_path / f"r{len(extra)}.json"
         args = [
             "generate",
+            "--preset",
+            "tiny",
             "--blocks",
             "5",
             "--method",
@@ -112,7 +124,18 @@ def test_generate_longlive_base_plus_lora(tmp_path) -> None:
     assert reps[1]["command"].count("--lora") == 1
     assert float(abs(vids[0] - vids[1]).mean()) > 1.0  # H.264 noise of equal streams < 0.5 (test_cli.py)
     r = runner.invoke(
-        app, ["generate", "--blocks", "5", "--lora", str(lora), "--out", str(tmp_path / "x.mp4")]
+        app,
+        [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "5",
+            "--lora",
+            str(lora),
+            "--out",
+            str(tmp_path / "x.mp4"),
+        ],
     )
     assert r.exit_code == 2 and "error: --lora: needs --checkpoint" in r.output
 
@@ -122,7 +145,19 @@ def test_generate_sequential_method_on_2_cores(tmp_path) -> None:
     vids = []
     for cores in ("1", "2"):
         out = tmp_path / f"c{cores}.mp4"
-        args = ["generate", "--blocks", "4", "--method", "causvid", "--out", str(out), "--cores", cores]
+        args = [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "4",
+            "--method",
+            "causvid",
+            "--out",
+            str(out),
+            "--cores",
+            cores,
+        ]
         r = runner.invoke(app, [*args, "--no-progress", "--no-warmup"])
         assert r.exit_code == 0, r.output
         vids.append(read_video(out).astype(float))

@@ -56,6 +56,8 @@ def test_generate_with_a_prompt_schedule(tmp_path) -> None:
         out, rep = tmp_path / f"v{len(extra)}.mp4", tmp_path / f"r{len(extra)}.json"
         args = [
             "generate",
+            "--preset",
+            "tiny",
             "--blocks",
             "7",
             "--method",
@@ -74,7 +76,9 @@ def test_generate_with_a_prompt_schedule(tmp_path) -> None:
     same = float(abs(vids[0][:first] - vids[1][:first]).mean())
     diff = float(abs(vids[0][first:] - vids[1][first:]).mean())
     assert same < 0.5 < 2.0 < diff, (same, diff)  # H.264 noise of equal streams < 0.5 (test_cli.py)
-    r = runner.invoke(app, ["generate", "--switch-frames", "3", "--out", str(tmp_path / "x.mp4")])
+    r = runner.invoke(
+        app, ["generate", "--preset", "tiny", "--switch-frames", "3", "--out", str(tmp_path / "x.mp4")]
+    )
     assert r.exit_code == 2 and "error: --switch-frames: needs --prompt-schedule" in r.output
 
 
@@ -87,7 +91,19 @@ def test_prompt_schedule_on_2_cores_equals_1_core(tmp_path, method: str) -> None
     vids = []
     for cores in ("1", "2"):
         out = tmp_path / f"c{cores}.mp4"
-        args = ["generate", "--blocks", "6", "--method", method, "--out", str(out), "--cores", cores]
+        args = [
+            "generate",
+            "--preset",
+            "tiny",
+            "--blocks",
+            "6",
+            "--method",
+            method,
+            "--out",
+            str(out),
+            "--cores",
+            cores,
+        ]
         extra = ["--prompt-schedule", str(sched), "--switch-frames", "9", "--two-pass"]
         r = runner.invoke(app, [*args, *extra, "--no-progress", "--no-warmup"])
         assert r.exit_code == 0, r.output

@@ -1,0 +1,93 @@
+"""The trained demo model: a small causal DiT streaming 64x64 procedural scenes on CPU.
+
+* :mod:`rolling_forcing.demo.text_encoder` -- word-level text encoder over the procedural vocabulary
+* :mod:`rolling_forcing.demo.train_attention` -- the training forward with the stream's key sets
+* :mod:`rolling_forcing.demo.train_dit` -- DiT + text encoder training
+* :mod:`rolling_forcing.demo.train` -- ``train_demo``: retrain everything (autoencoder, then DiT)
+* :func:`load_demo` -- the shipped weights (``rolling_forcing/demo/weights/``) as a ready model
+
+Nothing is loaded at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+"""Where the shipped weights live (package data)."""
+
+DIT_FILE = "dit.safetensors"
+TEXT_FILE = "text_encoder.safetensors"
+AE_FILE = "autoencoder.safetensors"
+
+
+class DemoModel(NamedTuple):
+    """What :func:`load_demo` returns."""
+
+    model_cfg: Any  # rolling_forcing.config.ModelConfig (the "demo" preset)
+    model: Any  # rolling_forcing.model.CausalWanModel, eval mode
+    text_encoder: Any  # rolling_forcing.demo.text_encoder.DemoTextEncoder, eval mode
+    decoder: Any  # rolling_forcing.demo.autoencoder.DemoStreamingDecoder (None if with_decoder=False)
+
+
+def _read(path: Path, what: str) -> tuple[dict[str, Any], dict[str, str]]:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise ValueError(f"{what}: {str(path)!r} does not exist (retrain with `rolling-forcing train-demo`)")
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    return tensors, meta
+
+
+def load_demo(
+    weights_dir: str | Path | None = None, *, dtype: Any = None, with_decoder: bool = True
+) -> DemoModel:
+    """Load the demo DiT (``dit.safetensors``, Wan key names, ``demo`` preset), its text encoder
+    (``text_encoder.safetensors``) and the autoencoder's streaming decoder (``autoencoder.safetensors``)
+    from ``weights_dir`` (default: the shipped :data:`WEIGHTS_DIR`).
+
+    Args:
+        dtype: the DiT's torch dtype (default float32).
+        with_decoder: False skips the autoencoder (``decoder`` is None).
+
+    Raises ``ValueError`` naming the file for a missing file or weights that do not fit the preset.
+    """
+    import torch
+
+    from rolling_forcing.config import get_preset
+    from rolling_forcing.demo.text_encoder import DemoTextEncoder
+    from rolling_forcing.model import CausalWanModel
+
+    root = WEIGHTS_DIR if weights_dir is None else Path(weights_dir)
+    cfg = get_preset("demo")
+    model = CausalWanModel(cfg)
+    sd, _ = _read(root / DIT_FILE, "demo DiT weights")
+    try:
+        model.load_state_dict(sd)
+    except RuntimeError as exc:
+        raise ValueError(f"{root / DIT_FILE}: weights do not fit the demo preset: {exc}") from None
+    model = model.to(dtype or torch.float32).eval()
+    tsd, meta = _read(root / TEXT_FILE, "demo text encoder weights")
+    text = DemoTextEncoder(
+        cfg.text_len, cfg.text_dim, int(meta.get("num_layers", 2)), int(meta.get("num_heads", 4))
+    )
+    try:
+        text.load_state_dict(tsd)
+    except RuntimeError as exc:
+        raise ValueError(f"{root / TEXT_FILE}: weights do not fit the demo text encoder: {exc}") from None
+    text.eval()
+    decoder = None
+    if with_decoder:
+        from rolling_forcing.demo.autoencoder import DemoStreamingDecoder, load_autoencoder
+
+        path = root / AE_FILE
+        if not path.is_file():
+            raise ValueError(f"demo autoencoder weights: {str(path)!r} does not exist")
+        decoder = DemoStreamingDecoder(load_autoencoder(path))
+    return DemoModel(cfg, model, text, decoder)
+
+
+__all__ = ["AE_FILE", "DIT_FILE", "TEXT_FILE", "WEIGHTS_DIR", "DemoModel", "load_demo"]

@@ -1,0 +1,162 @@
+"""``train_demo``: retrain the whole demo model from scratch (autoencoder, then DiT + text encoder).
+
+Steps (all seeded from ``seed``; a fixed torch thread count, restored afterwards):
+
+1. the autoencoder (:func:`rolling_forcing.demo.train_autoencoder.train_autoencoder`), or the one at
+   ``autoencoder=PATH`` (skips step 1: the shipped DiT was trained on the shipped autoencoder);
+2. latent clips of ``max_clean_blocks + window_blocks`` blocks
+   (:func:`rolling_forcing.demo.data.encode_clips`);
+3. the DiT and its text encoder (:func:`rolling_forcing.demo.train_dit.train_dit`);
+4. ``autoencoder.safetensors``, ``dit.safetensors``, ``text_encoder.safetensors``, ``losses.png`` (loss
+   curves, matplotlib) and ``train_log.json`` (settings, measured wall clock per stage) in ``out_dir``.
+
+``smoke=True`` runs a few steps of each stage on a few clips (seconds; CI): the files are written, the
+weights mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rolling_forcing.config import PipelineConfig, get_preset
+from rolling_forcing.demo import AE_FILE
+from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
+
+__all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
+
+DEFAULT_CLIPS = 1024
+"""Latent clips the DiT trains on."""
+
+SMOKE_AE_STEPS, SMOKE_AE_DECODER_STEPS, SMOKE_CLIPS = 3, 2, 4
+SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2)
+"""``smoke=True``: a few steps of each stage on a few clips."""
+
+
+@dataclass
+class DemoTrainReport:
+    """What :func:`train_demo` wrote and measured (wall-clock seconds, *measured*)."""
+
+    out_dir: Path
+    files: list[Path]
+    ae_seconds: float
+    clips_seconds: float
+    dit_seconds: float
+    ae_losses: list[float]
+    dit_losses: list[float]
+
+
+def plot_losses(ae_losses: list[float], dit_losses: list[float], path: str | Path) -> Path:
+    """Two panels (autoencoder loss, DiT flow-matching loss per step, with a running mean) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, losses, title in ((axes[0], ae_losses, "autoencoder"), (axes[1], dit_losses, "DiT (flow MSE)")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if losses:
+            ax.plot(losses, lw=0.6, alpha=0.5, label="per step")
+            k = max(1, len(losses) // 50)
+            run = [
+                sum(losses[max(0, i - k + 1) : i + 1]) / len(losses[max(0, i - k + 1) : i + 1])
+                for i in range(len(losses))
+            ]
+            ax.plot(run, lw=1.5, label=f"mean of {k}")
+            ax.set_yscale("log")
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not retrained", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def train_demo(
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    smoke: bool = False,
+    threads: int = 2,
+    progress: bool = True,
+    autoencoder: str | Path | None = None,
+    ae_steps: int | None = None,
+    clips: int | None = None,
+    dit: DitTrainConfig | None = None,
+) -> DemoTrainReport:
+    """Retrain the demo model into ``out_dir`` (module docstring); returns what it wrote and measured.
+
+    Args:
+        seed: int >= 0, seeds every stage.
+        smoke: a few steps of each stage (CI).
+        threads: torch CPU threads during training (bitwise reproducibility holds for one torch version
+            and one thread count).
+        autoencoder: an ``autoencoder.safetensors`` to use instead of retraining one (it is copied into
+            ``out_dir``).
+        ae_steps, clips, dit: override the autoencoder steps, the clip count, the DiT settings.
+    """
+    from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
+    from rolling_forcing.demo.data import encode_clips
+    from rolling_forcing.demo.train_autoencoder import DEFAULT_STEPS, AETrainConfig, train_autoencoder
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n_ae = ae_steps if ae_steps is not None else (SMOKE_AE_STEPS if smoke else DEFAULT_STEPS)
+    ae_cfg = replace(AETrainConfig(), threads=threads)
+    if smoke:
+        ae_cfg = replace(ae_cfg, decoder_steps=SMOKE_AE_DECODER_STEPS)
+    n_clips = clips if clips is not None else (SMOKE_CLIPS if smoke else DEFAULT_CLIPS)
+    dcfg: DitTrainConfig = dit if dit is not None else (SMOKE_DIT if smoke else DitTrainConfig())
+    dcfg = replace(dcfg, seed=seed)
+    model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t0 = time.perf_counter()
+        ae_losses: list[float] = []
+        if autoencoder is not None:
+            ae: Any = load_autoencoder(autoencoder)
+        else:
+            ae, ae_losses = train_autoencoder(ae_cfg, steps=n_ae, seed=seed, progress=progress)
+        save_autoencoder(ae, out / AE_FILE, {"seed": str(seed)})
+        t1 = time.perf_counter()
+        latent_frames = (dcfg.max_clean_blocks + pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
+        lat, prompts = encode_clips(ae, n_clips, latent_frames, seed=seed + 1)
+        t2 = time.perf_counter()
+        res: DitTrainResult = train_dit(
+            LatentClips(lat, prompts), model_cfg, pipe_cfg, dcfg, progress=progress
+        )
+        t3 = time.perf_counter()
+    finally:
+        torch.set_num_threads(saved)
+    files = [out / AE_FILE, *save_dit(res, out)]
+    files.append(plot_losses(ae_losses, res.losses, out / "losses.png"))
+    log = {
+        "seed": seed,
+        "smoke": smoke,
+        "threads": threads,
+        "torch": torch.__version__,
+        "autoencoder": str(autoencoder)
+        if autoencoder is not None
+        else f"retrained: {n_ae} steps + {ae_cfg.decoder_steps} decoder-only steps",
+        "clips": n_clips,
+        "dit": asdict(dcfg),
+        "seconds_measured": {"autoencoder": t1 - t0, "clips": t2 - t1, "dit": t3 - t2},
+        "final_dit_loss_mean_last_100": sum(res.losses[-100:]) / max(1, len(res.losses[-100:])),
+    }
+    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    files.append(out / "train_log.json")
+    return DemoTrainReport(out, files, t1 - t0, t2 - t1, t3 - t2, ae_losses, res.losses)

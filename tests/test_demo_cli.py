@@ -1,0 +1,79 @@
+"""``train-demo`` and the demo preset of ``generate``: options checked first (one-line errors), the smoke
+run writes weights that ``load_demo`` streams."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nki_ardiff.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seed", "-1"], "error: --seed: must be >= 0, got -1"),
+        (["--threads", "0"], "error: --threads: must be >= 1, got 0"),
+        (["--autoencoder", "nope.safetensors"], "error: --autoencoder: 'nope.safetensors' does not exist"),
+    ],
+)
+def test_train_demo_option_errors(args: list[str], message: str, tmp_path) -> None:
+    r = runner.invoke(app, ["train-demo", "--out", str(tmp_path / "w"), *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert not (tmp_path / "w").exists()  # checked before anything ran
+
+
+def test_train_demo_out_must_be_a_directory(tmp_path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = runner.invoke(app, ["train-demo", "--out", str(f)])
+    assert r.exit_code == 2 and "error: --out:" in r.output and "not a directory" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--prompt", "a pink circle"],
+            "error: --prompt: demo preset: prompt word 'pink' is not in the vocabulary",
+        ),
+        (["--vae", "."], "error: --vae: the demo preset has its own text encoder and decoder"),
+    ],
+)
+def test_generate_demo_option_errors(args: list[str], message: str, tmp_path) -> None:
+    r = runner.invoke(app, ["generate", "--blocks", "5", "--out", str(tmp_path / "a.mp4"), *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_smoke_training_writes_weights_load_demo_streams(tmp_path) -> None:
+    from rolling_forcing.config import PipelineConfig
+    from rolling_forcing.demo import load_demo
+    from rolling_forcing.pipeline import RollingForcingPipeline
+
+    out = tmp_path / "w"
+    r = runner.invoke(app, ["train-demo", "--smoke", "--out", str(out), "--no-progress", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    names = {"autoencoder.safetensors", "dit.safetensors", "text_encoder.safetensors", "losses.png"}
+    assert names <= {p.name for p in out.iterdir()}
+    log = json.loads((out / "train_log.json").read_text())
+    assert (
+        log["smoke"] is True
+        and log["threads"] == 1
+        and set(log["seconds_measured"])
+        == {
+            "autoencoder",
+            "clips",
+            "dit",
+        }
+    )
+    demo = load_demo(out)
+    emb = demo.text_encoder.encode("a red circle bouncing on a gray background")
+    pipe = RollingForcingPipeline(demo.model, demo.model_cfg, PipelineConfig())
+    chunks = list(pipe.stream(emb, 5, generator=torch.Generator().manual_seed(0)))
+    video = demo.decoder.decode(chunks[0].latents)
+    assert video.shape == (1, 9, 3, 64, 64) and bool(torch.isfinite(video).all())
