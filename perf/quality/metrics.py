@@ -36,6 +36,7 @@ __all__ = [
     "Continuity",
     "Drift",
     "DetectionLike",
+    "Obj",
     "chunk_starts",
     "continuity",
     "drift",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 Obj = tuple[str, str]
+"""An object a prompt names: ``(colour, kind)``."""
 
 TARGETS: dict[str, tuple[str, float]] = {
     "presence": (">=", 0.9),
