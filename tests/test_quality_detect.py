@@ -74,22 +74,22 @@ def test_known_shapes_are_read_exactly() -> None:
 
 
 def test_clean_renders_against_ground_truth() -> None:
-    # measured on these 16 scenes x 24 frames: accuracy 0.972 (seeds 0-39 x 48 frames: 0.995); every miss a
-    # small pixelated circle whose fill ratio reaches 0.84-0.88 (read as a square); floor 0.95
+    # the thresholds were set on scenes of seeds 0-59; these (seeds 100-115) are held out. Measured here:
+    # see the assertion message; over seeds 0-39 x 48 frames 0.9997. Floor 0.98
     dets = [detect(render(s, 0, FRAMES)) for s in SCENES]
     score = score_against_truth(SCENES, dets, 0)
     assert score.shapes > 500
-    assert score.accuracy >= 0.95, score
+    assert score.accuracy >= 0.98, score
     assert score.color_accuracy == 1.0, score
     assert score.mean_error < 0.5 and score.spurious == 0, score
 
 
 def test_degraded_renders_against_ground_truth() -> None:
-    # decoder-like blur (sigma 1 px) + noise (std 10): measured 0.976 over 40 scenes x 48 frames; floor 0.93
+    # decoder-like blur (sigma 1 px) + noise (std 10): measured 0.995 over seeds 0-39 x 48 frames; floor 0.97
     frames = [degrade(render(s, 0, FRAMES), sigma=1.0, noise=10.0, seed=i) for i, s in enumerate(SCENES)]
     dets = [detect(f) for f in frames]
     score = score_against_truth(SCENES, dets, 0)
-    assert score.accuracy >= 0.93, score
+    assert score.accuracy >= 0.97, score
     assert score.color_accuracy >= 0.98, score
     assert score.mean_error < 0.6 and score.spurious == 0, score
 

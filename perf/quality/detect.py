@@ -16,10 +16,16 @@ kind:
   -2 sqrt(2) / 5 = -0.566, while circles and squares are symmetric (0). A blur that eats the apex moves it
   towards 0 but keeps it well apart (measured: below -0.2 in 99.5 % of triangle-frames at blur sigma 1 px
   + noise 10, above -0.1 for circles and squares);
-* the fill ratio ``area / bbox area``: 1 for an axis-aligned square, pi/4 = 0.785 for a circle.
+* circle vs square: the fill ratio ``area / bbox area`` (1 for an axis-aligned square, pi/4 = 0.785 for a
+  circle) and the spread ``area / d95^2`` (``d95``: the 95th percentile of the pixels' distances from the
+  centroid; a disc's is ``r sqrt(0.95)``, so pi / 0.95 = 3.3, a square's 2.9) pull in opposite directions
+  under blur (a blur rounds a square's corners: its fill drops, its spread rises), so their difference
+  ``roundness = spread / 2 - fill`` separates the two better than either (measured balanced accuracy
+  between circles and squares: 1.0 clean, 0.996 at blur sigma 1 px + noise 10, 0.97 at sigma 1.5 + noise
+  16, against 0.94 and 0.88 for the fill ratio alone).
 
-Kind rule: ``triangle`` if the skewness is below ``-triangle_skew``; else ``square`` if the fill ratio is
-at least ``square_fill``; else ``circle``.
+Kind rule: ``triangle`` if the skewness is below ``-triangle_skew``; else ``circle`` if the roundness is at
+least ``circle_roundness``; else ``square``.
 Accuracy against the generator's ground truth (clean and degraded renders) is measured by
 :func:`score_against_truth` (``tests/test_quality_detect.py``, docs/quality.md).
 """
@@ -55,14 +61,14 @@ _PALETTE = np.array([*COLORS.values(), *BACKGROUNDS.values()], dtype=np.float32)
 class DetectorConfig:
     """Thresholds of the detector (pixels, RGB units, ratios); see the module docstring for the rule.
 
-    ``max_distance`` > 0; ``min_area`` >= 1; ``min_side`` >= 1; ``0 < square_fill <= 1``;
+    ``max_distance`` > 0; ``min_area`` >= 1; ``min_side`` >= 1; ``circle_roundness`` finite;
     ``triangle_skew`` > 0; ``batch_frames`` >= 1 (frames labelled at once: bounds the memory).
     """
 
     max_distance: float = 90.0
     min_area: int = 12
     min_side: int = 4
-    square_fill: float = 0.84
+    circle_roundness: float = 0.78
     triangle_skew: float = 0.2
     batch_frames: int = 256
 
@@ -73,8 +79,8 @@ class DetectorConfig:
             raise ValueError(
                 f"DetectorConfig.min_area and min_side must be >= 1, got {self.min_area}, {self.min_side}"
             )
-        if not 0 < self.square_fill <= 1:
-            raise ValueError(f"DetectorConfig.square_fill must be in (0, 1], got {self.square_fill}")
+        if not np.isfinite(self.circle_roundness):
+            raise ValueError(f"DetectorConfig.circle_roundness must be finite, got {self.circle_roundness}")
         if not self.triangle_skew > 0:
             raise ValueError(f"DetectorConfig.triangle_skew must be > 0, got {self.triangle_skew}")
         if self.batch_frames < 1:
@@ -85,7 +91,8 @@ class DetectorConfig:
 class Detection:
     """One detected shape: ``frame`` index, ``color`` (a key of COLORS), ``kind`` (circle / square /
     triangle), centroid ``(x, y)`` in pixels (pixel centres at ``i + 0.5``), ``area`` in pixels, ``fill``
-    (area over bounding-box area) and ``skew`` (skewness of the pixels' rows; 0 for a single row)."""
+    (area over bounding-box area), ``skew`` (skewness of the pixels' rows; 0 for a single row) and ``spread``
+    (area over the squared 95th-percentile distance of its pixels from the centroid)."""
 
     frame: int
     color: str
@@ -95,6 +102,7 @@ class Detection:
     area: int
     fill: float
     skew: float
+    spread: float
 
 
 def _check_frames(frames: np.ndarray) -> None:
@@ -147,10 +155,10 @@ def label_components(cls: np.ndarray) -> np.ndarray:
     return np.where(valid, lab, -1)
 
 
-def _kind(fill: float, skew: float, cfg: DetectorConfig) -> str:
+def _kind(fill: float, skew: float, spread: float, cfg: DetectorConfig) -> str:
     if skew < -cfg.triangle_skew:
         return "triangle"
-    return "square" if fill >= cfg.square_fill else "circle"
+    return "circle" if spread / 2 - fill >= cfg.circle_roundness else "square"
 
 
 def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[list[Detection]]:
@@ -181,15 +189,20 @@ def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[l
     m2 = np.bincount(inv, weights=dy**2) / area
     m3 = np.bincount(inv, weights=dy**3) / area
     skew = np.where(m2 > 0, m3 / np.maximum(m2, 1e-12) ** 1.5, 0.0)
+    dist2 = (xs + 0.5 - cx[inv]) ** 2 + dy**2
+    order = np.lexsort((dist2, inv))
+    starts = np.concatenate([[0], np.cumsum(area)[:-1]])
+    d95 = dist2[order][starts + np.floor(0.95 * (area - 1)).astype(np.int64)]
+    spread = area / np.maximum(d95, 1e-9)
     for i in range(k):
         if area[i] < cfg.min_area or min(bw[i], bh[i]) < cfg.min_side:
             continue
         f = int(reps[i] // (h * w))
         color = _SHAPE_COLORS[int(cls.reshape(-1)[reps[i]])]
-        kind = _kind(float(fill[i]), float(skew[i]), cfg)
+        kind = _kind(float(fill[i]), float(skew[i]), float(spread[i]), cfg)
         out[f].append(
             Detection(first + f, color, kind, float(cx[i]), float(cy[i]), int(area[i]), float(fill[i]),
-                      float(skew[i]))
+                      float(skew[i]), float(spread[i]))
         )  # fmt: skip
     for dets in out:
         dets.sort(key=lambda d: -d.area)
