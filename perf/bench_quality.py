@@ -104,8 +104,13 @@ def detector_rows(plan: Plan) -> list[BenchRow]:
         def case(fn: Callable[[np.ndarray, int], np.ndarray] = fn) -> dict[str, Any]:
             dets = [detect(fn(render(s, 0, plan.detector_frames), i)) for i, s in enumerate(scenes)]
             sc = score_against_truth(scenes, dets, 0)
-            return {"accuracy": sc.accuracy, "color_accuracy": sc.color_accuracy,
-                    "mean_error_px": sc.mean_error, "shape_frames": sc.shapes, "spurious": sc.spurious}  # fmt: skip
+            return {
+                "accuracy": sc.accuracy,
+                "color_accuracy": sc.color_accuracy,
+                "mean_error_px": sc.mean_error,
+                "shape_frames": sc.shapes,
+                "spurious": sc.spurious,
+            }
 
         cfg = {"scenes": plan.detector_scenes, "frames": plan.detector_frames, "seeds": "0.."}
         rows.append(run_case(case, op="quality_detector", variant=name, config=cfg, kind="measured"))
@@ -113,11 +118,7 @@ def detector_rows(plan: Plan) -> list[BenchRow]:
 
 
 def _stream_row(
-    op: str,
-    variant: str,
-    config: Mapping[str, Any],
-    fn: Callable[[], dict[str, Any]],
-    fps: float | None = None,
+    op: str, variant: str, config: Mapping[str, Any], fn: Callable[[], dict[str, Any]]
 ) -> BenchRow:
     return run_case(fn, op=op, variant=variant, config=dict(config), kind="measured")
 
@@ -130,14 +131,18 @@ def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow],
         objs = prompt_objects(prompt)
         for who in ("ground_truth", sm.name):
 
-            def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
+            def case(who: str = who, spec: StreamSpec = spec, objs: Any = objs) -> dict[str, Any]:
                 res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
                 if who != "ground_truth" and not sheet_frames:
                     sheet_frames.append(res.frames)
                 m = evaluate(res, objs)
-                return {**m, "presence_met": check("presence", m["presence"]).met,
-                        "continuity_met": check("continuity_ratio", m["continuity_ratio"]).met,
-                        "frames": int(res.frames.shape[0]), "wall_s": res.wall_s}  # fmt: skip
+                return {
+                    **m,
+                    "presence_met": check("presence", m["presence"]).met,
+                    "continuity_met": check("continuity_ratio", m["continuity_ratio"]).met,
+                    "frames": int(res.frames.shape[0]),
+                    "wall_s": res.wall_s,
+                }
 
             cfg = {"prompt": prompt, "blocks": plan.blocks, "seed": spec.seed}
             rows.append(_stream_row("quality_stream", who, cfg, case))
@@ -151,10 +156,15 @@ def drift_row(sm: StreamModel, plan: Plan, seed: int) -> BenchRow:
     def case() -> dict[str, Any]:
         res = run_stream(sm, spec)
         d = drift(detect(res.frames), prompt_objects(prompt), FPS, tail_seconds=plan.drift_tail_s)
-        return {"tail_presence": d.tail_presence, "tail_frames": d.tail_frames,
-                "speeds_px_per_frame": [_json_float(s) for s in d.speeds], "moving": d.moving,
-                "tail_presence_met": check("tail_presence", d.tail_presence).met,
-                "frames": int(res.frames.shape[0]), "wall_s": res.wall_s}  # fmt: skip
+        return {
+            "tail_presence": d.tail_presence,
+            "tail_frames": d.tail_frames,
+            "speeds_px_per_frame": [_json_float(s) for s in d.speeds],
+            "moving": d.moving,
+            "tail_presence_met": check("tail_presence", d.tail_presence).met,
+            "frames": int(res.frames.shape[0]),
+            "wall_s": res.wall_s,
+        }
 
     cfg = {
         "prompt": prompt,
@@ -179,11 +189,20 @@ def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
                 res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
                 assert res.switch_frame is not None
                 lat = switch_latency(detect(res.frames), prompt_objects(SWITCH_TO), res.switch_frame)
-                return {"switch_frames": lat, "switch_frame": res.switch_frame,
-                        "switch_met": check("switch_frames", lat).met, "wall_s": res.wall_s}  # fmt: skip
+                return {
+                    "switch_frames": lat,
+                    "switch_frame": res.switch_frame,
+                    "switch_met": check("switch_frames", lat).met,
+                    "wall_s": res.wall_s,
+                }
 
-            cfg = {"from": plan.prompts[0], "to": SWITCH_TO, "blocks": plan.switch_blocks,
-                   "switch_block": plan.switch_block, "recache": recache}  # fmt: skip
+            cfg = {
+                "from": plan.prompts[0],
+                "to": SWITCH_TO,
+                "blocks": plan.switch_blocks,
+                "switch_block": plan.switch_block,
+                "recache": recache,
+            }
             rows.append(_stream_row("quality_switch", who, cfg, case))
     return rows
 
@@ -196,10 +215,15 @@ def compare_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
 
         def case(pair: Any = pair) -> dict[str, Any]:
             c = run_pair(sm, pair, StreamSpec(prompt, plan.blocks, seed=seed), objs)
-            return {"psnr_db": _json_float(c.psnr_db), "identical": math.isinf(c.psnr_db),
-                    "base": {k: _json_float(v) for k, v in c.base.items()},
-                    "variant": {k: _json_float(v) for k, v in c.variant.items()},
-                    "frames": c.frames, "base_wall_s": c.base_wall_s, "variant_wall_s": c.variant_wall_s}  # fmt: skip
+            return {
+                "psnr_db": _json_float(c.psnr_db),
+                "identical": math.isinf(c.psnr_db),
+                "base": {k: _json_float(v) for k, v in c.base.items()},
+                "variant": {k: _json_float(v) for k, v in c.variant.items()},
+                "frames": c.frames,
+                "base_wall_s": c.base_wall_s,
+                "variant_wall_s": c.variant_wall_s,
+            }
 
         cfg = {
             "prompt": prompt,
@@ -219,18 +243,24 @@ def summary(rows: list[BenchRow]) -> list[str]:
         if r.status == "error":
             out.append(f"{r.op} {r.variant}: ERROR {r.message}")
         elif r.op == "quality_detector":
-            out.append(f"detector {r.variant}: accuracy {_fmt(e['accuracy'])}, colour only "
-                       f"{_fmt(e['color_accuracy'])}, centroid error {_fmt(e['mean_error_px'])} px "
-                       f"over {e['shape_frames']} shape-frames")  # fmt: skip
+            out.append(
+                f"detector {r.variant}: accuracy {_fmt(e['accuracy'])}, colour only "
+                f"{_fmt(e['color_accuracy'])}, centroid error {_fmt(e['mean_error_px'])} px "
+                f"over {e['shape_frames']} shape-frames"
+            )
         elif r.op == "quality_stream":
-            out.append(f"stream {r.variant} [{r.config['prompt']}]: "
-                       f"(a) {check('presence', e['presence']).describe()}; "
-                       f"(b) {check('continuity_ratio', e['continuity_ratio']).describe()} "
-                       f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px)")  # fmt: skip
+            out.append(
+                f"stream {r.variant} [{r.config['prompt']}]: "
+                f"(a) {check('presence', e['presence']).describe()}; "
+                f"(b) {check('continuity_ratio', e['continuity_ratio']).describe()} "
+                f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px)"
+            )
         elif r.op == "quality_drift":
-            out.append(f"drift {r.variant} ({r.config['blocks']} blocks, last {r.config['tail_s']:g} s): "
-                       f"(c) {check('tail_presence', e['tail_presence']).describe()}; moving: {e['moving']} "
-                       f"(median speeds {e['speeds_px_per_frame']} px/frame)")  # fmt: skip
+            out.append(
+                f"drift {r.variant} ({r.config['blocks']} blocks, last {r.config['tail_s']:g} s): "
+                f"(c) {check('tail_presence', e['tail_presence']).describe()}; moving: {e['moving']} "
+                f"(median speeds {e['speeds_px_per_frame']} px/frame)"
+            )
         elif r.op == "quality_switch":
             rc = "with re-cache" if r.config["recache"] else "without re-cache"
             out.append(
@@ -238,9 +268,12 @@ def summary(rows: list[BenchRow]) -> list[str]:
             )
         elif r.op == "quality_compare":
             b, v = e["base"], e["variant"]
-            out.append(f"compare {r.variant}: PSNR {'identical' if e['identical'] else _fmt(e['psnr_db'])} dB; "
-                       f"presence {_fmt(b['presence'])} -> {_fmt(v['presence'])}; continuity "
-                       f"{_fmt(b['continuity_ratio'])} -> {_fmt(v['continuity_ratio'])}")  # fmt: skip
+            db = "identical" if e["identical"] else _fmt(e["psnr_db"])
+            out.append(
+                f"compare {r.variant}: PSNR {db} dB; "
+                f"presence {_fmt(b['presence'])} -> {_fmt(v['presence'])}; continuity "
+                f"{_fmt(b['continuity_ratio'])} -> {_fmt(v['continuity_ratio'])}"
+            )
     return out
 
 

@@ -30,6 +30,7 @@ class D:
     x: float
     y: float
     area: int = 50
+    contact: bool = False
 
 
 RED, BLUE = ("red", "circle"), ("blue", "square")
@@ -62,6 +63,17 @@ def test_track_takes_the_largest_and_uses_a_detection_once() -> None:
     both = track(frames, [RED, RED])[0]  # a prompt naming the same object twice needs two detections
     np.testing.assert_array_equal(both, [[7, 8], [1, 2]])
     assert np.isnan(track(frames, [BLUE])).all()
+
+
+def test_a_partly_hidden_object_counts_by_colour_only_in_contact() -> None:
+    # a red circle half behind a blue square reads as another kind; only in contact is colour enough
+    hidden = [[D("red", "triangle", 1, 1, contact=True), D("blue", "square", 5, 5, contact=True)]]
+    assert presence(hidden, [RED, BLUE]) == 1.0
+    alone = [[D("red", "triangle", 1, 1), D("blue", "square", 5, 5)]]
+    assert presence(alone, [RED, BLUE]) == 0.0
+    # an exact kind wins over a larger detection matched by colour only
+    both = [[D("red", "square", 9, 9, area=90, contact=True), D("red", "circle", 2, 2, area=30)]]
+    np.testing.assert_array_equal(track(both, [RED])[0, 0], [2, 2])
 
 
 def test_continuity_known_ratio() -> None:

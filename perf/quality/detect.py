@@ -92,7 +92,9 @@ class Detection:
     """One detected shape: ``frame`` index, ``color`` (a key of COLORS), ``kind`` (circle / square /
     triangle), centroid ``(x, y)`` in pixels (pixel centres at ``i + 0.5``), ``area`` in pixels, ``fill``
     (area over bounding-box area), ``skew`` (skewness of the pixels' rows; 0 for a single row) and ``spread``
-    (area over the squared 95th-percentile distance of its pixels from the centroid)."""
+    (area over the squared 95th-percentile distance of its pixels from the centroid); ``contact``: it
+    comes within 2 px of another shape colour (an overlap: one of them may be partly hidden, its kind
+    unreadable)."""
 
     frame: int
     color: str
@@ -103,6 +105,7 @@ class Detection:
     fill: float
     skew: float
     spread: float
+    contact: bool = False
 
 
 def _check_frames(frames: np.ndarray) -> None:
@@ -161,6 +164,18 @@ def _kind(fill: float, skew: float, spread: float, cfg: DetectorConfig) -> str:
     return "circle" if spread / 2 - fill >= cfg.circle_roundness else "square"
 
 
+def _near_other(cls: np.ndarray, reach: int = 2) -> np.ndarray:
+    """bool ``[T, H, W]``: a pixel of another shape colour lies within ``reach`` px (Chebyshev)."""
+    t, h, w = cls.shape
+    pad = np.pad(cls, ((0, 0), (reach, reach), (reach, reach)), constant_values=-1)
+    out = np.zeros(cls.shape, dtype=bool)
+    for dy in range(2 * reach + 1):
+        for dx in range(2 * reach + 1):
+            nb = pad[:, dy : dy + h, dx : dx + w]
+            out |= (nb >= 0) & (nb != cls)
+    return out & (cls >= 0)
+
+
 def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[list[Detection]]:
     t, h, w = frames.shape[:3]
     cls = classify_pixels(frames, cfg.max_distance)
@@ -194,6 +209,7 @@ def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[l
     starts = np.concatenate([[0], np.cumsum(area)[:-1]])
     d95 = dist2[order][starts + np.floor(0.95 * (area - 1)).astype(np.int64)]
     spread = area / np.maximum(d95, 1e-9)
+    contact = np.bincount(inv, weights=_near_other(cls).reshape(-1)[sel], minlength=k) > 0
     for i in range(k):
         if area[i] < cfg.min_area or min(bw[i], bh[i]) < cfg.min_side:
             continue
@@ -202,7 +218,7 @@ def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[l
         kind = _kind(float(fill[i]), float(skew[i]), float(spread[i]), cfg)
         out[f].append(
             Detection(first + f, color, kind, float(cx[i]), float(cy[i]), int(area[i]), float(fill[i]),
-                      float(skew[i]), float(spread[i]))
+                      float(skew[i]), float(spread[i]), bool(contact[i]))
         )  # fmt: skip
     for dets in out:
         dets.sort(key=lambda d: -d.area)

@@ -9,7 +9,8 @@ stream at ``fps``; chunk ``c`` of a Rolling Forcing stream decodes to 9 frames f
 Metrics (issue 12 item 6; targets in :data:`TARGETS`):
 
 (a) :func:`presence`: the fraction of frames in which every prompt object is detected (right colour and
-    kind). Target >= 0.9.
+    kind; a detection in contact with another shape colour, ``contact``, is matched by colour alone: an
+    overlap hides part of one shape and its kind cannot be read). Target >= 0.9.
 (b) :func:`continuity`: the mean displacement of the objects from the last frame of a chunk to the first
     frame of the next, over the mean displacement between consecutive frames inside a chunk. A stream
     that jumps at chunk boundaries has a ratio >> 1; smooth motion has ~1. Target <= 2.
@@ -65,6 +66,7 @@ class DetectionLike(Protocol):
     x: float
     y: float
     area: int
+    contact: bool
 
 
 Frames = Sequence[Sequence[DetectionLike]]
@@ -118,17 +120,20 @@ def _check_objects(objects: Sequence[Obj]) -> None:
 
 def track(detections: Frames, objects: Sequence[Obj]) -> np.ndarray:
     """Positions ``[T, n_objects, 2]`` (x, y; NaN where absent): per frame and object, the largest
-    detection of its colour and kind (a detection serves one object only)."""
+    detection of its colour and kind, else the largest of its colour in ``contact`` with another colour
+    (partly hidden: kind unreadable); a detection serves one object only."""
     _check_objects(objects)
     out = np.full((len(detections), len(objects), 2), np.nan)
     for t, dets in enumerate(detections):
         used: set[int] = set()
         for j, (color, kind) in enumerate(objects):
-            best = None
+            best, best_key = None, (False, 0)
             for i, d in enumerate(dets):
-                mine = i not in used and d.color == color and d.kind == kind
-                if mine and (best is None or d.area > dets[best].area):
-                    best = i
+                if i in used or d.color != color or not (d.kind == kind or getattr(d, "contact", False)):
+                    continue
+                key = (d.kind == kind, d.area)  # an exact kind first, then the largest
+                if best is None or key > best_key:
+                    best, best_key = i, key
             if best is not None:
                 used.add(best)
                 out[t, j] = dets[best].x, dets[best].y
