@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from perf.quality.compare import COMPARISONS, evaluate, run_pair
-from perf.quality.detect import degrade, detect, score_against_truth
-from perf.quality.metrics import check, drift, prompt_objects, switch_latency
+from perf.quality.detect import degrade, detect, read_backgrounds, score_against_truth
+from perf.quality.metrics import check, drift, prompt_background, prompt_objects, switch_latency
 from perf.quality.sheet import contact_sheet, write_png
 from perf.quality.streams import (
     DEFAULT_MODEL,
@@ -128,14 +128,13 @@ def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow],
     sheet_frames: list[np.ndarray] = []
     for n, prompt in enumerate(plan.prompts):
         spec = StreamSpec(prompt, plan.blocks, seed=seed + n)
-        objs = prompt_objects(prompt)
         for who in ("ground_truth", sm.name):
 
-            def case(who: str = who, spec: StreamSpec = spec, objs: Any = objs) -> dict[str, Any]:
+            def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
                 res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
                 if who != "ground_truth" and not sheet_frames:
                     sheet_frames.append(res.frames)
-                m = evaluate(res, objs)
+                m = evaluate(res, spec.prompt)
                 return {
                     **m,
                     "presence_met": check("presence", m["presence"]).met,
@@ -155,7 +154,10 @@ def drift_row(sm: StreamModel, plan: Plan, seed: int) -> BenchRow:
 
     def case() -> dict[str, Any]:
         res = run_stream(sm, spec)
-        d = drift(detect(res.frames), prompt_objects(prompt), FPS, tail_seconds=plan.drift_tail_s)
+        d = drift(
+            detect(res.frames), prompt_objects(prompt), FPS, tail_seconds=plan.drift_tail_s,
+            backgrounds=read_backgrounds(res.frames), background=prompt_background(prompt),
+        )  # fmt: skip
         return {
             "tail_presence": d.tail_presence,
             "tail_frames": d.tail_frames,
@@ -188,7 +190,10 @@ def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
             def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
                 res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
                 assert res.switch_frame is not None
-                lat = switch_latency(detect(res.frames), prompt_objects(SWITCH_TO), res.switch_frame)
+                lat = switch_latency(
+                    detect(res.frames), prompt_objects(SWITCH_TO), res.switch_frame,
+                    backgrounds=read_backgrounds(res.frames), background=prompt_background(SWITCH_TO),
+                )  # fmt: skip
                 return {
                     "switch_frames": lat,
                     "switch_frame": res.switch_frame,
@@ -209,12 +214,11 @@ def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
 
 def compare_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
     prompt = plan.prompts[0]
-    objs = prompt_objects(prompt)
     rows = []
     for pair in COMPARISONS:
 
         def case(pair: Any = pair) -> dict[str, Any]:
-            c = run_pair(sm, pair, StreamSpec(prompt, plan.blocks, seed=seed), objs)
+            c = run_pair(sm, pair, StreamSpec(prompt, plan.blocks, seed=seed))
             return {
                 "psnr_db": _json_float(c.psnr_db),
                 "identical": math.isinf(c.psnr_db),

@@ -14,6 +14,7 @@ from perf.quality.detect import (
     degrade,
     detect,
     label_components,
+    read_backgrounds,
     score_against_truth,
     touching_same_color,
     visible_fractions,
@@ -144,3 +145,10 @@ def test_bad_input_is_named() -> None:
         DetectorConfig(max_distance=0)
     with pytest.raises(ValueError, match="sigma"):
         blur(np.zeros((1, 8, 8, 3), dtype=np.uint8), 0.0)
+
+
+def test_backgrounds_are_read() -> None:
+    frames = render(SCENES[2], 0, 2)
+    assert read_backgrounds(frames) == [SCENES[2].background] * 2
+    mosaic = np.random.default_rng(0).integers(0, 256, size=(1, 64, 64, 3), dtype=np.uint8)
+    assert read_backgrounds(mosaic) == [None]  # no background colour covers 30 % of random pixels

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from perf.quality.detect import detect
+from perf.quality.detect import detect, read_backgrounds
 from perf.quality.metrics import (
     check,
     chunk_starts,
     continuity,
     drift,
     presence,
+    prompt_background,
     prompt_objects,
     switch_latency,
     track,
@@ -30,7 +31,7 @@ class D:
     x: float
     y: float
     area: int = 50
-    contact: bool = False
+    contact: tuple[str, ...] = ()
 
 
 RED, BLUE = ("red", "circle"), ("blue", "square")
@@ -39,6 +40,9 @@ RED, BLUE = ("red", "circle"), ("blue", "square")
 def test_prompt_objects() -> None:
     p = "a red circle and a blue square bouncing on a gray background"
     assert prompt_objects(p) == (RED, BLUE)
+    assert prompt_background(p) == "gray"
+    with pytest.raises(ValueError, match="background"):
+        prompt_background("a red circle")
     with pytest.raises(ValueError, match="names no"):
         prompt_objects("bouncing on a gray background")
     with pytest.raises(ValueError, match="'cat' is not in the vocabulary"):
@@ -55,6 +59,10 @@ def test_presence_counts_frames_with_every_object() -> None:
     assert presence(frames, [RED, BLUE]) == 0.5
     assert presence(frames, [BLUE]) == 0.75
     assert presence([], [RED]) is None
+    # with backgrounds: a frame counts only on the prompt's background
+    assert presence(frames, [BLUE], ["gray", "gray", None, "navy"], "gray") == 0.25  # frame 0 only
+    with pytest.raises(ValueError, match="both"):
+        presence(frames, [BLUE], ["gray"] * 4)
 
 
 def test_track_takes_the_largest_and_uses_a_detection_once() -> None:
@@ -67,12 +75,15 @@ def test_track_takes_the_largest_and_uses_a_detection_once() -> None:
 
 def test_a_partly_hidden_object_counts_by_colour_only_in_contact() -> None:
     # a red circle half behind a blue square reads as another kind; only in contact is colour enough
-    hidden = [[D("red", "triangle", 1, 1, contact=True), D("blue", "square", 5, 5, contact=True)]]
+    hidden = [[D("red", "triangle", 1, 1, contact=("blue",)), D("blue", "square", 5, 5, contact=("red",))]]
     assert presence(hidden, [RED, BLUE]) == 1.0
     alone = [[D("red", "triangle", 1, 1), D("blue", "square", 5, 5)]]
     assert presence(alone, [RED, BLUE]) == 0.0
+    # contact with a colour the prompt does not name (a random mosaic) earns nothing
+    stray = [[D("red", "triangle", 1, 1, contact=("green",)), D("blue", "square", 5, 5)]]
+    assert presence(stray, [RED, BLUE]) == 0.0
     # an exact kind wins over a larger detection matched by colour only
-    both = [[D("red", "square", 9, 9, area=90, contact=True), D("red", "circle", 2, 2, area=30)]]
+    both = [[D("red", "square", 9, 9, area=90, contact=("blue",)), D("red", "circle", 2, 2, area=30)]]
     np.testing.assert_array_equal(track(both, [RED])[0, 0], [2, 2])
 
 
@@ -151,7 +162,7 @@ def test_ground_truth_meets_every_target() -> None:
     frames = render(scene, 0, 9 + 12 * 8)
     dets = detect(frames)
     objs = prompt_objects(scene_prompt(scene))
-    pres = presence(dets, objs)
+    pres = presence(dets, objs, read_backgrounds(frames), "navy")
     assert pres is not None and pres >= 0.9
     c = continuity(track(dets, objs), chunk_starts(len(dets)))
     assert c.ratio is not None and math.isfinite(c.ratio) and c.ratio <= 2.0

@@ -10,14 +10,13 @@ PSNR measures the numerics alone. Later variants (FP8, other decoders) add a row
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from perf.quality.detect import detect
-from perf.quality.metrics import Obj, chunk_starts, continuity, presence, track
+from perf.quality.detect import detect, read_backgrounds
+from perf.quality.metrics import chunk_starts, continuity, presence, prompt_background, prompt_objects, track
 from perf.quality.streams import StreamModel, StreamResult, StreamSpec, run_stream
 
 __all__ = ["COMPARISONS", "Comparison", "Pair", "evaluate", "psnr", "run_pair"]
@@ -37,14 +36,17 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10.0 * math.log10(255.0**2 / mse)
 
 
-def evaluate(result: StreamResult, objects: Sequence[Obj]) -> dict[str, Any]:
-    """Metrics (a) presence and (b) continuity of one decoded stream (``objects``: the prompt's)."""
+def evaluate(result: StreamResult, prompt: str) -> dict[str, Any]:
+    """Metrics (a) presence (objects and background) and (b) continuity of one decoded stream of
+    ``prompt``."""
+    objects = prompt_objects(prompt)
     dets = detect(result.frames)
+    bgs = read_backgrounds(result.frames)
     first = result.chunk_frames[0] if result.chunk_frames else 9
     per = result.chunk_frames[1] if len(result.chunk_frames) > 1 else 12
     cont = continuity(track(dets, objects), chunk_starts(len(dets), first, per))
     return {
-        "presence": presence(dets, objects),
+        "presence": presence(dets, objects, bgs, prompt_background(prompt)),
         "continuity_ratio": cont.ratio,
         "boundary_px": cont.boundary,
         "within_px": cont.within,
@@ -85,14 +87,12 @@ class Comparison:
     frames: int
 
 
-def run_pair(sm: StreamModel, pair: Pair, spec: StreamSpec, objects: Sequence[Obj]) -> Comparison:
+def run_pair(sm: StreamModel, pair: Pair, spec: StreamSpec) -> Comparison:
     """Stream ``spec`` with ``pair.base`` and with ``pair.variant`` (and ``pair.num_blocks`` if set) and
     compare them."""
     if pair.num_blocks is not None:
         spec = replace(spec, num_blocks=pair.num_blocks)
     a = run_stream(sm, replace(spec, **pair.base))
     b = run_stream(sm, replace(spec, **pair.variant))
-    return Comparison(
-        pair.name, psnr(a.frames, b.frames), evaluate(a, objects), evaluate(b, objects), a.wall_s, b.wall_s,
-        int(a.frames.shape[0]),
-    )  # fmt: skip
+    ma, mb = evaluate(a, spec.prompt), evaluate(b, spec.prompt)
+    return Comparison(pair.name, psnr(a.frames, b.frames), ma, mb, a.wall_s, b.wall_s, int(a.frames.shape[0]))

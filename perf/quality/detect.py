@@ -48,6 +48,7 @@ __all__ = [
     "degrade",
     "detect",
     "label_components",
+    "read_backgrounds",
     "score_against_truth",
     "touching_same_color",
     "visible_fractions",
@@ -92,9 +93,9 @@ class Detection:
     """One detected shape: ``frame`` index, ``color`` (a key of COLORS), ``kind`` (circle / square /
     triangle), centroid ``(x, y)`` in pixels (pixel centres at ``i + 0.5``), ``area`` in pixels, ``fill``
     (area over bounding-box area), ``skew`` (skewness of the pixels' rows; 0 for a single row) and ``spread``
-    (area over the squared 95th-percentile distance of its pixels from the centroid); ``contact``: it
-    comes within 2 px of another shape colour (an overlap: one of them may be partly hidden, its kind
-    unreadable)."""
+    (area over the squared 95th-percentile distance of its pixels from the centroid); ``contact``: the
+    other shape colours that come within 2 px of it (an overlap: one of the two may be partly hidden, its
+    kind unreadable)."""
 
     frame: int
     color: str
@@ -105,7 +106,7 @@ class Detection:
     fill: float
     skew: float
     spread: float
-    contact: bool = False
+    contact: tuple[str, ...] = ()
 
 
 def _check_frames(frames: np.ndarray) -> None:
@@ -164,16 +165,15 @@ def _kind(fill: float, skew: float, spread: float, cfg: DetectorConfig) -> str:
     return "circle" if spread / 2 - fill >= cfg.circle_roundness else "square"
 
 
-def _near_other(cls: np.ndarray, reach: int = 2) -> np.ndarray:
-    """bool ``[T, H, W]``: a pixel of another shape colour lies within ``reach`` px (Chebyshev)."""
+def _near(cls: np.ndarray, c: int, reach: int = 2) -> np.ndarray:
+    """bool ``[T, H, W]``: a pixel of class ``c`` lies within ``reach`` px (Chebyshev)."""
     t, h, w = cls.shape
-    pad = np.pad(cls, ((0, 0), (reach, reach), (reach, reach)), constant_values=-1)
+    pad = np.pad(cls == c, ((0, 0), (reach, reach), (reach, reach)))
     out = np.zeros(cls.shape, dtype=bool)
     for dy in range(2 * reach + 1):
         for dx in range(2 * reach + 1):
-            nb = pad[:, dy : dy + h, dx : dx + w]
-            out |= (nb >= 0) & (nb != cls)
-    return out & (cls >= 0)
+            out |= pad[:, dy : dy + h, dx : dx + w]
+    return out
 
 
 def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[list[Detection]]:
@@ -209,19 +209,48 @@ def _detect_batch(frames: np.ndarray, first: int, cfg: DetectorConfig) -> list[l
     starts = np.concatenate([[0], np.cumsum(area)[:-1]])
     d95 = dist2[order][starts + np.floor(0.95 * (area - 1)).astype(np.int64)]
     spread = area / np.maximum(d95, 1e-9)
-    contact = np.bincount(inv, weights=_near_other(cls).reshape(-1)[sel], minlength=k) > 0
+    own = cls.reshape(-1)[sel]
+    touch = np.zeros((k, len(_SHAPE_COLORS)), dtype=bool)
+    for c in np.unique(own):
+        near_c = _near(cls, int(c)).reshape(-1)[sel] & (own != c)
+        touch[:, c] = np.bincount(inv, weights=near_c, minlength=k) > 0
     for i in range(k):
         if area[i] < cfg.min_area or min(bw[i], bh[i]) < cfg.min_side:
             continue
         f = int(reps[i] // (h * w))
         color = _SHAPE_COLORS[int(cls.reshape(-1)[reps[i]])]
         kind = _kind(float(fill[i]), float(skew[i]), float(spread[i]), cfg)
+        near = tuple(_SHAPE_COLORS[c] for c in np.nonzero(touch[i])[0])
         out[f].append(
             Detection(first + f, color, kind, float(cx[i]), float(cy[i]), int(area[i]), float(fill[i]),
-                      float(skew[i]), float(spread[i]), bool(contact[i]))
+                      float(skew[i]), float(spread[i]), near)
         )  # fmt: skip
     for dets in out:
         dets.sort(key=lambda d: -d.area)
+    return out
+
+
+def read_backgrounds(
+    frames: np.ndarray, config: DetectorConfig = DetectorConfig(), *, min_share: float = 0.3
+) -> list[str | None]:
+    """Per frame of uint8 ``[T, H, W, 3]``, the background (a key of BACKGROUNDS) whose colour is nearest
+    (within ``max_distance``) to the most pixels, or None if no background colour holds at least
+    ``min_share`` of the frame."""
+    _check_frames(frames)
+    out: list[str | None] = []
+    names = list(BACKGROUNDS)
+    bg = _PALETTE[len(_SHAPE_COLORS) :]
+    for s in range(0, frames.shape[0], config.batch_frames):
+        px = frames[s : s + config.batch_frames].astype(np.float32)
+        d2 = ((px[..., None, :] - _PALETTE) ** 2).sum(-1)
+        near = d2.argmin(-1)
+        ok = np.take_along_axis(d2, near[..., None], -1)[..., 0] <= config.max_distance**2
+        counts = np.stack(
+            [((near == len(_SHAPE_COLORS) + b) & ok).sum(axis=(1, 2)) for b in range(len(bg))], 1
+        )
+        share = counts / (frames.shape[1] * frames.shape[2])
+        best = share.argmax(1)
+        out += [names[b] if share[i, b] >= min_share else None for i, b in enumerate(best)]
     return out
 
 

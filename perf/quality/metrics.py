@@ -9,8 +9,11 @@ stream at ``fps``; chunk ``c`` of a Rolling Forcing stream decodes to 9 frames f
 Metrics (issue 12 item 6; targets in :data:`TARGETS`):
 
 (a) :func:`presence`: the fraction of frames in which every prompt object is detected (right colour and
-    kind; a detection in contact with another shape colour, ``contact``, is matched by colour alone: an
-    overlap hides part of one shape and its kind cannot be read). Target >= 0.9.
+    kind; a detection in contact with another object of the prompt, ``contact``, is matched by colour
+    alone: an overlap hides part of one shape and its kind cannot be read) and, when the frames'
+    backgrounds are given (:func:`~perf.quality.detect.read_backgrounds`), the background is the
+    prompt's (a mosaic of random colours holds squares of every colour by chance, never a gray
+    background). Target >= 0.9.
 (b) :func:`continuity`: the mean displacement of the objects from the last frame of a chunk to the first
     frame of the next, over the mean displacement between consecutive frames inside a chunk. A stream
     that jumps at chunk boundaries has a ratio >> 1; smooth motion has ~1. Target <= 2.
@@ -28,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rolling_forcing.procedural import COLORS, SHAPES, prompt_words
+from rolling_forcing.procedural import BACKGROUNDS, COLORS, SHAPES, prompt_words
 
 __all__ = [
     "TARGETS",
@@ -43,6 +46,7 @@ __all__ = [
     "drift",
     "presence",
     "presence_mask",
+    "prompt_background",
     "prompt_objects",
     "switch_latency",
     "track",
@@ -66,7 +70,7 @@ class DetectionLike(Protocol):
     x: float
     y: float
     area: int
-    contact: bool
+    contact: tuple[str, ...]
 
 
 Frames = Sequence[Sequence[DetectionLike]]
@@ -99,6 +103,16 @@ def check(name: str, value: float | None) -> Check:
     return Check(name, value, sense, target)
 
 
+def prompt_background(prompt: str) -> str:
+    """The background a prompt names (``"... on a gray background"`` -> ``"gray"``); ``ValueError`` if it
+    names none."""
+    words = prompt_words(prompt)
+    bgs = [a for a, b in zip(words, words[1:]) if b == "background" and a in BACKGROUNDS]
+    if len(bgs) != 1:
+        raise ValueError(f"prompt {prompt!r} must name one '<{'|'.join(BACKGROUNDS)}> background'")
+    return bgs[0]
+
+
 def prompt_objects(prompt: str) -> tuple[Obj, ...]:
     """The ``(colour, kind)`` pairs a prompt names, in order: ``"a red circle and a blue square bouncing
     on a gray background"`` -> ``(("red", "circle"), ("blue", "square"))``. Raises ``ValueError`` for a
@@ -120,16 +134,18 @@ def _check_objects(objects: Sequence[Obj]) -> None:
 
 def track(detections: Frames, objects: Sequence[Obj]) -> np.ndarray:
     """Positions ``[T, n_objects, 2]`` (x, y; NaN where absent): per frame and object, the largest
-    detection of its colour and kind, else the largest of its colour in ``contact`` with another colour
-    (partly hidden: kind unreadable); a detection serves one object only."""
+    detection of its colour and kind, else the largest of its colour in ``contact`` with the colour of
+    another of ``objects`` (partly hidden: kind unreadable); a detection serves one object only."""
     _check_objects(objects)
     out = np.full((len(detections), len(objects), 2), np.nan)
+    colors = {c for c, _ in objects}
     for t, dets in enumerate(detections):
         used: set[int] = set()
         for j, (color, kind) in enumerate(objects):
             best, best_key = None, (False, 0)
             for i, d in enumerate(dets):
-                if i in used or d.color != color or not (d.kind == kind or getattr(d, "contact", False)):
+                hidden = any(c != color and c in colors for c in getattr(d, "contact", ()))
+                if i in used or d.color != color or not (d.kind == kind or hidden):
                     continue
                 key = (d.kind == kind, d.area)  # an exact kind first, then the largest
                 if best is None or key > best_key:
@@ -140,16 +156,37 @@ def track(detections: Frames, objects: Sequence[Obj]) -> np.ndarray:
     return out
 
 
-def presence_mask(detections: Frames, objects: Sequence[Obj]) -> np.ndarray:
-    """bool ``[T]``: every object of ``objects`` is detected in the frame."""
-    return ~np.isnan(track(detections, objects)).any(axis=(1, 2))
+def presence_mask(
+    detections: Frames,
+    objects: Sequence[Obj],
+    backgrounds: Sequence[str | None] | None = None,
+    background: str | None = None,
+) -> np.ndarray:
+    """bool ``[T]``: every object of ``objects`` is detected in the frame and, if ``backgrounds`` (one per
+    frame, :func:`~perf.quality.detect.read_backgrounds`) and ``background`` (the prompt's) are given,
+    the frame's background is ``background``. Give both or neither."""
+    ok = ~np.isnan(track(detections, objects)).any(axis=(1, 2))
+    if (backgrounds is None) != (background is None):
+        raise ValueError(
+            "presence: give both backgrounds (per frame) and background (the prompt's) or neither"
+        )
+    if backgrounds is not None:
+        if len(backgrounds) != len(detections):
+            raise ValueError(f"backgrounds has {len(backgrounds)} frames, detections {len(detections)}")
+        ok &= np.array([b == background for b in backgrounds], dtype=bool)
+    return ok
 
 
-def presence(detections: Frames, objects: Sequence[Obj]) -> float | None:
-    """Metric (a): the fraction of frames with every object present (None for zero frames)."""
+def presence(
+    detections: Frames,
+    objects: Sequence[Obj],
+    backgrounds: Sequence[str | None] | None = None,
+    background: str | None = None,
+) -> float | None:
+    """Metric (a): the fraction of frames passing :func:`presence_mask` (None for zero frames)."""
     if len(detections) == 0:
         return None
-    return float(presence_mask(detections, objects).mean())
+    return float(presence_mask(detections, objects, backgrounds, background).mean())
 
 
 def chunk_starts(num_frames: int, first: int = 9, per: int = 12) -> np.ndarray:
@@ -223,9 +260,12 @@ def drift(
     *,
     tail_seconds: float = 30.0,
     min_speed: float = 0.25,
+    backgrounds: Sequence[str | None] | None = None,
+    background: str | None = None,
 ) -> Drift:
     """Metric (c) over the last ``tail_seconds`` (> 0) of a stream at ``fps`` (> 0); the whole stream if
-    it is shorter. ``min_speed`` (px per frame, >= 0): the generator's slowest shape moves 0.5."""
+    it is shorter. ``min_speed`` (px per frame, >= 0): the generator's slowest shape moves 0.5.
+    ``backgrounds``, ``background``: as :func:`presence_mask`."""
     if not fps > 0 or not tail_seconds > 0 or min_speed < 0:
         raise ValueError(
             f"drift: need fps > 0, tail_seconds > 0, min_speed >= 0, got {fps}, {tail_seconds}, {min_speed}"
@@ -237,18 +277,27 @@ def drift(
     speeds = tuple(
         float(np.median(col[~np.isnan(col)])) if (~np.isnan(col)).any() else float("nan") for col in step.T
     )
-    return Drift(n, presence(tail, objects), speeds, min_speed)
+    tail_bg = None if backgrounds is None else backgrounds[len(backgrounds) - n :]
+    return Drift(n, presence(tail, objects, tail_bg, background), speeds, min_speed)
 
 
 def switch_latency(
-    detections: Frames, objects: Sequence[Obj], switch_frame: int, *, hold: int = 4
+    detections: Frames,
+    objects: Sequence[Obj],
+    switch_frame: int,
+    *,
+    hold: int = 4,
+    backgrounds: Sequence[str | None] | None = None,
+    background: str | None = None,
 ) -> int | None:
     """Metric (d): ``t - switch_frame`` for the first frame ``t >= switch_frame`` from which ``objects``
     (the new prompt's) are all present in ``hold`` (>= 1) consecutive frames; None if that never happens.
-    ``switch_frame``: the first pixel frame of the first chunk generated under the new prompt."""
+    ``switch_frame``: the first pixel frame of the first chunk generated under the new prompt.
+    ``backgrounds``, ``background`` (the new prompt's): as :func:`presence_mask`."""
     if hold < 1 or switch_frame < 0:
         raise ValueError(f"switch_latency: need hold >= 1 and switch_frame >= 0, got {hold}, {switch_frame}")
-    ok = presence_mask(detections[switch_frame:], objects)
+    bgs = None if backgrounds is None else backgrounds[switch_frame:]
+    ok = presence_mask(detections[switch_frame:], objects, bgs, background)
     run = 0
     for i, v in enumerate(ok):
         run = run + 1 if v else 0
