@@ -294,7 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", nargs="*", default=[], choices=["detector", "stream", "drift", "switch", "compare"]
     )
     args = ap.parse_args(argv)
+    saved = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     sm = load_model(args.model, seed=args.seed)
     print(

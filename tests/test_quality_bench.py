@@ -81,3 +81,25 @@ def test_model_names_are_checked() -> None:
         load_model("huge")
     with pytest.raises(ValueError, match="switch block"):
         StreamSpec(PROMPT, 5, switch=(PROMPT, 5, False))
+
+
+def test_bench_main_prints_targets_and_writes_the_sheet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perf import bench_quality
+    from perf.quality.sheet import CAPTION, GAP
+
+    monkeypatch.chdir(tmp_path)  # --no-save puts the sheet under ./build/perf
+    skip = ["detector", "drift", "switch", "compare"]
+    assert bench_quality.main(["--quick", "--no-save", "--skip", *skip]) == 0
+    out = capsys.readouterr().out
+    # the ideal stream meets (a) and (b); the tiny model's random mosaic misses both
+    assert "stream ground_truth [" + PROMPT + "]: (a) presence" in out
+    lines = [line for line in out.splitlines() if line.startswith("stream ")]
+    assert len(lines) == 2 and lines[0].count(": met") == 2 and lines[1].count("MISSED") == 2
+    png = tmp_path / "build" / "perf" / "quality_quick_sheet.png"
+    from PIL import Image
+
+    with Image.open(png) as im:  # 16 frames, 8 per row, scale 2
+        assert im.size == (8 * (128 + GAP) + GAP, 2 * (128 + CAPTION + GAP) + GAP)
+    assert not (tmp_path / "perf").exists()
