@@ -1,5 +1,5 @@
 """The quality gate for numerics: two streams of the same prompt and noise, compared by decoded-video PSNR
-and by metrics (a) and (b) side by side (issue 12 item 7).
+and by metrics (a) and (b) side by side (the demo model's numerics gate, docs/quality.md).
 
 :data:`COMPARISONS` lists the variants against their baselines: merged vs two-pass forward, sharded
 (``cores=2``, gloo) vs unsharded, the emulator backend vs the reference (a short stream: the emulator is

@@ -6,7 +6,7 @@ sequence over frames of sequences of objects with attributes ``color``, ``kind``
 stream at ``fps``; chunk ``c`` of a Rolling Forcing stream decodes to 9 frames for ``c = 0`` and 12 after
 (:func:`chunk_starts`).
 
-Metrics (issue 12 item 6; targets in :data:`TARGETS`):
+Metrics (the demo model's quality targets, :data:`TARGETS`; docs/quality.md):
 
 (a) :func:`presence`: the fraction of frames in which every prompt object is detected (right colour and
     kind; a detection in contact with another object of the prompt, ``contact``, is matched by colour
@@ -61,7 +61,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "tail_presence": (">=", 0.8),
     "switch_frames": ("<=", 24.0),
 }
-"""Issue 12's targets: metric -> (sense, bound). ``switch_frames`` = 2 chunks of 12 frames."""
+"""The demo model's quality targets: metric -> (sense, bound). ``switch_frames`` = 2 chunks of 12 frames."""
 
 
 class DetectionLike(Protocol):
