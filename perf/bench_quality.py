@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -296,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--blocks", type=int, default=None, help="blocks per stream of (a)/(b) (>= 5; default 40, quick 10)"
+    )
+    ap.add_argument(
         "--skip", nargs="*", default=[], choices=["detector", "stream", "drift", "switch", "compare"]
     )
     args = ap.parse_args(argv)
@@ -309,24 +313,37 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
+    if args.blocks is not None:
+        if args.blocks < 5:
+            raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {args.blocks}")
+        plan = replace(plan, blocks=args.blocks)
     sm = load_model(args.model, seed=args.seed)
     print(
         f"quality bench: model {sm.name} ({sm.description}); {'quick' if args.quick else 'full'} run",
         flush=True,
     )
     rows: list[BenchRow] = []
-    sheet = None
-    if "detector" not in args.skip:
-        rows += detector_rows(plan)
-    if "stream" not in args.skip:
-        srows, sheet = stream_rows(sm, plan, args.seed)
-        rows += srows
-    if "drift" not in args.skip:
-        rows.append(drift_row(sm, plan, args.seed))
-    if "switch" not in args.skip:
-        rows += switch_rows(sm, plan, args.seed)
-    if "compare" not in args.skip:
-        rows += compare_rows(sm, plan, args.seed)
+    box: dict[str, np.ndarray | None] = {"sheet": None}
+
+    def streams() -> list[BenchRow]:
+        srows, box["sheet"] = stream_rows(sm, plan, args.seed)
+        return srows
+
+    sections: dict[str, Callable[[], list[BenchRow]]] = {
+        "detector": lambda: detector_rows(plan),
+        "stream": streams,
+        "drift": lambda: [drift_row(sm, plan, args.seed)],
+        "switch": lambda: switch_rows(sm, plan, args.seed),
+        "compare": lambda: compare_rows(sm, plan, args.seed),
+    }
+    for name, section in sections.items():
+        if name in args.skip:
+            continue
+        t0 = time.perf_counter()
+        new = section()
+        rows += new
+        print(f"[{name}: {time.perf_counter() - t0:.0f} s wall clock]", *summary(new), sep="\n  ", flush=True)
+    sheet = box["sheet"]
     rows = [replace(r, config={"model": sm.name, **r.config}) for r in rows]
     print_table(rows)
     print("\n".join(summary(rows)))
