@@ -154,33 +154,36 @@ def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow],
     return rows, (sheet_frames[0] if sheet_frames else None)
 
 
-def drift_row(sm: StreamModel, plan: Plan, seed: int) -> BenchRow:
+def drift_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
     prompt = plan.prompts[0]
     spec = StreamSpec(prompt, plan.drift_blocks, seed=seed, positions="relative", upfront=False)
+    rows = []
+    for who in ("ground_truth", sm.name):
 
-    def case() -> dict[str, Any]:
-        res = run_stream(sm, spec)
-        d = drift(
-            detect(res.frames), prompt_objects(prompt), FPS, tail_seconds=plan.drift_tail_s,
-            backgrounds=read_backgrounds(res.frames), background=prompt_background(prompt),
-        )  # fmt: skip
-        return {
-            "tail_presence": d.tail_presence,
-            "tail_frames": d.tail_frames,
-            "speeds_px_per_frame": [_json_float(s) for s in d.speeds],
-            "moving": d.moving,
-            "tail_presence_met": check("tail_presence", d.tail_presence).met,
-            "frames": int(res.frames.shape[0]),
-            "wall_s": res.wall_s,
+        def case(who: str = who) -> dict[str, Any]:
+            res = truth_stream(spec, seed=seed) if who == "ground_truth" else run_stream(sm, spec)
+            d = drift(
+                detect(res.frames), prompt_objects(prompt), FPS, tail_seconds=plan.drift_tail_s,
+                backgrounds=read_backgrounds(res.frames), background=prompt_background(prompt),
+            )  # fmt: skip
+            return {
+                "tail_presence": d.tail_presence,
+                "tail_frames": d.tail_frames,
+                "speeds_px_per_frame": [_json_float(s) for s in d.speeds],
+                "moving": d.moving,
+                "tail_presence_met": check("tail_presence", d.tail_presence).met,
+                "frames": int(res.frames.shape[0]),
+                "wall_s": res.wall_s,
+            }
+
+        cfg = {
+            "prompt": prompt,
+            "blocks": plan.drift_blocks,
+            "positions": "relative",
+            "tail_s": plan.drift_tail_s,
         }
-
-    cfg = {
-        "prompt": prompt,
-        "blocks": plan.drift_blocks,
-        "positions": "relative",
-        "tail_s": plan.drift_tail_s,
-    }
-    return _stream_row("quality_drift", sm.name, cfg, case)
+        rows.append(_stream_row("quality_drift", who, cfg, case))
+    return rows
 
 
 def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
@@ -332,7 +335,7 @@ def _run(args: argparse.Namespace) -> int:
     sections: dict[str, Callable[[], list[BenchRow]]] = {
         "detector": lambda: detector_rows(plan),
         "stream": streams,
-        "drift": lambda: [drift_row(sm, plan, args.seed)],
+        "drift": lambda: drift_rows(sm, plan, args.seed),
         "switch": lambda: switch_rows(sm, plan, args.seed),
         "compare": lambda: compare_rows(sm, plan, args.seed),
     }
