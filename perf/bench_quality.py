@@ -272,7 +272,7 @@ def summary(rows: list[BenchRow]) -> list[str]:
             out.append(
                 f"drift {r.variant} ({r.config['blocks']} blocks, last {r.config['tail_s']:g} s): "
                 f"(c) {check('tail_presence', e['tail_presence']).describe()}; moving: {e['moving']} "
-                f"(median speeds {e['speeds_px_per_frame']} px/frame)"
+                f"(median speeds {', '.join(_fmt(v) for v in e['speeds_px_per_frame'])} px/frame)"
             )
         elif r.op == "quality_switch":
             rc = "with re-cache" if r.config["recache"] else "without re-cache"

@@ -65,12 +65,20 @@ TARGETS: dict[str, tuple[str, float]] = {
 
 
 class DetectionLike(Protocol):
-    color: str
-    kind: str
-    x: float
-    y: float
-    area: int
-    contact: tuple[str, ...]
+    """What the metrics read of a detection (:class:`~perf.quality.detect.Detection` has it all)."""
+
+    @property
+    def color(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def x(self) -> float: ...
+    @property
+    def y(self) -> float: ...
+    @property
+    def area(self) -> int: ...
+    @property
+    def contact(self) -> tuple[str, ...]: ...
 
 
 Frames = Sequence[Sequence[DetectionLike]]
@@ -144,7 +152,7 @@ def track(detections: Frames, objects: Sequence[Obj]) -> np.ndarray:
         for j, (color, kind) in enumerate(objects):
             best, best_key = None, (False, 0)
             for i, d in enumerate(dets):
-                hidden = any(c != color and c in colors for c in getattr(d, "contact", ()))
+                hidden = any(c != color and c in colors for c in d.contact)
                 if i in used or d.color != color or not (d.kind == kind or hidden):
                     continue
                 key = (d.kind == kind, d.area)  # an exact kind first, then the largest

@@ -73,7 +73,7 @@ def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0) -> StreamModel:
             from rolling_forcing import demo  # type: ignore[attr-defined]
         except ImportError as exc:
             raise ValueError(f"model 'demo': rolling_forcing.demo is not in this checkout ({exc})") from None
-        loaded: Any = demo.load_demo()
+        loaded: Any = demo.load_demo()  # (model_cfg, model, text_encoder, decoder)
         cfg, model, enc, dec = loaded[0], loaded[1], loaded[2], loaded[3]
 
         def reset() -> StreamingDecoder:
@@ -147,8 +147,9 @@ def run_stream(sm: StreamModel, spec: StreamSpec) -> StreamResult:
     dt = pipe_cfg.torch_dtype
     model = sm.model.to(dt)
     try:
-        emb = sm.text_encoder.encode([spec.prompt]).to(dt)
-        new_emb = None if spec.switch is None else sm.text_encoder.encode([spec.switch[0]]).to(dt)
+        with torch.no_grad():  # a trained text encoder is an nn.Module
+            emb = sm.text_encoder.encode([spec.prompt]).to(dt)
+            new_emb = None if spec.switch is None else sm.text_encoder.encode([spec.switch[0]]).to(dt)
         decoder = sm.make_decoder()
         gen = torch.Generator().manual_seed(spec.seed)
         pipe: Any
