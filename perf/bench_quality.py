@@ -134,11 +134,17 @@ def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow],
     sheet_frames: list[np.ndarray] = []
     for n, prompt in enumerate(plan.prompts):
         spec = StreamSpec(prompt, plan.blocks, seed=seed + n)
-        for who in ("ground_truth", sm.name):
+        whos = ["ground_truth", *(["decoder_roundtrip"] if sm.roundtrip is not None else []), sm.name]
+        for who in whos:
 
             def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
-                res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
-                if who != "ground_truth" and not sheet_frames:
+                if who == sm.name:
+                    res = run_stream(sm, spec)
+                else:
+                    res = truth_stream(spec, seed=spec.seed)
+                    if who == "decoder_roundtrip" and sm.roundtrip is not None:
+                        res = replace(res, frames=sm.roundtrip(res.frames))
+                if who == sm.name and not sheet_frames:
                     sheet_frames.append(res.frames)
                 m = evaluate(res, spec.prompt)
                 return {

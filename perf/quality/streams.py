@@ -44,8 +44,9 @@ DEFAULT_MODEL = "tiny"
 
 @dataclass(frozen=True)
 class StreamModel:
-    """A model to stream: its config, the DiT (float32, eval), a text encoder and a decoder factory (a
-    fresh or reset :class:`~rolling_forcing.decode.StreamingDecoder` per stream)."""
+    """A model to stream: its config, the DiT (float32, eval), a text encoder, a decoder factory (a
+    fresh or reset :class:`~rolling_forcing.decode.StreamingDecoder` per stream) and, if the model has an
+    encoder, the autoencoder round trip."""
 
     name: str
     model_cfg: ModelConfig
@@ -53,6 +54,9 @@ class StreamModel:
     text_encoder: TextEncoder
     make_decoder: Callable[[], StreamingDecoder]
     description: str
+    roundtrip: Callable[[np.ndarray], np.ndarray] | None = None
+    """The model's autoencoder, encode then decode, on uint8 frames ``[T, H, W, 3]`` (``T = 1 + 4k``): what
+    the decoder can show at best (None: the model has no encoder, e.g. the preview decoder)."""
 
 
 def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0) -> StreamModel:
@@ -69,8 +73,10 @@ def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0) -> StreamModel:
 
         return StreamModel(name, cfg, model, enc, preview, "tiny preset: random weights, preview decoder")
     if name == "demo":
-        try:
-            from rolling_forcing import demo  # type: ignore[attr-defined]
+        import importlib
+
+        try:  # imported by name: the package may not be in this checkout yet
+            demo: Any = importlib.import_module("rolling_forcing.demo")
         except ImportError as exc:
             raise ValueError(f"model 'demo': rolling_forcing.demo is not in this checkout ({exc})") from None
         loaded: Any = demo.load_demo()  # (model_cfg, model, text_encoder, decoder)
@@ -80,7 +86,17 @@ def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0) -> StreamModel:
             dec.reset()
             return dec
 
-        return StreamModel(name, cfg, model.float().eval(), enc, reset, "demo model (trained, shipped)")
+        ae: Any = getattr(dec, "model", None)  # DemoStreamingDecoder keeps its DemoAutoencoder
+
+        def roundtrip(frames: np.ndarray) -> np.ndarray:
+            x = torch.from_numpy(frames).float().permute(0, 3, 1, 2)[None] / 127.5 - 1.0
+            with torch.no_grad():
+                return to_uint8_frames(ae.decode(ae.encode(x)))
+
+        desc = "demo model (trained, shipped)"
+        return StreamModel(
+            name, cfg, model.float().eval(), enc, reset, desc, roundtrip if ae is not None else None
+        )
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 
