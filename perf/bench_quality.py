@@ -272,7 +272,8 @@ def summary(rows: list[BenchRow]) -> list[str]:
                 f"stream {r.variant} [{r.config['prompt']}]: "
                 f"(a) {check('presence', e['presence']).describe()}; "
                 f"(b) {check('continuity_ratio', e['continuity_ratio']).describe()} "
-                f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px)"
+                f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px; ratio at "
+                f"latent-frame boundaries {_fmt(e.get('latent_boundary_ratio'))})"
             )
         elif r.op == "quality_drift":
             out.append(

@@ -104,3 +104,16 @@ def test_bench_main_prints_targets_and_writes_the_sheet(
     with Image.open(png) as im:  # 16 frames, 8 per row, scale 2
         assert im.size == (8 * (128 + GAP) + GAP, 2 * (128 + CAPTION + GAP) + GAP)
     assert not (tmp_path / "perf").exists()
+
+
+def test_evaluate_on_the_ideal_stream() -> None:
+    from perf.quality.compare import evaluate
+
+    res = truth_stream(StreamSpec("a yellow triangle bouncing on a navy background", 6), seed=3)
+    m = evaluate(res, "a yellow triangle bouncing on a navy background")
+    # one shape, nothing to hide it: present in every frame; constant speed, so every ratio is ~1
+    # (a bounce shortens one step: the ratios move by at most one step's share of the mean)
+    assert m["presence"] == 1.0
+    assert m["continuity_ratio"] == pytest.approx(1.0, abs=0.15)
+    assert m["latent_boundary_ratio"] == pytest.approx(1.0, abs=0.15)
+    assert evaluate(res, "a yellow triangle bouncing on a gray background")["presence"] == 0.0  # wrong bg
