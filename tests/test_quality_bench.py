@@ -91,7 +91,9 @@ def test_bench_main_prints_targets_and_writes_the_sheet(
 
     monkeypatch.chdir(tmp_path)  # --no-save puts the sheet under ./build/perf
     skip = ["detector", "drift", "switch", "compare"]
-    assert bench_quality.main(["--quick", "--no-save", "--blocks", "5", "--skip", *skip]) == 0
+    assert (
+        bench_quality.main(["--quick", "--no-save", "--model", "tiny", "--blocks", "5", "--skip", *skip]) == 0
+    )
     out = capsys.readouterr().out
     # the ideal stream moves smoothly across chunks ((a) dips when one shape hides another: 0.895 over
     # these 5 blocks); the tiny model's random mosaic misses both targets
