@@ -53,19 +53,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
     DMA_PV_DELAY,
     PE_PV_DELAY,
-    PMAX,
     PvQueue,
     _issue_p_transpose,
 )
 from nki_kernels.attention_tiles import (
-    BANK,
     DMA_GROUP_CHUNKS,
     DMA_TRANSPOSE_CHUNKS,
     KC_FP32,
@@ -79,10 +75,12 @@ from nki_kernels.attention_tiles import (
     fit_group,
     flash_sbuf_bytes,
     merge_remainder,
+    owned_pairs,
     p_transpose_plan,
     pair_plan,
     vector_evict_blocks,
 )
+from nki_kernels.hw_limits import PMAX, PSUM_BANK_FMAX
 
 
 def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
@@ -91,7 +89,7 @@ def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
     c0 = 0
     while c0 < total:
         rem = total - c0
-        n = kc if rem >= kc else (rem // BANK) * BANK if rem >= BANK else rem
+        n = kc if rem >= kc else (rem // PSUM_BANK_FMAX) * PSUM_BANK_FMAX if rem >= PSUM_BANK_FMAX else rem
         out.append((c0, n))
         c0 += n
     return out
@@ -99,14 +97,15 @@ def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
 
 L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator l (the PV matmul's column D, :func:`_flash_rows`) before the
-reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid key
-contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
+reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid
+key contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
 
 
 def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
-    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at chunk
-    ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit queued on
-    any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued first."""
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at
+    chunk ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit
+    queued on any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued
+    first."""
     slot = unit[0][3]
     npt = len(w["pT_pe"])
 
@@ -121,8 +120,8 @@ def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
 
 
 class _Tail:
-    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are interleaved
-    with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
+    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are
+    interleaved with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
 
     def __init__(self, queue, done, aset, q0, qr, o_acc, nm, nchunks):
         self.queue, self.done, self.aset = queue, done, aset
@@ -130,9 +129,9 @@ class _Tail:
 
 
 def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse):
-    """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` / ``v_sb``
-    ``[128, Lk/128, D + 1]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the module
-    docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
+    """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` /
+    ``v_sb`` ``[128, Lk/128, D + 1]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the
+    module docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
     :func:`~nki_kernels.attention_tiles._flash_buffers` (KC = the width of its ``p_pe`` tiles).
 
     V's column D is 1 for keys that count and 0 for keys that must not, so the PV matmul's last column is the
@@ -187,7 +186,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
         qr = min(PMAX, q_hi - q0)
         qT = w["qT_b"] if ti % 2 else w["qT_a"]
         c0, kc = chunks[ci]
-        nsub = (kc + BANK - 1) // BANK
+        nsub = (kc + PSUM_BANK_FMAX - 1) // PSUM_BANK_FMAX
         wd = kc // nsub  # equal banks (merge_remainder keeps kc % nsub == 0)
         for j in range(nsub):
             nisa.nc_matmul(
@@ -220,7 +219,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
             queues = [queue] if tail is None else [queue, tail.queue]
             aset = unit % ALPHA_SETS
             col = aset * slots + slot
-            nsub = (kc + BANK - 1) // BANK
+            nsub = (kc + PSUM_BANK_FMAX - 1) // PSUM_BANK_FMAX
             wd = kc // nsub
             s = s_ps[g % 2]  # this chunk's scores, computed one chunk ahead
             s_view = s[:qr, :nsub, :wd]
@@ -324,18 +323,12 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, 2 * KC * 2)
     w = _flash_buffers(D, D + 1, KC, gmax, dt)
 
-    pair = 0
     n_grp = 0  # P^T groups seen by this program: the DMA-transposed ones are dealt by this counter
-    for b in range(B):
-        for h in range(H):
-            mine = pair % nprog == pid
-            pair += 1
-            if not mine:
-                continue
-            _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
-            n_grp = _flash_rows(
-                w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse
-            )
+    for b, h in owned_pairs(B, H, pid, nprog):
+        _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
+        n_grp = _flash_rows(
+            w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse
+        )
     if return_lse:
         return out, lse
     return out
@@ -347,7 +340,8 @@ def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_
 
     ``scale`` (float) and ``return_lse`` (bool) are compile-time constants; ``dma_transpose_chunks``
     (``(num, den)``, default :data:`DMA_TRANSPOSE_CHUNKS`) is the fraction of full 2048-key chunks whose P is
-    transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either way.
+    transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either
+    way.
     """
     return _attention_body(
         q,
@@ -480,8 +474,6 @@ def attention_segments_emulated(
     )
     return _finish(res, q, return_lse)
 
-
-_ = np
 
 __all__ = [
     "DMA_GROUP_CHUNKS",

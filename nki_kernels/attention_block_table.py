@@ -5,9 +5,10 @@ The NKI kernel of :func:`nki_kernels.ops.attention_block_table` (the static-shap
 forward, ``docs/merged_forward.md``). Math, per batch b, head h, query group g (query tokens
 ``[lo_g, lo_g + q_groups[g])``)::
 
-    keys(g) = concat over n with table[g, n, 0] >= 0 of  src_s[b, blk*T : (blk+1)*T, h, :],  (s, blk) = table[g, n]
-    out[b, i, h] = sum_j softmax_j(scale * q_i . k_j) v_j     over j in keys(g)   (zeros if keys(g) is empty)
-    lse[b, i, h] = log sum_j exp(scale * q_i . k_j)                               (-inf if keys(g) is empty)
+    keys(g) = concat over n with table[g, n, 0] >= 0 of src_s[b, blk*T : (blk+1)*T, h, :]
+              where (s, blk) = table[g, n]
+    out[b, i, h] = sum_j softmax_j(scale * q_i . k_j) v_j   over j in keys(g)   (zeros if keys(g) is empty)
+    lse[b, i, h] = log sum_j exp(scale * q_i . k_j)                             (-inf if keys(g) is empty)
 
 **One compiled kernel per shape, whatever the table holds.** The block table ``[G, NB, 2]`` int32 is a
 *runtime* HBM input: it is loaded into SBUF and turned on VectorE into per-entry token offsets that are used
@@ -60,7 +61,7 @@ import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import _chunks, _flash_rows, _validate
-from nki_kernels.attention_pv import ALPHA_SETS, HWDGE_ROWS, PMAX
+from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.attention_tiles import (
     KC_FP32,
     KC_TWO_BYTE,
@@ -70,7 +71,10 @@ from nki_kernels.attention_tiles import (
     fit_group,
     flash_sbuf_bytes,
     merge_remainder,
+    owned_pairs,
 )
+from nki_kernels.block_table_checks import check_table_values
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 DMA_TRANSPOSE_CHUNKS = (0, 1)
 """Default share of P^T *groups* (:data:`DMA_GROUP_CHUNKS` consecutive 2048-key spans of a query tile)
@@ -79,9 +83,9 @@ transpose price is unmeasured; every P^T is a TensorE transpose by default). The
 not depend on it (exact copies)."""
 
 DMA_GROUP_CHUNKS = 7
-"""2048-key spans per DMA-transposed P^T group (as :data:`nki_kernels.attention.DMA_GROUP_CHUNKS`); 7 here, not 8,
-because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760); lowered
-further to what fits for longer key sequences."""
+"""2048-key spans per DMA-transposed P^T group (as :data:`nki_kernels.attention_tiles.DMA_GROUP_CHUNKS`); 7
+here, not 8, because V's extra column and the K staging tile leave less SBUF (8 does not fit at Lk = 32,760);
+lowered further to what fits for longer key sequences."""
 
 OFFSET_EXACT_LIMIT = 1 << 24
 """Token offsets are computed in fp32 on VectorE: ``B * S_i`` (the out-of-range sentinel) must stay below
@@ -306,23 +310,16 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, 2 * KC * 2)
     w = _flash_buffers(D, Dv, KC, gmax, dt)
 
-    pair = 0
     n_grp = 0
-    for b in range(B):
-        for h in range(H):
-            mine = pair % nprog == pid
-            pair += 1
-            if not mine:
-                continue
-            lo = 0
-            for g in range(G):
-                nq = q_groups[g]
-                _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
-                n_grp = _flash_rows(
-                    w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale,
-                    return_lse,
-                )  # fmt: skip
-                lo += nq
+    for b, h in owned_pairs(B, H, pid, nprog):
+        lo = 0
+        for g in range(G):
+            nq = q_groups[g]
+            _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
+            n_grp = _flash_rows(
+                w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale, return_lse
+            )
+            lo += nq
     if return_lse:
         return out, lse
     return out
@@ -410,22 +407,7 @@ def _check_args(
     if block_table.shape[1] < 1:
         raise ValueError("block_table must have NB >= 1 entries per group")
     tab = block_table.detach().cpu().to(torch.int64).numpy()
-    nblk = [kb.shape[1] // t for kb in ks]
-    for g in range(tab.shape[0]):
-        seen: set[tuple[int, int]] = set()
-        for n in range(tab.shape[1]):
-            src, blk = int(tab[g, n, 0]), int(tab[g, n, 1])
-            if src == -1:
-                continue
-            if not 0 <= src < len(ks):
-                raise ValueError(f"block_table[{g}, {n}] source={src} must be -1 or in [0, {len(ks)})")
-            if not 0 <= blk < nblk[src]:
-                raise ValueError(
-                    f"block_table[{g}, {n}] block={blk} is out of source {src}'s {nblk[src]} blocks"
-                )
-            if (src, blk) in seen:
-                raise ValueError(f"block_table[{g}] lists block ({src}, {blk}) twice")
-            seen.add((src, blk))
+    check_table_values(tab.tolist(), [int(kb.shape[1]) for kb in ks], t)
     return ks, vs, tab.astype(np.int32), groups, t
 
 

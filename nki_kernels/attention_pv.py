@@ -12,12 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nki_kernels._nki import nisa, nl
-
-PMAX = 128
-
-HWDGE_ROWS = 16
-"""Source rows of one 2-D hardware-DGE ``dma_transpose`` (NKI 0.6: ``src.shape[0] == 16`` for 2-D; 3-D/4-D
-sources need ``src.shape[0]`` in {1, 2, 4, 8, 16} and ``(src.shape[0] * src.shape[-2]) % 16 == 0``)."""
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 
 def _pow2_pieces(n: int) -> list[tuple[int, int]]:
@@ -53,9 +48,9 @@ def _pe_transpose_p(pT_sb, pT_ps, p_sb, qr, kc, nv):
 
 
 def _pv_update(pv_ps, o_acc, pT_sb, v_sb, alpha, blk0, c0, kc, qr, dv, first):
-    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key blocks);
-    returns the o update (``o = PV`` for the first chunk, else ``o = o * alpha + PV``, VectorE, fp32) as a
-    function for the caller to issue now or later."""
+    """``PV = sum_t P^T[blk0 + t]^T V[c0/128 + t]`` (one PSUM accumulation group over the chunk's 128-key
+    blocks); returns the o update (``o = PV`` for the first chunk, else ``o = o * alpha + PV``, VectorE, fp32)
+    as a function for the caller to issue now or later."""
     for t in range((kc + PMAX - 1) // PMAX):
         kr = min(PMAX, kc - t * PMAX)
         kt = (c0 + t * PMAX) // PMAX
@@ -106,8 +101,8 @@ def _issue_pv(unit, aset, deferred, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr,
     ``ci`` accumulates in ``pv_ps[ci % 2]`` (the next chunk's PV does not wait for this chunk's o update).
 
     A TensorE unit's o update is appended to ``deferred`` (``(pv buffer, alpha set, issue)``, issued by
-    :meth:`PvQueue.issue_deferred` after the next chunk's row max); a DMA group's are issued at once, after any
-    deferred ones (the o updates keep the chunk order). Deferred updates reading the PSUM buffer a chunk's
+    :meth:`PvQueue.issue_deferred` after the next chunk's row max); a DMA group's are issued at once, after
+    any deferred ones (the o updates keep the chunk order). Deferred updates reading the PSUM buffer a chunk's
     matmuls are about to overwrite are issued first."""
     defer = len(unit) == 1 and unit[0][3] < 0
     for ci, c0, kc, slot, col in unit:
@@ -153,11 +148,12 @@ class PvQueue:
     """Units whose P^T is issued and whose PV matmuls / o updates are not, in chunk order (the o updates must
     keep it: ``o = o * alpha + PV`` is not associative in fp32). Holds the tiles of one query tile's PV stage.
 
-    ``push`` records a unit with the chunk index from which its PV may be issued; ``issue_ready(ci)`` issues the
-    units due by chunk ``ci``; ``flush_until(pred)`` issues every unit up to the last one matching
-    ``pred(alpha_set, unit)`` (a P^T tile about to be rewritten); ``flush_alpha(set)`` also issues the deferred
-    o updates reading that alpha set. A TensorE unit's o update is deferred (``deferred``, a list shared by the
-    queues of consecutive tiles) until ``issue_deferred``, so VectorE reduces the next chunk's max first.
+    ``push`` records a unit with the chunk index from which its PV may be issued; ``issue_ready(ci)`` issues
+    the units due by chunk ``ci``; ``flush_until(pred)`` issues every unit up to the last one matching
+    ``pred(alpha_set, unit)`` (a P^T tile about to be rewritten); ``flush_alpha(set)`` also issues the
+    deferred o updates reading that alpha set. A TensorE unit's o update is deferred (``deferred``, a list
+    shared by the queues of consecutive tiles) until ``issue_deferred``, so VectorE reduces the next chunk's
+    max first.
     """
 
     def __init__(self, pv_ps, o_acc, pT_sb, pT_pe, v_sb, alpha, qr, dv, nbc, deferred=None):

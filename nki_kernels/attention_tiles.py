@@ -12,15 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from nki_kernels._nki import nisa, nl
-from nki_kernels.attention_pv import ALPHA_SETS, HWDGE_ROWS, PMAX
-
-BANK = 512
-"""fp32 elements per partition in one PSUM bank; also the moving free size of the QK^T matmul."""
+from nki_kernels.attention_pv import ALPHA_SETS
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX, PSUM_BANK_FMAX
 
 KC_TWO_BYTE = 1024
-"""Keys per chunk of the inner loop for 2-byte dtypes: S of one chunk is ``[128, 1024]`` fp32 = two PSUM banks,
-double-buffered (4 of the 8 banks), so TensorE computes chunk c+1's scores while VectorE / ScalarE read chunk
-c's straight from PSUM (docs/kernels/attention.md, "Engine balance")."""
+"""Keys per chunk of the inner loop for 2-byte dtypes: S of one chunk is ``[128, 1024]`` fp32 = two PSUM
+banks, double-buffered (4 of the 8 banks), so TensorE computes chunk c+1's scores while VectorE / ScalarE read
+chunk c's straight from PSUM (docs/kernels/attention.md, "Engine balance")."""
 
 KC_FP32 = 512
 """Keys per chunk for fp32 inputs (a correctness path): one bank of S, and the fp32 P^T of the chunk (4 x 128
@@ -42,10 +40,10 @@ the group): the kernel lowers g to what fits next to the resident K^T / V (:func
 VECTOR_EVICT = (3, 16)
 """Fraction ``(num, den)`` of the TensorE-transposed P^T blocks evicted PSUM->SBUF by VectorE, dealt per chunk
 by a running counter (:func:`vector_evict_blocks`): 3/16 of the 8 blocks of a 1024-key chunk = 1 and 2 blocks
-on alternate chunks; ScalarE evicts the rest. It balances the two engines' busy time per chunk in cost model v2
-(table in docs/kernels/attention.md): VectorE carries the row max (~1.21 us per chunk from PSUM), the running
-max and the o update, ScalarE the exp (~0.97 us) and alpha; a bf16 block costs VectorE ~67 ns (2-byte PSUM
-source, 2x mode) and ScalarE ~107 ns, plus ~147 / ~114 ns per eviction instruction (PSUM access)."""
+on alternate chunks; ScalarE evicts the rest. It balances the two engines' busy time per chunk in cost model
+v2 (table in docs/kernels/attention.md): VectorE carries the row max (~1.21 us per chunk from PSUM), the
+running max and the o update, ScalarE the exp (~0.97 us) and alpha; a bf16 block costs VectorE ~67 ns (2-byte
+PSUM source, 2x mode) and ScalarE ~107 ns, plus ~147 / ~114 ns per eviction instruction (PSUM access)."""
 
 
 def vector_evict_blocks(nb: int, n: int, split: tuple[int, int] = VECTOR_EVICT) -> int:
@@ -68,14 +66,20 @@ def merge_remainder(chunks: Sequence[tuple[int, int]], kc: int) -> list[tuple[in
         (c0, m), (c1, t) = out[-2], out[-1]
         if (
             m < kc
-            and m % BANK == 0
-            and 0 < t < BANK
+            and m % PSUM_BANK_FMAX == 0
+            and 0 < t < PSUM_BANK_FMAX
             and c1 == c0 + m
             and (m + t) % 2 == 0
-            and m + t <= 2 * BANK
+            and m + t <= 2 * PSUM_BANK_FMAX
         ):
             out[-2:] = [(c0, m + t)]
     return out
+
+
+def owned_pairs(B: int, H: int, pid: int, nprog: int) -> list[tuple[int, int]]:
+    """The (batch, head) pairs program ``pid`` of ``nprog`` computes: all ``B x H`` pairs in b-major order,
+    dealt round-robin (pair ``i`` to program ``i % nprog``), so LNC2 splits the heads evenly."""
+    return [(b, h) for i, (b, h) in enumerate((b, h) for b in range(B) for h in range(H)) if i % nprog == pid]
 
 
 def fit_group(group: int, sbuf_bytes: int, fixed_bytes: int, chunk_bytes: int) -> int:
@@ -112,11 +116,11 @@ def p_transpose_plan(
     """Pure schedule of one query tile's P^T transposes.
 
     The full chunks (``n == kc_full``) are cut into groups of ``group`` consecutive chunks (the last one
-    shorter); group number ``n_grp`` (a running counter carried across tiles, returned advanced) goes to the DMA
-    when ``(n_grp * num) % den < num``. Returns per chunk ``(dma, slot, flush)``: ``slot`` is the chunk's place
-    in its group (its P and alpha live at that slot; 0 for TensorE chunks) and ``flush`` marks the last chunk of
-    a DMA group (transpose the group, then its PV matmuls and o updates in chunk order). TensorE chunks
-    (including partial ones) are never inside a pending group, so the o updates keep the chunk order.
+    shorter); group number ``n_grp`` (a running counter carried across tiles, returned advanced) goes to the
+    DMA when ``(n_grp * num) % den < num``. Returns per chunk ``(dma, slot, flush)``: ``slot`` is the chunk's
+    place in its group (its P and alpha live at that slot; 0 for TensorE chunks) and ``flush`` marks the last
+    chunk of a DMA group (transpose the group, then its PV matmuls and o updates in chunk order). TensorE
+    chunks (including partial ones) are never inside a pending group, so the o updates keep the chunk order.
     """
     num, den = share
     full = [i for i, (_, n) in enumerate(chunks) if n == kc_full]
@@ -166,8 +170,8 @@ def _load_transposed(dst, src, n, two_byte):
     ``src3[a, c, :] = src[c*16 + a, :]`` (``[16, n/16, D]``, permutation (2, 1, 0)) into
     ``dst`` viewed ``[D, n/16, 16]``: element ``dst[d, c, a] = src[c*16 + a, d]``, i.e. exactly the transpose,
     with the same 2*D-byte row descriptors as a plain 2-D transpose. A tail of r < 16 rows re-transposes the
-    last 16 rows (2-D, ``src.shape[0] == 16``), rewriting overlapping columns with identical values; fewer than
-    16 rows in total (or fp32) take a ``dma_copy`` of the permuted view (element-sized descriptors).
+    last 16 rows (2-D, ``src.shape[0] == 16``), rewriting overlapping columns with identical values; fewer
+    than 16 rows in total (or fp32) take a ``dma_copy`` of the permuted view (element-sized descriptors).
     """
     n16 = (n // HWDGE_ROWS) * HWDGE_ROWS
     if not two_byte or n16 == 0:
@@ -221,9 +225,9 @@ def _flash_buffers(D, dv, KC, gmax, dt):
     PSUM (8 banks of 2 KiB per partition): ``s_ps`` two ``[128, KC/512, 512]`` fp32 score buffers (2 banks
     each at KC = 1024), ``pT_ps`` two ``[128, KC/128, 128]`` P^T buffers (1 bank each), ``pv_ps`` two
     ``[128, dv]`` fp32 PV accumulators. SBUF: two q^T tiles, two P and three P^T tiles of TensorE chunks
-    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), two fp32 accumulators
-    ``o_acc`` ``[128, dv]`` (column D is l; a tile's tail overlaps the next tile) and the statistics (``nm``: two
-    running-max pairs, one per tile parity).
+    (``p_pe`` / ``pT_pe``), P / P^T of a DMA group (``gmax`` spans = ``2 * gmax`` chunk slots), two fp32
+    accumulators ``o_acc`` ``[128, dv]`` (column D is l; a tile's tail overlaps the next tile) and the
+    statistics (``nm``: two running-max pairs, one per tile parity).
     """
     f32 = nl.float32
     slots = max(2 * gmax, 1)  # gmax = 0: no DMA group tiles (every P^T on TensorE), one alpha column per set
@@ -231,7 +235,10 @@ def _flash_buffers(D, dv, KC, gmax, dt):
     w: dict[str, Any] = {
         "qT_a": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
         "qT_b": nl.ndarray((D, PMAX), dtype=dt, buffer=nl.sbuf),
-        "s_ps": [nl.ndarray((PMAX, KC // BANK, BANK), dtype=f32, buffer=nl.psum) for _ in range(2)],
+        "s_ps": [
+            nl.ndarray((PMAX, KC // PSUM_BANK_FMAX, PSUM_BANK_FMAX), dtype=f32, buffer=nl.psum)
+            for _ in range(2)
+        ],
         "pT_ps": [nl.ndarray((PMAX, KC // PMAX, PMAX), dtype=pdt, buffer=nl.psum) for _ in range(2)],
         "pv_ps": [nl.ndarray((PMAX, dv), dtype=f32, buffer=nl.psum) for _ in range(2)],
         "p_pe": [nl.ndarray((PMAX, KC), dtype=dt, buffer=nl.sbuf) for _ in range(2)],

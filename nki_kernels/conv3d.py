@@ -28,7 +28,8 @@ Design (per output-channel tile ``co <= 128``; weights ``[C_in, taps x C_out]`` 
 
 Limits: ``C_in, C_out >= 1`` (any; tiled by 128); ``H, W >= 1``; ``T >= 1``; the resident weights
 ``ceil(C_in/128) x kt*kh*kw x C_out x itemsize`` bytes per partition must fit :data:`W_BYTES_MAX`; one band
-tile of one output row ``kh x (W + kw - 1) x itemsize`` must fit its share of :data:`BAND_BYTES`.  LNC1 only (no program split).
+tile of one output row ``kh x (W + kw - 1) x itemsize`` must fit its share of :data:`BAND_BYTES`.
+LNC1 only (no program split).
 """
 
 from __future__ import annotations
@@ -37,10 +38,7 @@ import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
-
-PMAX = 128
-BANK = 512
-"""fp32 elements per partition in one PSUM bank (TensorE moving free size limit)."""
+from nki_kernels.hw_limits import GEMM_MOVING_FMAX, PMAX, PSUM_BANK_FMAX
 
 W_BYTES_MAX = 96 * 1024
 """SBUF bytes per partition for the resident weights."""
@@ -60,8 +58,8 @@ def plan_conv(
 
     ``seg = ceil(W / ceil(W / 512))`` (equal segments of at most 512 columns); ``rows = 512 // seg`` rows
     per bank (at most ``R``); ``R``: the most rows (at most ``H``, a multiple of ``rows`` when possible)
-    whose band tile ``(R + kh - 1) x (W + kw - 1) x itemsize`` fits its share of :data:`BAND_BYTES`.  Raises ``ValueError`` when
-    the weights or a one-row band do not fit.
+    whose band tile ``(R + kh - 1) x (W + kw - 1) x itemsize`` fits its share of :data:`BAND_BYTES`.
+    Raises ``ValueError`` when the weights or a one-row band do not fit.
     """
     for name, v in (("c_in", c_in), ("c_out", c_out), ("h", h), ("w", w), ("itemsize", itemsize)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -74,10 +72,10 @@ def plan_conv(
     wbytes = math.ceil(c_in / PMAX) * kt * kh * kw * c_out * itemsize
     if wbytes > W_BYTES_MAX:
         raise ValueError(
-            f"conv3d: weights of C_in={c_in} x C_out={c_out} need {wbytes} B per partition resident, more than "
-            f"{W_BYTES_MAX}; split C_out"
+            f"conv3d: weights of C_in={c_in} x C_out={c_out} need {wbytes} B per partition resident, "
+            f"more than {W_BYTES_MAX}; split C_out"
         )
-    seg = math.ceil(w / math.ceil(w / BANK))
+    seg = math.ceil(w / math.ceil(w / GEMM_MOVING_FMAX))
     per_tile = BAND_BYTES // (2 * kt * math.ceil(c_in / PMAX))
     fit = per_tile // ((w + kw - 1) * itemsize) - (kh - 1)
     if fit < 1:
@@ -85,7 +83,7 @@ def plan_conv(
             f"conv3d: W={w} is too wide: {kh} input rows of {w + kw - 1} elements do not fit a band tile of "
             f"{per_tile} B per partition (C_in={c_in}, kt={kt})"
         )
-    rows = max(1, min(BANK // seg, h, fit))
+    rows = max(1, min(PSUM_BANK_FMAX // seg, h, fit))
     r = min(h, fit)
     if r >= rows:
         r = r // rows * rows
@@ -130,8 +128,8 @@ def conv3d_causal_kernel(x, w, bias, ksize=(3, 3, 3)):
     if PW:
         for t in xb:  # zero borders (the padding columns are never written by a load)
             nisa.memset(t, value=0.0)
-    acc = [nl.ndarray((PMAX, BANK), dtype=nl.float32, buffer=nl.psum) for _ in range(4)]
-    ob = [nl.ndarray((PMAX, BANK), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    acc = [nl.ndarray((PMAX, PSUM_BANK_FMAX), dtype=nl.float32, buffer=nl.psum) for _ in range(4)]
+    ob = [nl.ndarray((PMAX, PSUM_BANK_FMAX), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
     count = {"band": 0, "acc": 0, "ob": 0, "ev": 0}
 
     def load_band(t: int, r0: int, rr: int) -> list[list[Any]]:

@@ -63,30 +63,6 @@ def _int_values(name: str, t: torch.Tensor) -> list[Any]:
     return t.tolist()
 
 
-def _check_table_values(
-    table: list[Any], sizes: Sequence[int], block_tokens: int, name: str = "block_table"
-) -> None:
-    for g, row in enumerate(table):
-        seen: set[tuple[int, int]] = set()
-        for n, (src, blk) in enumerate(row):
-            if src == -1:
-                continue
-            if not 0 <= src < len(sizes):
-                raise ValueError(
-                    f"{name}[{g}, {n}] source={src} must be -1 (empty) or in [0, {len(sizes)}) "
-                    f"(the number of k_sources)"
-                )
-            nblk = sizes[src] // block_tokens
-            if not 0 <= blk < nblk:
-                raise ValueError(
-                    f"{name}[{g}, {n}] block={blk} is out of source {src}'s {nblk} blocks of "
-                    f"{block_tokens} tokens"
-                )
-            if (src, blk) in seen:
-                raise ValueError(f"{name}[{g}] lists block ({src}, {blk}) twice (keys would count twice)")
-            seen.add((src, blk))
-
-
 def _resolve_scale(scale: float | None, d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
@@ -129,6 +105,18 @@ def check_segments(segments: Any, total: int, name: str = "segments") -> list[tu
     return out
 
 
+def _check_same_shape(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """``t`` has exactly ``ref``'s shape (``ValueError`` naming both and their shapes)."""
+    if tuple(t.shape) != tuple(ref.shape):
+        raise ValueError(f"{name} shape {tuple(t.shape)} must equal {ref_name} shape {tuple(ref.shape)}")
+
+
+def _check_tokens(name: str, t: torch.Tensor, length: str) -> None:
+    """A ``[B, L, H, D]`` tensor holds at least one token (``length``: its name for L, e.g. ``"Lq"``)."""
+    if t.shape[1] < 1:
+        raise ValueError(f"{name} must have {length} >= 1 tokens, got shape {tuple(t.shape)}")
+
+
 def _check_cache_block(
     cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
@@ -137,12 +125,8 @@ def _check_cache_block(
     _check_tensor("k", k)
     _check_tensor("v", v)
     _check_same(("cache_k", "cache_v", "k", "v"), (cache_k, cache_v, k, v))
-    if tuple(cache_v.shape) != tuple(cache_k.shape):
-        raise ValueError(
-            f"cache_v shape {tuple(cache_v.shape)} must equal cache_k shape {tuple(cache_k.shape)}"
-        )
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    _check_same_shape("cache_v", cache_v, "cache_k", cache_k)
+    _check_same_shape("v", v, "k", k)
     _check_dims("k", k, "cache_k", cache_k, {0: "batch B", 2: "heads H", 3: "head_dim D"})
     if k.shape[1] < 1:
         raise ValueError(f"k must hold a block of T >= 1 tokens, got shape {tuple(k.shape)}")
@@ -205,7 +189,8 @@ def _check_positions_nonneg(positions: Sequence[int], name: str = "frame_positio
 
 
 def _check_slot(slot: int, t: int, s: int) -> None:
-    """A ring slot of a KV cache of ``s`` tokens taking blocks of ``t``: ``0 <= slot``, ``(slot+1)*t <= s``."""
+    """A ring slot of a KV cache of ``s`` tokens taking blocks of ``t``: ``0 <= slot``,
+    ``(slot+1)*t <= s``."""
     if slot < 0 or (slot + 1) * t > s:
         raise ValueError(
             f"slot={slot} out of range: need 0 <= slot and (slot+1)*T <= S with T={t}, S={s} "

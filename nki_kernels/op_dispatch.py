@@ -7,11 +7,15 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 
-BACKENDS: tuple[str, ...] = ("reference", "emulator", "neuron")
+Backend = Literal["reference", "emulator", "neuron"]
+"""A backend name (the ops' ``backend`` argument also takes ``None``; a plain ``str`` is checked at call
+time against :data:`BACKENDS`)."""
+
+BACKENDS: tuple[Backend, ...] = ("reference", "emulator", "neuron")
 """Valid values of ``backend``."""
 
 
@@ -19,10 +23,10 @@ BACKEND_ENV = "NKI_ARDIFF_BACKEND"
 """Environment variable read at call time when ``backend=None``."""
 
 
-DEFAULT_BACKEND = "reference"
+DEFAULT_BACKEND: Backend = "reference"
 
 
-def resolve_backend(backend: str | None = None) -> str:
+def resolve_backend(backend: str | None = None) -> Backend:
     """Return the backend a call uses: ``backend`` if given, else ``$NKI_ARDIFF_BACKEND``, else reference.
 
     Raises ``ValueError`` for an unknown name and ``RuntimeError`` for ``"neuron"`` when the real ``nki``
@@ -37,7 +41,7 @@ def resolve_backend(backend: str | None = None) -> str:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
     if backend == "neuron":
         _require_neuron()
-    return backend
+    return cast(Backend, backend)
 
 
 _AUTO = ""
@@ -51,7 +55,7 @@ def _op_backend(backend: str | None) -> str:
     return _AUTO if backend is None else resolve_backend(backend)
 
 
-def _run_backend(backend: str) -> str:
+def _run_backend(backend: str) -> Backend:
     """The backend a raw op executes with (called inside the op, i.e. at run time, never traced)."""
     return resolve_backend(None if backend == _AUTO else backend)
 
@@ -148,6 +152,7 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "kv_cache_write_at": ("kv_cache", "kv_cache_write_emulated"),
     "kv_cache_slide": ("kv_cache", "kv_cache_slide_emulated"),
     "linear": ("linear", "linear_emulated"),
+    "linear_fp8": ("linear_fp8", "linear_fp8_emulated"),
     "conv3d_causal": ("conv3d", "conv3d_causal_emulated"),
     "adaln_norm_modulate": ("elementwise", "adaln_norm_modulate_emulated"),
     "gate_residual": ("elementwise", "gate_residual_emulated"),
@@ -189,5 +194,6 @@ def _kernel(module: str, fn: str) -> Callable[..., Any]:
 
 
 def entry(op: str) -> Callable[..., Any]:
-    """The kernel entry point public op ``op`` dispatches to on the kernel backends (:data:`_KERNEL_ENTRIES`)."""
+    """The kernel entry point public op ``op`` dispatches to on the kernel backends
+    (:data:`_KERNEL_ENTRIES`)."""
     return _kernel(*_KERNEL_ENTRIES[op])

@@ -1,5 +1,6 @@
-"""The attention ops (``attention``, ``attention_segments``, ``attention_block_table``): raw ``torch.library`` ops with their fakes and the public functions, re-exported by
-:mod:`nki_kernels.ops` (which documents the backend and validation rules every op follows)."""
+"""The attention ops (``attention``, ``attention_segments``, ``attention_block_table``): raw
+``torch.library`` ops with their fakes and the public functions, re-exported by :mod:`nki_kernels.ops` (which
+documents the backend and validation rules every op follows)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from typing import Any
 import torch
 
 from nki_kernels import op_dispatch as _d
+from nki_kernels.block_table_checks import check_table_values
 from nki_kernels.op_checks import (
     _check_bool,
     _check_dims,
     _check_index_tensor,
     _check_int,
     _check_same,
-    _check_table_values,
+    _check_same_shape,
     _check_tensor,
+    _check_tokens,
     _int_values,
     _resolve_scale,
     check_segments,
@@ -90,7 +93,7 @@ def _attention_block_table_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     table = _int_values("block_table", block_table)
-    _check_table_values(table, [int(t.shape[1]) for t in k_sources], block_tokens)
+    check_table_values(table, [int(t.shape[1]) for t in k_sources], block_tokens)
     be = _run_backend(backend)
     if be == "reference":
         from reference.attention import attention_block_table as ref_table
@@ -147,10 +150,8 @@ def attention(
     _check_same(("q", "k", "v"), (q, k, v))
     _check_dims("k", k, "q", q, {0: "batch B", 2: "heads H", 3: "head_dim D"})
     _check_dims("v", v, "k", k, {0: "batch B", 1: "length Lk", 2: "heads H", 3: "head_dim D"})
-    if q.shape[1] < 1:
-        raise ValueError(f"q must have Lq >= 1 tokens, got shape {tuple(q.shape)}")
-    if k.shape[1] < 1:
-        raise ValueError(f"k must have Lk >= 1 tokens, got shape {tuple(k.shape)}")
+    _check_tokens("q", q, "Lq")
+    _check_tokens("k", k, "Lk")
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
     be = _op_backend(backend)
@@ -189,8 +190,7 @@ def attention_segments(
     _check_dims(
         "kv_v", kv_v, "kv_k", kv_k, {0: "batch B", 1: "buffer length S", 2: "heads H", 3: "head_dim D"}
     )
-    if q.shape[1] < 1:
-        raise ValueError(f"q must have Lq >= 1 tokens, got shape {tuple(q.shape)}")
+    _check_tokens("q", q, "Lq")
     segs = check_segments(segments, kv_k.shape[1])
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
@@ -252,10 +252,7 @@ def attention_block_table(
         _check_tensor(f"v_sources[{i}]", vs)
         _check_same(("q", f"k_sources[{i}]", f"v_sources[{i}]"), (q, ks, vs))
         _check_dims(f"k_sources[{i}]", ks, "q", q, {0: "batch B", 2: "heads H", 3: "head_dim D"})
-        if tuple(vs.shape) != tuple(ks.shape):
-            raise ValueError(
-                f"v_sources[{i}] shape {tuple(vs.shape)} must equal k_sources[{i}] shape {tuple(ks.shape)}"
-            )
+        _check_same_shape(f"v_sources[{i}]", vs, f"k_sources[{i}]", ks)
         if ks.shape[1] % block_tokens:
             raise ValueError(
                 f"k_sources[{i}] length S={ks.shape[1]} must be a multiple of block_tokens={block_tokens}"

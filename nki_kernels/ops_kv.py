@@ -1,5 +1,6 @@
-"""The rolling KV-cache ops (``kv_cache_write``, ``kv_cache_slide``, ``kv_cache_write_at``): raw ``torch.library`` ops with their fakes and the public functions, re-exported by
-:mod:`nki_kernels.ops` (which documents the backend and validation rules every op follows)."""
+"""The rolling KV-cache ops (``kv_cache_write``, ``kv_cache_slide``, ``kv_cache_write_at``): raw
+``torch.library`` ops with their fakes and the public functions, re-exported by :mod:`nki_kernels.ops` (which
+documents the backend and validation rules every op follows)."""
 
 from __future__ import annotations
 

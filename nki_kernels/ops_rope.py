@@ -1,5 +1,6 @@
-"""The 3D RoPE ops (``rope3d``, ``rope3d_positions``, ``rope_tables``, ``rope3d_tables``): raw ``torch.library`` ops with their fakes and the public functions, re-exported by
-:mod:`nki_kernels.ops` (which documents the backend and validation rules every op follows)."""
+"""The 3D RoPE ops (``rope3d``, ``rope3d_positions``, ``rope_tables``, ``rope3d_tables``): raw
+``torch.library`` ops with their fakes and the public functions, re-exported by :mod:`nki_kernels.ops` (which
+documents the backend and validation rules every op follows)."""
 
 from __future__ import annotations
 
@@ -305,7 +306,8 @@ def rope3d_tables(
             )
         if t.shape[0] != q.shape[1]:
             raise ValueError(
-                f"{name} has {t.shape[0]} rows (L, {name}.shape[0]) but q/k have L={q.shape[1]} tokens (dim 1)"
+                f"{name} has {t.shape[0]} rows (L, {name}.shape[0]) but q/k have L={q.shape[1]} "
+                "tokens (dim 1)"
             )
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous [L, D//2]; call .contiguous()")

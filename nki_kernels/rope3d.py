@@ -43,15 +43,10 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-
-PMAX = 128
-"""Partitions per tile (``nl.tile_size.pmax``)."""
+from nki_kernels.hw_limits import PMAX, PSUM_BANK_FMAX
 
 MAX_TOKENS_PER_PARTITION = 8
 """Tokens per partition ``m`` of a full super-tile (Wan: 8 x 3 KiB = 24 KiB runs; table runs 2 KiB)."""
-
-PSUM_FP32 = 512
-"""fp32 elements per partition in one PSUM bank (2 KiB)."""
 
 
 def _super_tiles(length: int, max_m: int) -> list[tuple[int, int, int]]:
@@ -94,7 +89,7 @@ def _rope_tile(
     nisa.tensor_tensor(es[:rows], xe, sb, nl.multiply, engine=nisa.gpsimd_engine)
     # Per PSUM-bank chunk: ScalarE moves e*cos to PSUM; VectorE does o*cos and the two sums, each with
     # one PSUM operand, writing straight into the output's even/odd views.
-    hc = max(1, min(H, PSUM_FP32 // half))
+    hc = max(1, min(H, PSUM_BANK_FMAX // half))
     ec_ps = nl.ndarray((PMAX, hc, half), dtype=f32, buffer=nl.psum)
     oc_ps = nl.ndarray((PMAX, hc, half), dtype=f32, buffer=nl.psum)
     for j in range(m):
@@ -123,7 +118,8 @@ def _rope_tile(
 
 @nki.jit
 def rope3d_kernel(q, k, cos, sin):
-    """Rotate q and k ``[B, L, H, D]`` with tables ``cos``/``sin`` ``[L, D//2]`` fp32; returns ``(q_out, k_out)``.
+    """Rotate q and k ``[B, L, H, D]`` with tables ``cos``/``sin`` ``[L, D//2]`` fp32, returning
+    ``(q_out, k_out)``.
 
     One launch covers q, k, every batch and every head. Each HBM byte of q and k is read once and written
     once with descriptors of ``m * H * D`` elements (whole token rows). LNC-aware: super-tiles are dealt

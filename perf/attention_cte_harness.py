@@ -61,7 +61,8 @@ from __future__ import annotations
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
-from perf.e2e.peer_attention import HWDGE_ROWS, run_group_pipeline, transpose_pieces
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
+from perf.e2e.peer_attention import run_group_pipeline, transpose_pieces
 
 __all__ = [
     "FLASH_THRESHOLD",
@@ -72,7 +73,6 @@ __all__ = [
     "attention_cte_harness_kernel",
 ]
 
-PMAX = 128
 Q_GRP = 128
 K_TILE = 512
 LARGE_TILE = 2048

@@ -539,7 +539,9 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
     USE_EVENTS = not a.bound_only
     shapes = QUICK if a.quick else WAN
     name = "bench_kernels_quick" if a.quick else "bench_kernels"
-    todo = cases(shapes) + dense_cases(a.quick) + elementwise_cases(a.quick)
+    from perf.bench_fp8 import linear_fp8_cases
+
+    todo = cases(shapes) + dense_cases(a.quick) + elementwise_cases(a.quick) + linear_fp8_cases(a.quick)
     if a.ops:
         want = {o.strip() for o in a.ops.split(",") if o.strip()}
         known = {op for op, _, _, _ in todo}
@@ -572,6 +574,9 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
             "target",
             "hbm_roofline_us",
             "kernel_us",
+            "speedup_vs_bf16_low",
+            "speedup_vs_bf16_high",
+            "gate_passed",
             *(
                 f"{f}_{e}"
                 for f in ("tensore_busy_pct", "useful_flop_pct")

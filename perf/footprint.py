@@ -399,7 +399,7 @@ def footprint(
             "kv_cache",
             math.ceil(kv / cores),
             kv,
-            f"{p.buffer_tokens(m):,} tok x {m.dim} x 2 (k,v) x {m.num_layers} layers x {kv_bytes} B"
+            f"{p.buffer_tokens(m):,} tok x {m.dim} x 2 (k,v) x {m.num_layers} layers x {kv_bytes:g} B"
             f", / {cores} cores",
         ),
         FootprintItem(
@@ -442,7 +442,7 @@ def lower_bound_footprint(
     w = int(dit_param_count(m) * weight_bytes)
     items = (
         FootprintItem(
-            "kv_cache", math.ceil(kv / cores), kv, f"{p.buffer_tokens(m):,} tok ring buffer x {kv_bytes} B"
+            "kv_cache", math.ceil(kv / cores), kv, f"{p.buffer_tokens(m):,} tok ring buffer x {kv_bytes:g} B"
         ),
         FootprintItem(
             "dit_weights",

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
 
 __all__ = [
     "KINDS",
@@ -38,6 +38,7 @@ __all__ = [
     "ProfileLike",
     "git_sha",
     "current_command",
+    "portable_command",
     "results_path",
     "append_rows",
     "read_rows",
@@ -48,8 +49,11 @@ __all__ = [
     "time_call",
 ]
 
-KINDS = ("measured", "modelled")
-STATUSES = ("ok", "error")
+Kind = Literal["measured", "modelled"]
+"""Where a row's figures come from: CPU wall clock / counts, or the trn2 cost model."""
+Status = Literal["ok", "error"]
+KINDS: tuple[Kind, ...] = ("measured", "modelled")
+STATUSES: tuple[Status, ...] = ("ok", "error")
 #: Optional figure fields of a row, in table order.
 FIGURES = (
     "latency_us",
@@ -87,10 +91,25 @@ def git_sha(cwd: str | Path | None = None) -> str:
     return _git_sha(str(cwd if cwd is not None else Path(__file__).resolve().parent))
 
 
+def portable_command(argv: Sequence[str], cwd: Path, with_interpreter: bool) -> str:
+    """``argv`` as a command line that names no machine path: the interpreter (``argv[0]`` when
+    ``with_interpreter``) is written ``python``, and an absolute argument under ``cwd`` (a script or file
+    given by full path) is written relative to it. E.g. ``["/opt/venv/bin/python", "-m", "perf.bench_kernels",
+    "--no-save"]`` -> ``python -m perf.bench_kernels --no-save``."""
+    args = [str(a) for a in argv]
+    out = ["python"] + (args[1:] if with_interpreter else args)
+    for i, a in enumerate(out[1:], 1):
+        p = Path(a)
+        if p.is_absolute() and p.is_relative_to(cwd):
+            out[i] = str(p.relative_to(cwd))
+    return shlex.join(out)
+
+
 def current_command() -> str:
-    """The exact command line of this process (interpreter and ``-m`` included when available)."""
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    return shlex.join(str(a) for a in argv)
+    """The command line of this process, interpreter and ``-m`` included, without machine paths
+    (:func:`portable_command`): what a result row records so another checkout can rerun it."""
+    orig = getattr(sys, "orig_argv", None)
+    return portable_command(orig or sys.argv, Path.cwd(), with_interpreter=bool(orig))
 
 
 def _now() -> str:
@@ -116,8 +135,8 @@ class BenchRow:
     op: str
     variant: str
     config: Mapping[str, Any]
-    kind: str
-    status: str = "ok"
+    kind: Kind
+    status: Status = "ok"
     message: str = ""
     latency_us: float | None = None
     bytes: int | None = None
@@ -341,7 +360,7 @@ def run_case(
     op: str,
     variant: str,
     config: Mapping[str, Any],
-    kind: str,
+    kind: Kind,
 ) -> BenchRow:
     """Run one benchmark case and return its row; an exception becomes a ``status="error"`` row.
 

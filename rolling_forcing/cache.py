@@ -16,6 +16,7 @@ import torch
 
 from nki_kernels import ops
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.fp8 import KV_FP8, kv_fp8_bytes_per_element, kv_fp8_roundtrip
 
 if TYPE_CHECKING:
     from rolling_forcing.methods import StreamMethod
@@ -30,17 +31,21 @@ class LayerKVCache:
     tokens_per_block: int
     text_k: torch.Tensor | None = None
     text_v: torch.Tensor | None = None
+    fp8: bool = False
 
     @property
     def num_slots(self) -> int:
         return self.k.shape[1] // self.tokens_per_block
 
     def write(self, slot: int, k: torch.Tensor, v: torch.Tensor, *, backend: str | None = None) -> None:
-        """Write one block ``k, v`` ``[B, T, H, D]`` into ``slot`` in place (``ops.kv_cache_write``)."""
+        """Write one block ``k, v`` ``[B, T, H, D]`` into ``slot`` in place (``ops.kv_cache_write``); an FP8
+        cache (``fp8``) stores what its reads return (:func:`rolling_forcing.fp8.kv_fp8_roundtrip`)."""
         if k.shape[1] != self.tokens_per_block:
             raise ValueError(f"a block write needs T={self.tokens_per_block} tokens, got k {tuple(k.shape)}")
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
+        if self.fp8:
+            k, v = kv_fp8_roundtrip(k), kv_fp8_roundtrip(v)
         ops.kv_cache_write(self.k, self.v, k.contiguous(), v.contiguous(), slot, backend=backend)
 
     def block(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,9 +66,15 @@ class RollingKVCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         num_heads: int | None = None,
+        kv_dtype: str | None = None,
     ) -> None:
         """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count);
-        ``pipe_cfg`` (or a sequential ``StreamMethod``) gives the block and buffer sizes."""
+        ``pipe_cfg`` (or a sequential ``StreamMethod``) gives the block and buffer sizes.  ``kv_dtype``:
+        ``None`` = K/V in ``dtype``; ``"float8_e4m3"`` = the FP8 KV cache (off by default; see
+        :mod:`rolling_forcing.fp8`)."""
+        if kv_dtype not in (None, KV_FP8):
+            raise ValueError(f"kv_dtype must be None or {KV_FP8!r}, got {kv_dtype!r}")
+        self.kv_dtype = kv_dtype
         if dtype is not None:
             dt = dtype
         elif isinstance(pipe_cfg, PipelineConfig):
@@ -76,7 +87,10 @@ class RollingKVCache:
         shape = (batch, s, h, model_cfg.head_dim)
         self.layers = [
             LayerKVCache(
-                torch.zeros(shape, dtype=dt, device=device), torch.zeros(shape, dtype=dt, device=device), t
+                torch.zeros(shape, dtype=dt, device=device),
+                torch.zeros(shape, dtype=dt, device=device),
+                t,
+                fp8=kv_dtype == KV_FP8,
             )
             for _ in range(model_cfg.num_layers)
         ]
@@ -106,8 +120,17 @@ class RollingKVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the self-attention KV buffers (all layers, k and v)."""
+        """Bytes of the self-attention KV buffers (all layers, k and v) as allocated here."""
         return sum(la.k.numel() * la.k.element_size() * 2 for la in self.layers)
+
+    @property
+    def device_nbytes(self) -> int:
+        """Bytes the KV buffers take in the device layout: :attr:`nbytes`, or for the FP8 cache one byte per
+        element plus an fp32 scale per token and head (``rolling_forcing.fp8.kv_fp8_bytes_per_element``)."""
+        if self.kv_dtype != KV_FP8:
+            return self.nbytes
+        per = kv_fp8_bytes_per_element(self.layers[0].k.shape[-1])
+        return round(sum(la.k.numel() * 2 * per for la in self.layers))
 
 
 __all__ = ["LayerKVCache", "RollingKVCache"]

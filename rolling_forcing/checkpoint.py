@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+
+from rolling_forcing.tensor_io import check_finite, load_safetensors
 
 KeyFormat = Literal["wan", "diffusers"]
 
@@ -220,14 +222,7 @@ def unwrap_checkpoint(obj: object, *, use_ema: bool = False) -> dict[str, torch.
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """``safetensors.torch.load_file`` on CPU; a truncated or corrupt file raises :class:`CheckpointError`."""
-    try:
-        return load_file(str(path), device="cpu")
-    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
-        if type(exc).__name__ != "SafetensorError":
-            raise
-        raise CheckpointError(
-            f"{str(path)!r} is not a readable .safetensors file (truncated or corrupt): {exc}"
-        ) from None
+    return load_safetensors(path, CheckpointError)
 
 
 def check_tensors(state: Mapping[str, torch.Tensor], source: str) -> None:
@@ -239,9 +234,7 @@ def check_tensors(state: Mapping[str, torch.Tensor], source: str) -> None:
     for key, t in state.items():
         if not t.is_floating_point():
             raise CheckpointError(f"{source}: tensor {key!r} has dtype {t.dtype}; weights must be floating")
-        if not bool(torch.isfinite(t).all()):
-            bad = int((~torch.isfinite(t)).sum())
-            raise CheckpointError(f"{source}: tensor {key!r} has {bad} non-finite values (NaN/inf)")
+        check_finite(t, f"{source}: tensor {key!r}", CheckpointError)
 
 
 def _torch_load_weights_only(path: Path) -> object:

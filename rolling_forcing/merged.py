@@ -40,6 +40,7 @@ import torch
 from nki_kernels import ops
 from rolling_forcing import schedule
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.fp8 import kv_fp8_roundtrip
 from rolling_forcing.model import CausalWanModel, Grid, TextKV
 from rolling_forcing.schedule import KeyBlock
 
@@ -274,6 +275,7 @@ def merged_forward(
     *,
     layout: MergedLayout,
     backend: str | None = None,
+    kv_fp8: bool = False,
 ) -> torch.Tensor:
     """One merged forward (no Python value depends on the window: safe for ``fullgraph`` compile).
 
@@ -285,6 +287,8 @@ def merged_forward(
         cache_k, cache_v: per-layer KV buffers ``[B, buffer_tokens, H, D]`` (mutated: the update write).
         frame_positions ... table: the tensors of :class:`MergedIndex` (in its field order).
         layout: static sizes. backend: ``nki_kernels.ops`` backend.
+        kv_fp8: the cache is an FP8 KV cache: the update write stores
+            :func:`rolling_forcing.fp8.kv_fp8_roundtrip` of the new k/v.
 
     Returns:
         flow prediction of the (padded) window ``[B, layout.frames - frames_per_block, C, H, W]``: the
@@ -320,8 +324,11 @@ def merged_forward(
             kr = torch.cat([k_upd, kw], dim=1)
         # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative mode)
         k_new = torch.where(store_roped, k_upd, k[:, :t])
+        v_new = v[:, :t]
+        if kv_fp8:
+            k_new, v_new = kv_fp8_roundtrip(k_new), kv_fp8_roundtrip(v_new)
         k_w = torch.where(write_valid, k_new, ck.index_select(1, write_tokens))
-        v_w = torch.where(write_valid, v[:, :t], cv.index_select(1, write_tokens))
+        v_w = torch.where(write_valid, v_new, cv.index_select(1, write_tokens))
         ops.kv_cache_write_at(ck, cv, k_w.contiguous(), v_w.contiguous(), write_slot, backend=backend)
         # 2. blocks needing a pass-specific position: roped copies (read after the write)
         gk, gv = ck.index_select(1, copy_tokens), cv.index_select(1, copy_tokens)
@@ -350,12 +357,17 @@ class MergedForward:
     """
 
     def __init__(
-        self, model: CausalWanModel, layout: MergedLayout, backend: str | None, compile: CompileSpec = None
+        self,
+        model: CausalWanModel,
+        layout: MergedLayout,
+        backend: str | None,
+        compile: CompileSpec = None,
+        kv_fp8: bool = False,
     ) -> None:
         self.model, self.layout, self.backend = model, layout, backend
 
         def fn(*args: Any) -> torch.Tensor:
-            return merged_forward(*args, layout=layout, backend=backend)
+            return merged_forward(*args, layout=layout, backend=backend, kv_fp8=kv_fp8)
 
         if compile is None or compile is False:
             self._fn: Callable[..., torch.Tensor] = fn

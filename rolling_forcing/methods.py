@@ -31,15 +31,20 @@ Self-Forcing and CausVid stop where their 21-frame cache ends, LongLive and Roll
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from rolling_forcing.config import ModelConfig, PipelineConfig, flow_match_table
 
-SINK_POSITIONS = ("none", "fixed", "reassigned")
-RECACHE_MODES = ("none", "ring", "window")
-RNG_ORDERS = ("window-slices", "per-block")
-ABSOLUTE_LIMITS = ("cache", "rope-table")
+SinkPositions = Literal["none", "fixed", "reassigned"]
+RecacheMode = Literal["none", "ring", "window"]
+RngOrder = Literal["window-slices", "per-block"]
+AbsoluteLimit = Literal["cache", "rope-table"]
+SINK_POSITIONS: tuple[SinkPositions, ...] = ("none", "fixed", "reassigned")
+RECACHE_MODES: tuple[RecacheMode, ...] = ("none", "ring", "window")
+RNG_ORDERS: tuple[RngOrder, ...] = ("window-slices", "per-block")
+ABSOLUTE_LIMITS: tuple[AbsoluteLimit, ...] = ("cache", "rope-table")
 
 
 @dataclass(frozen=True)
@@ -80,13 +85,13 @@ class StreamMethod:
     warp: bool
     window_blocks: int
     sink_blocks: int
-    sink_positions: str
+    sink_positions: SinkPositions
     attention_blocks: int
     cache_update: bool = True
     context_noise: int = 0
-    recache: str = "none"
-    rng_order: str = "per-block"
-    absolute_limit: str = "rope-table"
+    recache: RecacheMode = "none"
+    rng_order: RngOrder = "per-block"
+    absolute_limit: AbsoluteLimit = "rope-table"
     num_train_timesteps: int = 1000
     rope_table_size: int = 1024
 

@@ -32,6 +32,7 @@ from rolling_forcing import schedule, sequential
 from rolling_forcing.attend import PassTables, attend_cache, batched_update_attn
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
+from rolling_forcing.fp8 import KV_FP8
 from rolling_forcing.merged import (
     CompileSpec,
     MergedForward,
@@ -180,6 +181,9 @@ class RollingForcingPipeline:
             methods run two-pass (None -> False; True raises ``NotImplementedError``).
         compile: merged mode only: ``torch.compile(fullgraph=True)`` the merged forward (True, or a
             dynamo backend name/callable); None: eager.
+        kv_dtype: ``None`` (default): the KV cache in ``pipe_cfg.dtype``; ``"float8_e4m3"``: the FP8 KV
+            cache (K/V quantised per token and head at the write, :mod:`rolling_forcing.fp8`; an option
+            that is off by default, see ``docs/kernels/linear_fp8.md`` for its gate).
     """
 
     def __init__(
@@ -194,7 +198,12 @@ class RollingForcingPipeline:
         compile: CompileSpec = None,
         method: str | StreamMethod | None = None,
         static: bool = False,
+        kv_dtype: str | None = None,
     ) -> None:
+        if kv_dtype not in (None, KV_FP8):
+            raise ValueError(f"kv_dtype must be None or {KV_FP8!r}, got {kv_dtype!r}")
+        self.kv_dtype = kv_dtype
+        kv8 = kv_dtype == KV_FP8
         meth = get_method("rolling-forcing" if method is None else method)
         mode = resolve_positions(pipe_cfg, positions)
         if merged is not None and not isinstance(merged, bool):
@@ -238,9 +247,9 @@ class RollingForcingPipeline:
         self._layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
         if self.static:
             lay = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
-            self._merged_fwd: MergedForward | None = MergedForward(model, lay, backend, compile)
+            self._merged_fwd: MergedForward | None = MergedForward(model, lay, backend, compile, kv8)
         elif self.merged and not meth.sequential:
-            self._merged_fwd = MergedForward(model, self._layout, backend, compile)
+            self._merged_fwd = MergedForward(model, self._layout, backend, compile, kv8)
         else:
             self._merged_fwd = None
 
@@ -299,7 +308,7 @@ class RollingForcingPipeline:
                 bsz, mcfg.latent_frame_shape(), fpb, num_blocks, dtype,
                 generator=generator, initial_noise=noise,
             )  # fmt: skip
-        cache = RollingKVCache(mcfg, self._timing, bsz, device=device, dtype=dtype)
+        cache = RollingKVCache(mcfg, self._timing, bsz, device=device, dtype=dtype, kv_dtype=self.kv_dtype)
         cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
         self._pending_prompt = None
         st = StreamState(num_blocks, cache, src)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from rolling_forcing.config import POSITION_MODES, PipelineConfig
 
@@ -82,12 +82,17 @@ class PassPlan:
         return (len(self.cache_keys) + own) * frames_per_block
 
 
+WindowKind = Literal["warmup", "full", "tail"]
+"""What a window is (:func:`window_kind`): ``"full"`` (window_blocks blocks), ``"warmup"`` (it starts at
+block 0 with fewer) or ``"tail"`` (it ends at the last block with fewer)."""
+
+
 @dataclass(frozen=True)
 class WindowPlan:
     """Everything the stream does in window ``index`` (see the module docstring)."""
 
     index: int
-    kind: str  # "warmup" | "full" | "tail"
+    kind: WindowKind
     start_block: int
     end_block: int  # inclusive
     levels: tuple[int, ...]  # level index per block, oldest first
@@ -139,7 +144,7 @@ def window_range(cfg: PipelineConfig, num_blocks: int, window: int) -> tuple[int
     return max(0, window - cfg.window_blocks + 1), min(num_blocks - 1, window)
 
 
-def window_kind(cfg: PipelineConfig, num_blocks: int, window: int) -> str:
+def window_kind(cfg: PipelineConfig, num_blocks: int, window: int) -> WindowKind:
     """``"full"`` (window_blocks blocks), ``"warmup"`` (start block 0) or ``"tail"`` (end = last block)."""
     s, e = window_range(cfg, num_blocks, window)
     n = e - s + 1

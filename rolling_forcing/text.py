@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors.torch import load_file
+
+from rolling_forcing.tensor_io import check_finite, load_safetensors
 
 PROMPT_EMBEDS_KEY = "prompt_embeds"
 
@@ -160,9 +161,7 @@ def validate_prompt_embeds(
         raise ValueError(
             f"{name} must have shape [{want_b}, text_len={text_len}, text_dim={text_dim}], got {list(shape)}"
         )
-    if not bool(torch.isfinite(embeds).all()):
-        bad = int((~torch.isfinite(embeds)).sum())
-        raise ValueError(f"{name} has {bad} non-finite values (NaN/inf)")
+    check_finite(embeds, name, ValueError)
     if batch is not None and shape[0] == 1 and batch > 1:
         embeds = embeds.expand(batch, -1, -1)
     return embeds
@@ -180,14 +179,7 @@ def load_prompt_embeds(
         raise ValueError(f"prompt_embeds file {str(p)!r} does not exist")
     if not p.name.endswith(".safetensors"):
         raise ValueError(f"prompt_embeds must be a .safetensors file, got {str(p)!r}")
-    try:
-        tensors = load_file(str(p), device="cpu")
-    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
-        if type(exc).__name__ != "SafetensorError":
-            raise
-        raise ValueError(
-            f"{str(p)!r} is not a readable .safetensors file (truncated or corrupt): {exc}"
-        ) from None
+    tensors = load_safetensors(p, ValueError)
     want = key or PROMPT_EMBEDS_KEY
     if want in tensors:
         embeds = tensors[want]

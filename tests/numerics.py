@@ -15,8 +15,8 @@ Rule (architecture.md, "Numerics")::
   ``ref_err`` is ~0 (e.g. fp32, where the reference *is* the baseline). Floors are absolute and assume
   unit-scale inputs (``torch.randn``-like); scale them if your data is not.
 
-Measured once with ``/work/venv/bin/python -m tests.numerics`` (2026-12-01, torch 2.13.0 CPU), which
-runs :func:`measure_floors`: for each dtype, the max over seeds {0..7} and shapes
+Measured once with ``python -m tests.numerics`` from the repository root (2026-12-01, torch 2.13.0 CPU),
+which runs :func:`measure_floors`: for each dtype, the max over seeds {0..7} and shapes
 {(B,Lq,Lk,H,D)} = {(1,130,200,2,64), (2,37,300,3,128), (1,256,513,1,32)} of
   (a) reference attention vs the same attention computed as 1..4 key splits merged with
       ``merge_attention`` (different accumulation order, partials rounded to ``dtype``), and

@@ -14,6 +14,7 @@ from nki_kernels.attention_tiles import (
     KC_TWO_BYTE,
     VECTOR_EVICT,
     merge_remainder,
+    owned_pairs,
     pair_plan,
     vector_evict_blocks,
 )
@@ -178,3 +179,13 @@ def test_row_max_covers_both_psum_banks_of_a_chunk() -> None:
     assert (
         lse.double() - want_l.permute(0, 2, 1)
     ).abs().max().item() <= 2.0**-7 + ext * want_l.abs().max().item()
+
+
+@pytest.mark.parametrize(("b", "h", "nprog"), [(1, 1, 1), (2, 3, 1), (2, 3, 2), (1, 12, 2), (3, 5, 2)])
+def test_owned_pairs_deal_every_head_once_in_order(b: int, h: int, nprog: int) -> None:
+    """Both attention kernels split (b, h) over the LNC programs with owned_pairs: every pair exactly once,
+    b-major order kept within a program, counts differing by at most one."""
+    every = [(i, j) for i in range(b) for j in range(h)]
+    dealt = [owned_pairs(b, h, pid, nprog) for pid in range(nprog)]
+    assert dealt == [every[pid::nprog] for pid in range(nprog)]
+    assert max(map(len, dealt)) - min(map(len, dealt)) <= 1

@@ -68,9 +68,9 @@ def test_rule_text_names_the_clause() -> None:
 
 # ------------------------------------------------------------------ the rule on every compute instruction
 
-from nki_kernels.emulator import TensorSpec, run  # noqa: E402
 from nki_kernels.emulator import isa as nisa  # noqa: E402
 from nki_kernels.emulator import language as nl  # noqa: E402
+from nki_kernels.emulator import run  # noqa: E402
 
 N, F = 16, 32  # 16 partitions: legal starts 0/32/64/96, so 16 is illegal and 32 legal
 
@@ -269,7 +269,6 @@ def test_trace_only_fast_path_keys_on_start_partition() -> None:
         StartPartitionError, match=r"nc_matmul: operand stationary=.*starts at partition 32 with 48"
     ):
         run(kernel(32), trace_only=True)
-    _ = TensorSpec
 
 
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128])

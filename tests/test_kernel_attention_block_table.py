@@ -230,7 +230,7 @@ def test_op_dispatch_and_errors() -> None:
         attention_block_table_emulated(
             q, ks, vs, torch.tensor([[[1, 1], [0, 0]], [[0, 1], [0, 1]]]), [5, 7], 8
         )
-    with pytest.raises(ValueError, match=r"source=2 must be -1 or in \[0, 2\)"):
+    with pytest.raises(ValueError, match=r"source=2 must be -1 \(empty\) or in \[0, 2\)"):
         attention_block_table_emulated(
             q, ks, vs, torch.tensor([[[2, 0], [0, 0]], [[0, 1], [0, 0]]]), [5, 7], 8
         )

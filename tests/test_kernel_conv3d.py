@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from nki_kernels import ops
-from nki_kernels.conv3d import BAND_BYTES, PMAX, W_BYTES_MAX, conv3d_causal_kernel, plan_conv
+from nki_kernels.conv3d import BAND_BYTES, W_BYTES_MAX, conv3d_causal_kernel, plan_conv
 from nki_kernels.emulator import TensorSpec, run
+from nki_kernels.hw_limits import PMAX
 from reference.conv3d import conv3d_causal as ref_conv
 from tests.numerics import assert_within, reference_error
 

@@ -26,6 +26,7 @@ PAIRS = {
     "kv_cache_write": (reference.kv_cache.kv_cache_write, {"backend"}),
     "kv_cache_slide": (reference.kv_cache.kv_cache_slide, {"backend"}),
     "linear": (reference.linear.linear, {"backend"}),
+    "linear_fp8": (reference.linear.linear_fp8, {"backend"}),
     "conv3d_causal": (reference.conv3d.conv3d_causal, {"backend"}),
     "adaln_norm_modulate": (reference.elementwise.adaln_norm_modulate, {"backend"}),
     "gate_residual": (reference.elementwise.gate_residual, {"backend"}),
@@ -33,7 +34,7 @@ PAIRS = {
 }
 # static-shape variants share the reference of their dynamic op (documented in their docstrings)
 VARIANTS = {"rope3d_positions": "rope3d", "kv_cache_write_at": "kv_cache_write"}
-HELPERS = {"check_segments", "conv_weight_taps", "has_kernel", "resolve_backend"}
+HELPERS = {"check_segments", "conv_weight_taps", "has_kernel", "quantize_weight_fp8", "resolve_backend"}
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))

@@ -236,8 +236,13 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ),
     ("att v len", lambda: ops.attention(Q, KV, _q(2, 19, 3, 16)), ValueError, "v length Lk"),
     ("att rank", lambda: ops.attention(Q, KV[0], KV), ValueError, "k must have rank 4"),
-    ("att empty k", lambda: ops.attention(Q, KV[:, :0], KV[:, :0]), ValueError, "Lk >= 1"),
-    ("att empty q", lambda: ops.attention(Q[:, :0], KV, KV), ValueError, "Lq >= 1"),
+    (
+        "att empty k",
+        lambda: ops.attention(Q, KV[:, :0], KV[:, :0]),
+        ValueError,
+        r"^k must have Lk >= 1 tokens",
+    ),
+    ("att empty q", lambda: ops.attention(Q[:, :0], KV, KV), ValueError, r"^q must have Lq >= 1 tokens"),
     ("att scale", lambda: ops.attention(Q, KV, KV, scale=0.0), ValueError, "scale"),
     ("att scale nan", lambda: ops.attention(Q, KV, KV, scale=float("nan")), ValueError, "scale"),
     ("att scale str", lambda: ops.attention(Q, KV, KV, scale="1"), TypeError, "scale"),
@@ -250,6 +255,20 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ),
     # attention_segments
     ("seg empty list", lambda: ops.attention_segments(Q, KV, KV, []), ValueError, "segments"),
+    (
+        "seg empty q",
+        lambda: ops.attention_segments(Q[:, :0], KV, KV, [(0, 4)]),
+        ValueError,
+        r"^q must have Lq >= 1",
+    ),
+    (
+        "table v shape",
+        lambda: ops.attention_block_table(
+            Q, [KV], [KV[:, :10].contiguous()], torch.zeros(1, 1, 2, dtype=torch.int64), [Q.shape[1]], 10
+        ),
+        ValueError,
+        r"^v_sources\[0\] shape \(2, 10, 3, 16\) must equal k_sources\[0\] shape \(2, 20, 3, 16\)$",
+    ),  # fmt: skip
     (
         "seg empty seg",
         lambda: ops.attention_segments(Q, KV, KV, [(0, 0)]),
@@ -325,13 +344,13 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "write v shape",
         lambda: ops.kv_cache_write(CACHE.clone(), CACHE.clone(), BLOCK, _q(2, 5, 3, 16), 0),
         ValueError,
-        "v shape",
+        r"^v shape \(2, 5, 3, 16\) must equal k shape \(2, 6, 3, 16\)$",
     ),
     (
         "write cache_v",
         lambda: ops.kv_cache_write(CACHE.clone(), _q(2, 25, 3, 16), BLOCK, BLOCK, 0),
         ValueError,
-        "cache_v shape",
+        r"^cache_v shape \(2, 25, 3, 16\) must equal cache_k shape \(2, 24, 3, 16\)$",
     ),
     (
         "write empty",

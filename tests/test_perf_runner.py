@@ -20,6 +20,7 @@ from perf.runner import (
     figures_from_profile,
     format_table,
     git_sha,
+    portable_command,
     print_table,
     read_rows,
     results_path,
@@ -78,7 +79,20 @@ def test_git_sha_unknown_outside_repo(tmp_path: Path) -> None:
 
 def test_current_command_is_argv() -> None:
     cmd = current_command()
-    assert any(a in cmd for a in sys.argv[1:2]) or sys.argv[0] in cmd
+    assert any(a in cmd for a in sys.argv[1:2]) or Path(sys.argv[0]).name in cmd
+    assert cmd.startswith("python ") and sys.executable not in cmd  # no interpreter path of this machine
+
+
+def test_portable_command_names_no_machine_path(tmp_path: Path) -> None:
+    argv = ["/opt/venv/bin/python3", "-m", "perf.bench_kernels", "--ops", "rope3d", "--no-save"]
+    assert portable_command(argv, tmp_path, True) == "python -m perf.bench_kernels --ops rope3d --no-save"
+    script = tmp_path / "perf" / "x y.py"  # a script by full path under the working directory -> relative
+    assert portable_command(["/usr/bin/python", str(script), "-n", "3"], tmp_path, True) == (
+        "python 'perf/x y.py' -n 3"
+    )
+    assert portable_command([str(script), "/elsewhere/f.json"], tmp_path, False) == (
+        "python 'perf/x y.py' /elsewhere/f.json"  # outside the working directory: kept as given
+    )
 
 
 @pytest.mark.parametrize(
@@ -222,3 +236,19 @@ def test_time_call_measures() -> None:
     with pytest.raises(ValueError, match="repeat"):
         time_call(lambda: None, repeat=0)
     assert set(FIGURES) >= {"latency_us", "bytes", "descriptors", "tensore_util", "fps", "memory_bytes"}
+
+
+def test_committed_result_rows_record_portable_commands() -> None:
+    """Every row under perf/results records its command as ``python ...`` relative to the repository, never
+    an interpreter or file path of the machine that ran it."""
+    rows = [
+        (path.name, json.loads(line))
+        for path in sorted((Path(__file__).resolve().parents[1] / "perf" / "results").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    assert rows
+    for name, row in rows:
+        cmd = row.get("command", "")
+        assert cmd.startswith("python "), (name, cmd)
+        assert not any(a.startswith("/") for a in cmd.split()), (name, cmd)

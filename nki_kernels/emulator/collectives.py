@@ -22,7 +22,7 @@ import numpy as np
 from . import opdefs
 from . import state as _state
 from .errors import LaunchError, MemorySpaceError, ShapeMismatchError
-from .isa import VirtualRegister, _dma_record
+from .isa import VirtualRegister, dma_record
 from .tensor import NkiTensor
 
 _REDUCE_OPS = ("add", "minimum", "maximum")
@@ -76,7 +76,7 @@ def _lists(op: str, srcs: Any, dsts: Any) -> tuple[list[NkiTensor], list[NkiTens
 def _run(op: str, srcs: list, dsts: list, ranks: int, meta: tuple, fn: Any) -> None:
     launch = _state.current()
     for s, d in zip(srcs, dsts):
-        _dma_record(op, d, s, launch, (("collective", op), ("ranks", ranks)) + meta)
+        dma_record(op, d, s, launch, (("collective", op), ("ranks", ranks)) + meta)
     if launch.trace_only:
         return
     if ranks != 1:

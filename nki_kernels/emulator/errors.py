@@ -49,7 +49,8 @@ class ViewError(NkiEmulatorError, ValueError):
 
 
 class DmaTransposeError(NkiEmulatorError, ValueError):
-    """``nisa.dma_transpose`` contract broken (axes, exact dst shape, hardware-DGE source shape, indirect rules)."""
+    """``nisa.dma_transpose`` contract broken (axes, exact dst shape, hardware-DGE source shape, indirect
+    rules)."""
 
 
 class DtypeError(NkiEmulatorError, TypeError):

@@ -78,7 +78,7 @@ from .tensor import (  # noqa: F401
 DType = str
 
 
-# --------------------------------------------------------------------------------------------- programs / loops
+# ------------------------------------------------------------------------------------------- programs / loops
 
 
 def program_id(axis: int = 0) -> int:
@@ -115,7 +115,8 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], None], step: int
 
 
 def while_loop(init: Any, body_fun: Callable[[], Any]) -> None:
-    """Runtime while loop: runs ``body_fun()`` while the register (init, then its return value) is non-zero."""
+    """Runtime while loop: runs ``body_fun()`` while the register (init, then its return value) is
+    non-zero."""
     cond = init
     guard = 0
     while int(cond.value if isinstance(cond, _isa.VirtualRegister) else cond):
@@ -188,8 +189,8 @@ def _mk_binary(name: str) -> Callable[..., NkiTensor]:
                 _isa.tensor_scalar(out, y, fn, x, reverse0=True)
                 return out
             raise ShapeMismatchError(
-                f"[broadcast] nl.{name}: shapes {list(x.shape)} and {list(y.shape)} must be equal or one must be "
-                "(P, 1) (use a broadcast view)"
+                f"[broadcast] nl.{name}: shapes {list(x.shape)} and {list(y.shape)} must be equal or one "
+                "must be (P, 1) (use a broadcast view)"
             )
         t, s, rev = (x, y, False) if xt else (y, x, True)
         _tile(t, name)
@@ -234,21 +235,22 @@ def _unary_vector(out: NkiTensor, x: NkiTensor, name: str) -> None:
     launch = _state.current()
     _sp.check_all("tensor_scalar", launch.hw.pmax, ("dst", out), ("data", x))
     key = ("nl_unary", name, x.shape, x.dtype, out.dtype, launch.program_id)
-    _isa._emit(
+    _isa.emit(
         launch,
         key,
         lambda: TraceRecord(
             op="tensor_scalar", engine="vector", shapes=(out.shape, x.shape), dtypes=(out.dtype, x.dtype),
             buffers=(out.buffer.trace_name, x.buffer.trace_name), partitions=x.shape[0],
-            free_elems=x.size // x.shape[0], bytes_read=x.size * x.itemsize, bytes_written=out.size * out.itemsize,
-            flops=out.size, program_id=launch.program_id, meta=(("alu", name),),
+            free_elems=x.size // x.shape[0], bytes_read=x.size * x.itemsize,
+            bytes_written=out.size * out.itemsize, flops=out.size, program_id=launch.program_id,
+            meta=(("alu", name),),
         ),
     )  # fmt: skip
-    _isa._use_rw(launch, x, out)
+    _isa.use_rw(launch, x, out)
     if not launch.trace_only:
         with np.errstate(all="ignore"):
-            v = opdefs.UNARY[name](_isa._vals(x))
-        _isa._store(out, np.asarray(v).reshape(out.shape))
+            v = opdefs.UNARY[name](_isa.fp32_values(x))
+        _isa.store_values(out, np.asarray(v).reshape(out.shape))
 
 
 add = _mk_binary("add")
@@ -336,7 +338,7 @@ def _reduce(
     name: str, opfn: Any, x: NkiTensor, axis: Any, dtype: Any, keepdims: bool, negate: bool = False
 ) -> NkiTensor:
     _tile(x, name)
-    ax = _isa._axes(axis, x.ndim, f"nl.{name}")
+    ax = _isa.free_axes(axis, x.ndim, f"nl.{name}")
     kept = list(x.shape)
     for a in ax:
         kept[a] = 1
@@ -366,7 +368,7 @@ def prod(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> 
 
 def mean(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
     s = _reduce("mean", add, x, axis, float32, keepdims)
-    ax = _isa._axes(axis, x.ndim, "nl.mean")
+    ax = _isa.free_axes(axis, x.ndim, "nl.mean")
     n = math.prod(x.shape[a] for a in ax)
     return multiply(s, 1.0 / n, dtype=_result_dtype(dtype, x))
 
@@ -382,7 +384,8 @@ def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:  # noqa: A001
 
 
 def softmax(x: NkiTensor, axis: Any = -1, dtype: Any = None) -> NkiTensor:
-    """Softmax over the free dims ``axis`` of a 2-D tile: max, exp(x - max) with row sum, multiply by 1/sum."""
+    """Softmax over the free dims ``axis`` of a 2-D tile: max, exp(x - max) with row sum, multiply by
+    1/sum."""
     _tile(x, "softmax")
     P = x.shape[0]
     mx = _reduce("softmax", maximum, x, axis, float32, keepdims=False, negate=True)  # -max
@@ -405,7 +408,8 @@ def rms_norm(
     dtype: Any = None,
     compute_dtype: Any = None,
 ) -> NkiTensor:
-    """``x * rsqrt(mean(x^2) + eps) * w`` over the free axis of a 2-D tile; ``w`` is [1, F] broadcast or [P, F]."""
+    """``x * rsqrt(mean(x^2) + eps) * w`` over the free axis of a 2-D tile; ``w`` is [1, F] broadcast
+    or [P, F]."""
     _tile(x, "rms_norm")
     P = x.shape[0]
     sq = _new_like(x.shape, float32)
@@ -427,7 +431,8 @@ def rms_norm(
 
 
 def where(condition: NkiTensor, x: Any, y: Any, dtype: Any = None) -> NkiTensor:
-    """``x`` where ``condition`` (1.0/0.0 tile) is non-zero, else ``y`` (tiles of the condition's shape or scalars)."""
+    """``x`` where ``condition`` (1.0/0.0 tile) is non-zero, else ``y`` (tiles of the condition's shape
+    or scalars)."""
     _tile(condition, "where")
     out = _new_like(condition.shape, _result_dtype(dtype, x if isinstance(x, NkiTensor) else condition))
     if isinstance(y, NkiTensor):
@@ -506,8 +511,8 @@ def load(src: NkiTensor, dtype: Any = None) -> NkiTensor:
         raise TypeError(f"nl.load: src must be an NkiTensor, got {type(src).__name__}")
     if src.buffer.on_chip:
         raise MemorySpaceError(
-            f"[memory-space] Expected operand 'src' of 'load' to be in address space 'hbm', but got a tile in "
-            f"'{src.buffer.name}' instead ({src._desc()})"
+            "[memory-space] Expected operand 'src' of 'load' to be in address space 'hbm', but got a tile "
+            f"in '{src.buffer.name}' instead ({src._desc()})"
         )
     shape = src.shape if src.ndim >= 2 else (1,) + src.shape
     out = allocate(shape, dtype or src.dtype, sbuf)
@@ -533,10 +538,8 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
     # the wrapper's lowering is the compiler's choice (it may split the rows): every dma_transpose rule
     # applies except the hardware-DGE source-shape rule (src.shape[0] == 16 for a single 2-D instruction)
     launch = _state.current()
-    axes = _isa._dma_transpose_rules(
-        out, src, None, _isa.dge_mode.unknown, _isa.oob_mode.error, launch, False
-    )
-    _isa._dma_transpose_do(out, src, axes, False, launch)
+    axes = _isa.dma_transpose_rules(out, src, None, _isa.dge_mode.unknown, _isa.oob_mode.error, launch, False)
+    _isa.dma_transpose_do(out, src, axes, False, launch)
     return out
 
 

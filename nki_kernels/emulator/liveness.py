@@ -29,8 +29,8 @@ from .hw import HwConfig
 KINDS = ("sbuf", "psum")
 _SHOWN = 12  # tiles listed in an error message
 
-# live record of an allocation: [last access, first access, bytes/partition, kind, name, shape, dtype, address]
-# (accesses are instruction numbers, -1 = none yet)
+# live record of an allocation: [last access, first access, bytes/partition, kind, name, shape, dtype,
+# address] (accesses are instruction numbers, -1 = none yet)
 LAST, FIRST, PBYTES, KIND, NAME, SHAPE, DTYPE, ADDRESS = range(8)
 
 
@@ -143,8 +143,8 @@ class OnChipLiveness:
                     raise AllocationError(
                         f"[address-overlap] program {program_id}: {KINDS[k].upper()} tiles "
                         f"{self._desc(a[7], a[6] - a[5])} and {self._desc(d, b1 - b0)} overlap (partitions "
-                        f"[{max(p0, a[3])}, {min(p1, a[4])}), bytes [{max(b0, a[5])}, {min(b1, a[6])})) while both "
-                        f"are live (instructions #{a[0]}..#{a[1]} and #{f}..#{la})"
+                        f"[{max(p0, a[3])}, {min(p1, a[4])}), bytes [{max(b0, a[5])}, {min(b1, a[6])})) "
+                        f"while both are live (instructions #{a[0]}..#{a[1]} and #{f}..#{la})"
                     )
             active.append(cur)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -307,8 +306,6 @@ def run(
         kernel.last_trace = trace
     return out, trace
 
-
-_ = math
 
 from . import collectives, isa, language  # noqa: E402  (nki.language / nki.isa / nki.collectives)
 

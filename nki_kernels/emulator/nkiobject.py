@@ -2,12 +2,12 @@
 
 NKI 0.6 documents that every user class used in a kernel inherits from ``NKIObject`` and behaves like a
 dataclass whose ``__init__`` (and the call of ``__post_init__``) is synthesized from its annotated
-fields (aws-neuron/aws-neuron-sdk @ 81ce03a, ``nki/get-started/nki-language-guide.rst``).  The emulator gives every subclass that generated ``__init__``: fields are the annotated class
-attributes of the class and its ``NKIObject`` bases (base fields first, in definition order, ``ClassVar``
-excluded); a class attribute is the field's default (``dataclasses.field(default=/default_factory=)``
-too); arguments bind positionally or by name; a missing field without default or an unknown argument
-raises ``TypeError``.  A subclass that defines its own ``__init__`` or is decorated with
-``@dataclasses.dataclass`` keeps that one.
+fields (aws-neuron/aws-neuron-sdk @ 81ce03a, ``nki/get-started/nki-language-guide.rst``).  The emulator gives
+every subclass that generated ``__init__``: fields are the annotated class attributes of the class and its
+``NKIObject`` bases (base fields first, in definition order, ``ClassVar`` excluded); a class attribute is the
+field's default (``dataclasses.field(default=/default_factory=)`` too); arguments bind positionally or by
+name; a missing field without default or an unknown argument raises ``TypeError``.  A subclass that defines
+its own ``__init__`` or is decorated with ``@dataclasses.dataclass`` keeps that one.
 """
 
 from __future__ import annotations

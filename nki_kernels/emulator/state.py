@@ -98,8 +98,8 @@ class Launch:
         elif pbytes > hw.psum_bytes_per_partition:
             raise PsumLimitError(
                 f"[psum-total] PSUM tensor {name or '<unnamed>'} {list(shape)} {dtype} needs {pbytes} "
-                f"B/partition, PSUM has {hw.psum_bytes_per_partition} B/partition ({hw.psum_num_banks} banks x "
-                f"{hw.psum_bank_bytes} B)"
+                f"B/partition, PSUM has {hw.psum_bytes_per_partition} B/partition ({hw.psum_num_banks} banks "
+                f"x {hw.psum_bank_bytes} B)"
             )
         if address is not None:
             address = check_address(address, k, shape, pbytes, name, hw)

@@ -340,7 +340,8 @@ class NkiTensor(TensorViews):
                 size = int(k.size)
                 if size < 1 or start + size > n:
                     raise OutOfBoundsError(
-                        f"[out-of-bounds] nl.ds({k.start}, {k.size}) exceeds dim {d} of size {n} of {self._desc()}"
+                        f"[out-of-bounds] nl.ds({k.start}, {k.size}) exceeds dim {d} of size {n} of "
+                        f"{self._desc()}"
                     )
                 offset += start * s
                 shape.append(size)

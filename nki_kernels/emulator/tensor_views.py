@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 class TensorViews:
-    """View methods of ``NkiTensor`` (its only subclass); they build views with ``self._view`` / ``self._make``."""
+    """View methods of ``NkiTensor`` (its only subclass); they build views with ``self._view`` /
+    ``self._make``."""
 
     __slots__ = ()
 
@@ -279,7 +280,8 @@ class TensorViews:
             if pairs[0][0] != pstride and pairs[0][1] != 1:
                 raise ViewError(
                     f"[ap-partition] on {st.buffer.name} the first pattern pair is the partition dim and its "
-                    f"step must equal the per-partition element count {pstride}, got {pairs[0][0]} in {pattern}"
+                    f"step must equal the per-partition element count {pstride}, got {pairs[0][0]} in "
+                    f"{pattern}"
                 )
             if pairs[0][1] > _state.current().hw.pmax:
                 raise PartitionLimitError(
@@ -328,7 +330,8 @@ def _norm_index(i: Any, n: int, d: int, t: NkiTensor, allow_end: bool) -> int:
     hi = n if allow_end else n - 1
     if not 0 <= j <= hi:
         raise OutOfBoundsError(
-            f"[out-of-bounds] index {i} on dim {d} of {t._desc()} is outside [0, {n}{']' if allow_end else ')'}"
+            f"[out-of-bounds] index {i} on dim {d} of {t._desc()} is outside [0, "
+            f"{n}{']' if allow_end else ')'}"
         )
     return j
 

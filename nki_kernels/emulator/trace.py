@@ -50,8 +50,8 @@ class TraceRecord:
         descriptors: DMA only: histogram of contiguous HBM byte runs, ``((run_bytes, count), ...)``.
         direction: DMA only: ``"hbm->sbuf"``, ``"sbuf->hbm"``, ``"hbm->hbm"``, ``"sbuf->sbuf"``; else ``""``.
         program_id: logical core (``nl.program_id(0)``) that issued it.
-        meta: extra static facts as sorted ``(key, value)`` pairs, e.g. ``(("K", 128), ("M", 128), ("N", 512))``
-            for ``nc_matmul``, ``(("is_transpose", True),)``.
+        meta: extra static facts as sorted ``(key, value)`` pairs, e.g.
+            ``(("K", 128), ("M", 128), ("N", 512))`` for ``nc_matmul``, ``(("is_transpose", True),)``.
     """
 
     op: str

@@ -5,7 +5,6 @@ Figures: ``measured`` = published trn2 measurement (not run here); ``modelled`` 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -164,6 +163,3 @@ def write_png(rows: Sequence[CalibrationRow], path: str | Path, title: str = "")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-_ = math

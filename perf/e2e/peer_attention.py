@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 __all__ = [
     "FLASH_THRESHOLD",
@@ -63,7 +64,6 @@ __all__ = [
     "row_tiles",
 ]
 
-PMAX = 128
 Q_GRP = 128
 K_TILE = 512
 LARGE_TILE = 2048
@@ -76,7 +76,6 @@ Q_GROUPS_PER_LOAD = 8
 TRANSPOSE_KEYS = 4096
 """Keys of one 16-query P^T ``dma_transpose`` (module docstring: the peer's DMA count and sizes per
 section)."""
-HWDGE_ROWS = 16
 SEQLEN_MULTIPLE = 8192
 """The peer pads its K/V buffers to a multiple of this (``models/dit_layers.py`` ``ATTN_SEQLEN_MULTIPLE``)."""
 _F32_MIN = -3.4028235e38

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from perf.e2e.budget import budget_lines, layer_path_lines
 from perf.e2e.chunk import ChunkModel
 from perf.e2e.components import GROUPS
+from perf.e2e.fp8 import fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
@@ -148,6 +149,7 @@ def targets_lines(r: E2EResult) -> list[str]:
         f"{'yes' if fps_ok['optimistic'] else 'no'} |"
     )
     need = mg_lo.video_frames / (mg_lo.video_frames / prm.target_fps * (1 - prm.target_headroom))
+    L.extend(fp8_target_lines(r))
     L.append(
         f"| >= {prm.target_fps_bf16:.0f} fps without FP8 (all figures here are bf16) | {mg_lo.fps:.2f} / "
         f"{mg_hi.fps:.2f} fps | {'yes' if mg_lo.fps >= prm.target_fps_bf16 else 'no'} / "

@@ -9,6 +9,8 @@ from typing import Any
 
 from perf.e2e.chunk import ChunkModel, chunk_model, warmup_forwards
 from perf.e2e.components import vae_components
+from perf.e2e.fp8 import VARIANT as FP8_VARIANT
+from perf.e2e.fp8 import fp8_linear_chunks
 from perf.e2e.kernels import KernelProvider, TracedKernels, default_kernel_provider
 from perf.e2e.params import ENDS, E2EParams
 from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
@@ -23,8 +25,9 @@ from perf.footprint import (
     vae_probe,
     vae_strides,
 )
-from perf.matmul_model import MatmulProvider, default_matmul_provider
+from perf.matmul_model import MatmulProvider, TracedLinearProvider, default_matmul_provider
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
+from rolling_forcing.fp8 import kv_fp8_bytes_per_element
 
 __all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VARIANTS"]
 
@@ -133,6 +136,9 @@ def run_model(
         first_dec = sum(c.total_s for c in first) + fixed
         static = pipe.window_blocks * chunks[("merged", end)].dit_s + first_dec
         ttff[end] = Ttff(sum(warm) + first_dec, static, warm, first_dec)
+    if isinstance(matmul, TracedLinearProvider):  # the FP8-linear variant (perf/e2e/fp8.py); traced only
+        for end, cm in fp8_linear_chunks(m, pipe, cores=cores, kw=kw).items():
+            chunks[(FP8_VARIANT, end)] = cm
     scaling: list[tuple[int, str, dict[str, tuple[float, float]]]] = []
     for c in scaling_cores:
         try:
@@ -147,7 +153,8 @@ def run_model(
             scaling.append((c, f"no plan: {e}".split("\n")[0][:60], {}))
     merged = chunks[("merged", "pessimistic")]
     fps_: list[Footprint] = []
-    for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+    kv8 = kv_fp8_bytes_per_element(m.head_dim)  # FP8 KV layout: e4m3 + an fp32 scale per token-head
+    for kvb, lab in ((2, "bf16"), (kv8, "fp8 KV cache")):
         for copies, wl in ((None, "weights per core"), (1, "one shared weight copy")):
             fps_.append(
                 footprint(
@@ -162,7 +169,7 @@ def run_model(
                 )
             )
     for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears")):
-        for kvb, lab in ((2, "bf16"), (1, "fp8 KV cache")):
+        for kvb, lab in ((2, "bf16"), (kv8, "fp8 KV cache")):
             fps_.append(
                 footprint(
                     m,
@@ -175,7 +182,7 @@ def run_model(
                     label=f"{lab}, {wl}",
                 )
             )
-    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, 1)]
+    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, kv8)]
     wv: list[tuple[str, str, ChunkModel]] = []
     for end in ENDS:
         for wp in WEIGHT_VARIANTS:

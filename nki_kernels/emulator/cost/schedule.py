@@ -9,13 +9,14 @@ Rules (per core; program ``pid`` runs on core ``pid % cores``):
 * **Program order per engine.**  TensorE, VectorE, ScalarE and GpSimdE each run their instructions in
   program order, back to back (``engine_in_order``, nominal).  At the range's optimistic end
   (``engine_in_order=False``: the compiler reorders independent instructions) an instruction takes the
-  earliest idle gap of its engine at or after its inputs are ready.  DMAs go round-robin onto ``DMA_QUEUES`` (16) FIFO queues (DMA-OV: a
-  transfer uses one queue; FIFO within a queue).
+  earliest idle gap of its engine at or after its inputs are ready.  DMAs go round-robin onto ``DMA_QUEUES``
+  (16) FIFO queues (DMA-OV: a transfer uses one queue; FIFO within a queue).
 * **RAW**: an instruction starts after every earlier write overlapping a region it reads has finished;
   **WAR / WAW**: an instruction that writes a region starts after every earlier read or write of an
   overlapping region has finished.  Overlap = same ``(space, buf)``, overlapping partitions AND bytes
-  (an HBM region's partitions are ``[0, 1)``; allocation ids are unique per launch across spaces).  WAW through HBM is not tracked (HBM regions are
-  bounding boxes: strided stores into one tensor would falsely overlap).
+  (an HBM region's partitions are ``[0, 1)``; allocation ids are unique per launch across spaces).  WAW
+  through HBM is not tracked (HBM regions are bounding boxes: strided stores into one tensor would falsely
+  overlap).
 * **Sync**: a dependency between two different engines (or cores) adds ``sync_ns``.
 * **DMA**: the issue (``DmaRecordCost.issue_ns``, descriptor generation) takes the earliest gap of
   ``dma_issue_lanes`` shared issue lanes once its queue is free; the data phase starts when the issue is
@@ -29,8 +30,8 @@ Rules (per core; program ``pid`` runs on core ``pid % cores``):
   engine's busy time runs ``vector_gpsimd_contention`` times longer.
 
 Bookkeeping per storage is two short lists (recent writes, recent reads); an access fully covered by a
-later write (or a read by a later same-engine read) is dropped, and a list longer than :data:`MAX_ENTRIES` has its
-oldest entries merged into one conservative bounding entry, so memory and time stay linear in events.
+later write (or a read by a later same-engine read) is dropped, and a list longer than :data:`MAX_ENTRIES`
+has its oldest entries merged into one conservative bounding entry, so memory and time stay linear in events.
 """
 
 from __future__ import annotations

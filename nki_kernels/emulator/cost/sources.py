@@ -7,7 +7,8 @@ calibration points (``perf/calibration``), or that it is unmeasured (then the pa
 from __future__ import annotations
 
 SOURCES: dict[str, str] = {
-    "HW": "aws-neuron/aws-neuron-sdk@81ce03ae26 about-neuron/arch/neuron-hardware/{trainium2,neuron-core-v3}.rst",
+    "HW": "aws-neuron/aws-neuron-sdk@81ce03ae26 "
+    "about-neuron/arch/neuron-hardware/{trainium2,neuron-core-v3}.rst",
     "TRN2-ARCH": "aws-neuron/aws-neuron-sdk@81ce03ae26 nki/guides/architecture/trainium2_arch.rst",
     "V2-ARCH": "aws-neuron/aws-neuron-sdk@81ce03ae26 nki/guides/architecture/trainium_inferentia2_arch.rst",
     "ISA": "aws-neuron/aws-neuron-sdk@77a1c5a83f nki/api/nki/isa/__init__.py (estimated instruction cost)",

@@ -11,9 +11,9 @@ together: ``_dma`` (``dma_copy``, ``dma_transpose``, descriptors), ``_tensor_eng
 ``tensor_scalar``, reductions, ...), ``_gpsimd`` (``iota``, ``affine_select``), ``_copy`` (``tensor_copy``,
 ``memset``), ``_registers``, ``_vector_ext`` (``bn_stats``/``bn_aggr``, ``tensor_tensor_scan``,
 ``range_select``, ``select_reduce``, ``max8``, ``nc_find_index8``, ``nc_match_replace8``,
-``nc_stream_shuffle``), ``_sync`` (``sendrecv``, ``core_barrier``), ``constants``; shared operand checks live in ``_rules``, trace bookkeeping and value helpers
-in ``_common``, the enums in ``_enums``.  Import instructions from this package (``nki.isa``), not from
-the submodules.
+``nc_stream_shuffle``), ``_sync`` (``sendrecv``, ``core_barrier``), ``constants``; shared operand checks live
+in ``_rules``, trace bookkeeping and value helpers in ``_common``, the enums in ``_enums``.  Import
+instructions from this package (``nki.isa``), not from the submodules.
 """
 
 from __future__ import annotations
@@ -33,46 +33,17 @@ from ..errors import (  # noqa: F401 (re-exported)
 from ..tensor import NkiTensor, psum, sbuf  # noqa: F401 (re-exported)
 from ..trace import TraceRecord  # noqa: F401 (re-exported)
 from . import constants  # noqa: F401 (nki.isa.constants: the enums under their module path)
-from ._common import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _apply_binary,
-    _bcast,
-    _binary_name,
-    _count,
-    _count_checked,
-    _emit,
-    _operand,
-    _rec,
-    _sig,
-    _store,
-    _vals,
-)
-from ._copy import (  # noqa: F401 (private helpers re-exported for nki.language)
-    memset,
-    tensor_copy,
-)
-from ._dma import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _DMA_TRANSPOSE_AXES,
-    _cast_dma,
-    _direction,
+from ._common import _emit, _store, _vals
+from ._copy import memset, tensor_copy  # noqa: F401
+from ._dma import (  # noqa: F401
     _dma_record,
     _dma_transpose_do,
     _dma_transpose_rules,
-    _indirect_transpose_rules,
-    _joint_runs,
-    _run_len,
     dma_copy,
     dma_descriptors,
     dma_transpose,
 )
-from ._enums import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _DGE,
-    _E,
-    _ENGINE_TRACE,
-    _ENGINE_TRACE_ID,
-    _OOB,
-    _RC,
-    _TC_ENGINES,
-    _TT_ENGINES,
+from ._enums import (  # noqa: F401
     NkiInstruction,
     NkiValidationError,
     dge_mode,
@@ -90,42 +61,21 @@ from ._enums import (  # noqa: F401 (private helpers re-exported for nki.languag
     unknown_engine,
     vector_engine,
 )
-from ._events import _log, _use, _use_rrw, _use_rw  # noqa: F401
-from ._gpsimd import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _pattern_values,
-    affine_select,
-    iota,
-)
+from ._events import _use_rw
+from ._gpsimd import affine_select, iota  # noqa: F401
 from ._gpsimd_ext import nc_n_gather, nonzero_with_count  # noqa: F401 (GpSimd gather, nonzero indices)
-from ._registers import (  # noqa: F401 (private helpers re-exported for nki.language)
+from ._registers import (  # noqa: F401
     VirtualRegister,
     register_alloc,
     register_load,
     register_move,
     register_store,
 )
-from ._rules import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _axes,
-    _free,
-    _no_gpsimd_psum,
-    _onchip,
-    _pick_engine,
-    _same_pf,
-)
-from ._scalar_engine import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _act_acc,
-    _activation,
-    activation,
-    activation_reduce,
-)
+from ._rules import _axes
+from ._scalar_engine import activation, activation_reduce  # noqa: F401
 from ._sync import core_barrier, sendrecv  # noqa: F401 (cross-core, LNC2)
-from ._tensor_engine import (  # noqa: F401 (private helpers re-exported for nki.language)
-    _FP8_E4M3_PAIR,
-    _transpose_mode_rules,
-    nc_matmul,
-    nc_transpose,
-)
-from ._vector_engine import (  # noqa: F401 (private helpers re-exported for nki.language)
+from ._tensor_engine import nc_matmul, nc_transpose  # noqa: F401
+from ._vector_engine import (  # noqa: F401
     reciprocal,
     scalar_tensor_tensor,
     tensor_copy_predicated,
@@ -148,6 +98,42 @@ from ._vector_ext import (  # noqa: F401 (VectorE statistics, scans, selects, to
     tensor_tensor_scan,
 )
 
+# The instruction-building API the rest of the emulator uses (the ``nl.*`` ops of language.py build their
+# instructions with it, collectives.py records its DMAs with it): public names so no module outside this
+# package reaches into its privates. Not part of ``nki.isa`` (kept out of ``__all__``).
+emit = _emit
+"""``emit(launch, key, make)``: count one issue of the record for ``key`` (built by ``make()`` on first
+sight)."""
+use_rw = _use_rw
+"""``use_rw(launch, read, write)``: liveness and event bookkeeping of a one-read, one-write instruction."""
+fp32_values = _vals
+"""``fp32_values(t)``: the operand's values as an fp32 numpy array."""
+store_values = _store
+"""``store_values(dst, values)``: cast to dst's dtype and write (clears PSUM's written-by-matmul state)."""
+free_axes = _axes
+"""``free_axes(axis, ndim, op)``: normalise a reduction axis to trailing free dims (ValueError otherwise)."""
+dma_transpose_rules = _dma_transpose_rules
+"""``dma_transpose_rules(dst, src, axes, dge_mode, oob_mode, launch, hwdge_shape)``: the ``dma_transpose``
+operand rules; returns the permutation."""
+dma_transpose_do = _dma_transpose_do
+"""``dma_transpose_do(dst, src, axes, skip, launch)``: record (and, unless trace-only, perform) a checked
+``dma_transpose``."""
+dma_record = _dma_record
+"""``dma_record(op, dst, src, launch, meta=())``: count one DMA's TraceRecord (built on first sight) and its
+accesses (``dma_copy`` and the collectives' transfers)."""
+INTERNAL_API = (
+    "dma_record",
+    "dma_transpose_do",
+    "dma_transpose_rules",
+    "emit",
+    "fp32_values",
+    "free_axes",
+    "store_values",
+    "use_rw",
+)
+
 # The names ``from nki.isa import *`` gives, as before the split: the NKI ISA plus the re-exported
 # errors, tensor class and memory regions.
-__all__ = [n for n in dir() if not n.startswith("_") and n != "annotations"]
+__all__ = [
+    n for n in dir() if not n.startswith("_") and n not in (*INTERNAL_API, "INTERNAL_API", "annotations")
+]

@@ -1,4 +1,5 @@
-"""Trace bookkeeping (count/emit a record, the trace-only fast path) and value helpers shared by the instructions."""
+"""Trace bookkeeping (count/emit a record, the trace-only fast path) and value helpers shared by the
+instructions."""
 
 from __future__ import annotations
 

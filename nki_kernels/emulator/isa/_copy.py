@@ -36,14 +36,14 @@ def tensor_copy(
             return NkiInstruction("tensor_copy")
     op = "tensor_copy"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, op, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(src) is NkiTensor
         and src._st.buffer.on_chip
         and src.shape[0] <= pmax

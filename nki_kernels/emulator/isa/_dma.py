@@ -258,7 +258,8 @@ def _dma_transpose_rules(
     pmax = launch.hw.pmax
     if src.shape[-1] > pmax:
         raise DmaTransposeError(
-            f"[dma-transpose-src-last] dma_transpose: src.shape[-1] must be <= {pmax}, got src{list(src.shape)}"
+            f"[dma-transpose-src-last] dma_transpose: src.shape[-1] must be <= {pmax}, got "
+            f"src{list(src.shape)}"
         )
     for t, a in ((dst, "dst"), (src, "src")):
         if t._st.buffer.on_chip and t.shape[0] > pmax:
@@ -273,14 +274,15 @@ def _dma_transpose_rules(
     if gather:
         if _dt.itemsize(src.dtype) != 2:
             raise DtypeError(
-                f"[dma-transpose-dtype] an indirect (gather) dma_transpose needs a 2-byte dtype, got {src.dtype}"
+                "[dma-transpose-dtype] an indirect (gather) dma_transpose needs a 2-byte dtype, got "
+                f"{src.dtype}"
             )
         _indirect_transpose_rules(src, dge_mode, launch)
         return axes
     if dge_mode is not _DGE.unknown and dge_mode is not _DGE.hwdge:
         raise DmaTransposeError(
-            f"[dma-transpose-dge] a direct (non-gather) dma_transpose only accepts dge_mode unknown or hwdge, "
-            f"got {dge_mode.name} for src{list(src.shape)}"
+            "[dma-transpose-dge] a direct (non-gather) dma_transpose only accepts dge_mode unknown or "
+            f"hwdge, got {dge_mode.name} for src{list(src.shape)}"
         )
     direct_transpose_lowering(src.shape, src.dtype, dge_mode is _DGE.hwdge, hwdge_shape)
     return axes
@@ -327,8 +329,8 @@ def direct_transpose_lowering(
     if _dt.itemsize(dtype) in DMA_TRANSPOSE_ITEMSIZES:
         return "dma"
     raise DtypeError(
-        f"[dma-transpose-dtype] dge_mode=unknown: no lowering is legal for src{list(shape)} {dtype}: hardware "
-        f"DGE: {why}; DMA transpose: needs a 2- or 4-byte dtype (trn2 architecture guide)"
+        f"[dma-transpose-dtype] dge_mode=unknown: no lowering is legal for src{list(shape)} {dtype}: "
+        f"hardware DGE: {why}; DMA transpose: needs a 2- or 4-byte dtype (trn2 architecture guide)"
     )
 
 
@@ -359,12 +361,13 @@ def _indirect_transpose_rules(src: NkiTensor, dge_mode: Any, launch: _state.Laun
     ish = list(idx.shape)
     if len(ish) != 2 or idx.dtype != "uint32" or idx._st.buffer is not sbuf:
         raise DmaTransposeError(
-            f"[dma-transpose-indirect] indices must be a 2-D uint32 SBUF tensor, got {idx._desc()} {idx.dtype}"
+            f"[dma-transpose-indirect] indices must be a 2-D uint32 SBUF tensor, got {idx._desc()} "
+            f"{idx.dtype}"
         )
     if not 16 <= ish[0] <= 128 or ish[0] % 16 or (ish[1] > 1 and ish[0] != 128):
         raise DmaTransposeError(
-            f"[dma-transpose-indirect] indices.shape[0] must be in [16, 128] and a multiple of 16 (exactly 128 "
-            f"when indices.shape[1] > 1), got indices{ish}"
+            "[dma-transpose-indirect] indices.shape[0] must be in [16, 128] and a multiple of 16 (exactly "
+            f"128 when indices.shape[1] > 1), got indices{ish}"
         )
     if ish[0] * ish[1] < sh[0]:
         raise DmaTransposeError(

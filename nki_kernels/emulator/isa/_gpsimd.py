@@ -30,7 +30,8 @@ def _pattern_values(
     n = math.prod(c for _, c in pairs)
     if n != _free(dst):
         raise ShapeMismatchError(
-            f"[pattern-size] {opn}: pattern {pattern} has {n} elements, dst{list(dst.shape)} has {_free(dst)} per partition"
+            f"[pattern-size] {opn}: pattern {pattern} has {n} elements, dst{list(dst.shape)} has "
+            f"{_free(dst)} per partition"
         )
     if _state.current().trace_only:
         return None

@@ -41,8 +41,8 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: Any =
     P = data.shape[0]
     if dst.shape[0] != P or indices.shape[0] != P:
         raise ShapeMismatchError(
-            f"[partition-mismatch] {op}: dst{list(dst.shape)}, data{list(data.shape)}, indices{list(indices.shape)} "
-            "must have the same partitions"
+            f"[partition-mismatch] {op}: dst{list(dst.shape)}, data{list(data.shape)}, "
+            f"indices{list(indices.shape)} must have the same partitions"
         )
     if _free(dst) != _free(indices):
         raise ShapeMismatchError(

@@ -1,4 +1,5 @@
-"""Operand rule checks shared by the instructions: on-chip space, partition limit, matching shapes, engine choice."""
+"""Operand rule checks shared by the instructions: on-chip space, partition limit, matching shapes, engine
+choice."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ from ._enums import engine
 
 
 def _onchip(t: Any, op: str, arg: str, launch: _state.Launch) -> NkiTensor:
+    """The on-chip operand rule: ``t`` is an :class:`NkiTensor` (``TypeError``) in SBUF or PSUM
+    (``MemorySpaceError``) with at most ``pmax`` partitions (``PartitionLimitError``) whose start partition
+    meets the start-partition rule (:mod:`..start_partition`); returns ``t``.
+
+    The hot instructions inline the passing case, tagged ``# fast path of _rules._onchip``::
+
+        if not (type(x) is NkiTensor and x._st.buffer.on_chip and x.shape[0] <= pmax
+                and x.offset < x._st.size // x._st.shape[0]):  # start partition 0
+            _onchip(x, op, "x", launch)
+
+    so a rule added here is skipped wherever that condition passes. A new operand rule must therefore be a
+    separate check called after this one, never part of the pass condition; tests/test_emulator_onchip_rule.py
+    checks every tagged condition against this form and feeds every on-chip instruction an HBM and a
+    129-partition operand."""
     if not isinstance(t, NkiTensor):
         raise TypeError(f"{op}: {arg} must be an NkiTensor, got {type(t).__name__}")
     if not t._st.buffer.on_chip:

@@ -69,14 +69,14 @@ def activation_reduce(
 def _activation(opname, dst, op, data, bias, scale, reduce_op, reduce_res, rcmd) -> NkiInstruction:
     launch = _state.current()
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opname, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax

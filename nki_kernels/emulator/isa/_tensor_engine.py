@@ -269,14 +269,14 @@ def nc_transpose(
     hw = launch.hw
     op = "nc_transpose"
     pmax = hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, op, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax

@@ -38,21 +38,21 @@ def tensor_tensor(
     launch = _state.current()
     opn = "tensor_tensor"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data1) is NkiTensor
         and data1._st.buffer.on_chip
         and data1.shape[0] <= pmax
         and data1.offset < data1._st.size // data1._st.shape[0]  # start partition 0
     ):
         _onchip(data1, opn, "data1", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data2) is NkiTensor
         and data2._st.buffer.on_chip
         and data2.shape[0] <= pmax
@@ -65,7 +65,8 @@ def tensor_tensor(
         _same_pf(opn, dst, "dst", data1, "data1")
     if data1._st.buffer is psum and data2._st.buffer is psum:
         raise MemorySpaceError(
-            f"[memory-space] tensor_tensor: data1 and data2 cannot both be in PSUM ({data1._desc()}, {data2._desc()})"
+            f"[memory-space] tensor_tensor: data1 and data2 cannot both be in PSUM ({data1._desc()}, "
+            f"{data2._desc()})"
         )
     name_ = _binary_name(op, opn, "op")
     default = _E.gpsimd if name_ == "power" else _E.vector
@@ -110,14 +111,14 @@ def tensor_scalar(
     launch = _state.current()
     opn = "tensor_scalar"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
@@ -189,21 +190,21 @@ def scalar_tensor_tensor(
     launch = _state.current()
     opn = "scalar_tensor_tensor"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
         and data.offset < data._st.size // data._st.shape[0]  # start partition 0
     ):
         _onchip(data, opn, "data", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(operand1) is NkiTensor
         and operand1._st.buffer.on_chip
         and operand1.shape[0] <= pmax
@@ -264,14 +265,14 @@ def tensor_reduce(
     launch = _state.current()
     opn = "tensor_reduce"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax
@@ -284,8 +285,8 @@ def tensor_reduce(
     kept = math.prod(data.shape[1 : data.ndim - len(ax)])
     if dst.shape[0] != data.shape[0] or _free(dst) != kept:
         raise ShapeMismatchError(
-            f"[reduce-shape] tensor_reduce: dst{list(dst.shape)} must hold {data.shape[0]} partitions x {kept} "
-            f"elements for data{list(data.shape)} reduced over axis {ax}"
+            f"[reduce-shape] tensor_reduce: dst{list(dst.shape)} must hold {data.shape[0]} partitions x "
+            f"{kept} elements for data{list(data.shape)} reduced over axis {ax}"
         )
     key = (opn, rn, _sig(dst), _sig(data), ax, launch.program_id)
     if not _count(launch, key):
@@ -336,14 +337,14 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: Any = None) -> NkiInstruct
     launch = _state.current()
     opn = "reciprocal"
     pmax = launch.hw.pmax
-    if not (
+    if not (  # fast path of _rules._onchip
         type(dst) is NkiTensor
         and dst._st.buffer.on_chip
         and dst.shape[0] <= pmax
         and dst.offset < dst._st.size // dst._st.shape[0]  # start partition 0
     ):
         _onchip(dst, opn, "dst", launch)
-    if not (
+    if not (  # fast path of _rules._onchip
         type(data) is NkiTensor
         and data._st.buffer.on_chip
         and data.shape[0] <= pmax

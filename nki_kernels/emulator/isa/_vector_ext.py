@@ -379,7 +379,8 @@ def _search_src(op: str, t: NkiTensor, arg: str) -> int:
     f = _free(t)
     if not 8 <= f <= 16384 or t.ndim > 3:
         raise ShapeMismatchError(
-            f"[search-shape] {op}: {arg}{list(t.shape)} must be up to 3-D with 8..16384 elements per partition"
+            f"[search-shape] {op}: {arg}{list(t.shape)} must be up to 3-D with 8..16384 elements per "
+            "partition"
         )
     return f
 
@@ -487,10 +488,11 @@ def nc_match_replace8(
 
 
 def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: Any = None) -> NkiInstruction:
-    """Cross-partition move inside each 32-partition quadrant (VectorE): output partition ``32q + i`` (relative
-    to dst's start) = src partition ``32q + shuffle_mask[i]`` (relative to src's start); ``255`` leaves it
-    unmodified.  Same dtype and elements per partition; SBUF or PSUM either side; in place allowed.  Start
-    partitions follow the start-partition rule with ``num_active = ceil(max(src, dst partitions)/32)*32``."""
+    """Cross-partition move inside each 32-partition quadrant (VectorE): output partition ``32q + i``
+    (relative to dst's start) = src partition ``32q + shuffle_mask[i]`` (relative to src's start); ``255``
+    leaves it unmodified.  Same dtype and elements per partition; SBUF or PSUM either side; in place allowed.
+    Start partitions follow the start-partition rule with
+    ``num_active = ceil(max(src, dst partitions)/32)*32``."""
     launch = _state.current()
     op = "nc_stream_shuffle"
     for t, a in ((dst, "dst"), (src, "src")):
@@ -502,7 +504,8 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: A
         raise DtypeError(f"[shuffle-dtype] {op}: dst dtype {dst.dtype} must equal src dtype {src.dtype}")
     if _free(dst) != _free(src):
         raise ShapeMismatchError(
-            f"[free-size-mismatch] {op}: elements per partition differ: dst{list(dst.shape)}, src{list(src.shape)}"
+            f"[free-size-mismatch] {op}: elements per partition differ: dst{list(dst.shape)}, "
+            f"src{list(src.shape)}"
         )
     ps, pd = src.shape[0], dst.shape[0]
     active = math.ceil(max(ps, pd) / 32) * 32
