@@ -72,19 +72,24 @@ SBUF_BUDGET = 160 * 1024
 """SBUF bytes per partition the kernels' tiles may use (of 192 KiB)."""
 
 
-def tile_bytes(c: int, itemsize: int) -> int:
-    """SBUF bytes per partition of the adaLN kernel's tiles for ``c`` features (the larger of the two
-    kernels; a pure function): :data:`ROT` rotating x tiles in x's dtype (the result overwrites its input),
-    2 fp32 temporaries, three sets of two modulation tiles in x's dtype, the row (fp32 and x's dtype), the
-    statistics and the ones row."""
+def tile_bytes(c: int, itemsize: int, out_itemsize: int | None = None) -> int:
+    """SBUF bytes per partition of the adaLN kernel's tiles for ``c`` features (the largest of the
+    kernels; a pure function): :data:`ROT` rotating x tiles in x's dtype (the result overwrites its input
+    when the output dtype is x's), 2 fp32 temporaries, three sets of two modulation tiles and the row in the
+    working dtype (fp32 unless x and out are both 2-byte), the fp32 row, the statistics, the ones row and,
+    when ``out_itemsize`` differs from ``itemsize``, 2 rotating output tiles."""
+    osz = itemsize if out_itemsize is None else out_itemsize
+    wsz = 2 if itemsize == osz == 2 else 4
     stats = ROT * (6 * math.ceil(c / CHUNK) + 4) * 4
-    return c * (ROT * itemsize + 2 * 4 + 6 * itemsize + 4 + itemsize) + stats + PMAX * itemsize
+    out_tiles = 0 if osz == itemsize else 2 * osz
+    return c * (ROT * itemsize + 2 * 4 + 6 * wsz + 4 + wsz + out_tiles) + stats + PMAX * wsz
 
 
-def max_features(itemsize: int) -> int:
-    """Largest ``C`` (a multiple of 512) whose tiles fit :data:`SBUF_BUDGET` at ``itemsize`` bytes."""
+def max_features(itemsize: int, out_itemsize: int | None = None) -> int:
+    """Largest ``C`` (a multiple of 512) whose tiles fit :data:`SBUF_BUDGET` at ``itemsize`` bytes in and
+    ``out_itemsize`` (default ``itemsize``) out."""
     c = CHUNK
-    while tile_bytes(c + CHUNK, itemsize) <= SBUF_BUDGET:
+    while tile_bytes(c + CHUNK, itemsize, out_itemsize) <= SBUF_BUDGET:
         c += CHUNK
     return c
 
@@ -98,10 +103,24 @@ def frame_tiles(n: int, g: int) -> list[tuple[int, int, int]]:
     return [(f, f * tpf + t0, min(PMAX, tpf - t0)) for f in range(g) for t0 in range(0, tpf, PMAX)]
 
 
-def _check_c(c: int, dt: Any) -> None:
-    isz = 4 if dt == nl.float32 else 2
-    if c > max_features(isz):
-        raise ValueError(f"elementwise: C={c} features exceed the SBUF tiles (at most {max_features(isz)})")
+def _isz(dt: Any) -> int:
+    return 4 if dt == nl.float32 else 2
+
+
+def _check_c(c: int, dt: Any, od: Any = None) -> None:
+    top = max_features(_isz(dt), None if od is None else _isz(od))
+    if c > top:
+        raise ValueError(f"elementwise: C={c} features exceed the SBUF tiles (at most {top})")
+
+
+def _out_dtype(out_dtype: Any, dt: Any) -> Any:
+    """The kernel's output dtype: ``None`` = x's; ``"bfloat16"`` / ``"float32"`` (strings, so the argument
+    is a plain constant under real NKI and the emulator alike)."""
+    if out_dtype is None:
+        return dt
+    if out_dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"elementwise: out_dtype must be None, 'bfloat16' or 'float32', got {out_dtype!r}")
+    return nl.bfloat16 if out_dtype == "bfloat16" else nl.float32
 
 
 class _Broadcast:
@@ -140,22 +159,26 @@ class _Broadcast:
 
 
 @nki.jit
-def adaln_norm_modulate_kernel(x, shift, scale, eps):
-    """``out[N, C] = LayerNorm(x)(eps, no affine) * (1 + scale[g]) + shift[g]`` per frame ``g``; see the
-    module docstring for layouts and the engine split."""
+def adaln_norm_modulate_kernel(x, shift, scale, eps, out_dtype=None):
+    """``out[N, C] = LayerNorm(x)(eps, no affine) * (1 + scale[g]) + shift[g]`` per frame ``g``, ``out`` in
+    ``out_dtype`` (``None``: x's dtype; ``"bfloat16"`` / ``"float32"``); see the module docstring for
+    layouts, the working dtype and the engine split."""
     N, C = x.shape
     G = shift.shape[0]
     dt = x.dtype
-    _check_c(C, dt)
-    out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
+    od = _out_dtype(out_dtype, dt)
+    wd = dt if od == dt else nl.float32  # working dtype of the modulation and the product
+    _check_c(C, dt, od)
+    out = nl.ndarray((N, C), dtype=od, buffer=nl.shared_hbm)
     tiles = frame_tiles(N, G)
     frames = list(range(G))[nl.program_id(0) :: nl.num_programs()]
     if not frames:
         return out
     mine = [t for t in tiles if t[0] in frames]
-    bc = _Broadcast(C, dt, 2, 3)  # frames of tiles i .. i + 2 in flight
+    bc = _Broadcast(C, wd, 2, 3)  # frames of tiles i .. i + 2 in flight
     xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
     xn = [nl.ndarray((PMAX, C), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
+    os_ = [] if od == dt else [nl.ndarray((PMAX, C), dtype=od, buffer=nl.sbuf) for _ in range(2)]
     nch = math.ceil(C / CHUNK)
     st = [nl.ndarray((PMAX, 6 * nch), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ROT)]
     cols = [nl.ndarray((PMAX, 4), dtype=nl.float32, buffer=nl.sbuf) for _ in range(ROT)]
@@ -187,9 +210,16 @@ def adaln_norm_modulate_kernel(x, shift, scale, eps):
         s1, sh = mods[i]
         xt, xf, cl = xs[i % ROT][:rows, :], xn[i % 2][:rows, :], cols[i % ROT]
         nisa.activation(xf, nl.copy, xt, bias=cl[:rows, 3:4], scale=cl[:rows, 2:3])
-        nisa.tensor_tensor(xt, xf, s1[:rows, :], nl.multiply, engine=nisa.gpsimd_engine)
-        nisa.tensor_tensor(xt, xt, sh[:rows, :], nl.add, engine=nisa.vector_engine)
-        nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt)
+        if od == dt:  # the product in x's dtype over x's tile, the sum in place
+            nisa.tensor_tensor(xt, xf, s1[:rows, :], nl.multiply, engine=nisa.gpsimd_engine)
+            nisa.tensor_tensor(xt, xt, sh[:rows, :], nl.add, engine=nisa.vector_engine)
+            nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt)
+            return
+        # mixed dtypes: fp32 product in place (xf), one rounding to the output dtype in the sum
+        ot = os_[i % 2][:rows, :]
+        nisa.tensor_tensor(xf, xf, s1[:rows, :], nl.multiply, engine=nisa.gpsimd_engine)
+        nisa.tensor_tensor(ot, xf, sh[:rows, :], nl.add, engine=nisa.gpsimd_engine)
+        nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=ot)
 
     # software pipeline in program order (each engine runs its queue in order): tile i + 2's load and
     # statistics, tile i + 1's rstd, then tile i's modulation, so no engine's queue holds a step that waits on a
@@ -204,10 +234,13 @@ def adaln_norm_modulate_kernel(x, shift, scale, eps):
 
 @nki.jit
 def gate_residual_kernel(x, y, gate):
-    """``out[N, C] = x + gate[g] * y`` per frame ``g``; see the module docstring."""
+    """``out[N, C] = x + gate[g] * y`` per frame ``g``, out in x's dtype; ``y`` in x's dtype or bf16 with
+    an fp32 ``x`` (Wan's fp32 residual stream plus a bf16 branch); see the module docstring."""
     N, C = x.shape
     G = gate.shape[0]
-    dt = x.dtype
+    dt, yd = x.dtype, y.dtype
+    if yd != dt and not (dt == nl.float32 and yd == nl.bfloat16):
+        raise ValueError(f"gate_residual: y dtype {yd} must be x's {dt}, or bfloat16 with a float32 x")
     _check_c(C, dt)
     out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
     tiles = frame_tiles(N, G)
@@ -217,8 +250,9 @@ def gate_residual_kernel(x, y, gate):
     mine = [t for t in tiles if t[0] in frames]
     bc = _Broadcast(C, dt, 1, 2)  # frames of tiles i, i + 1 in flight
     xs = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
-    ys = [nl.ndarray((PMAX, C), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
+    ys = [nl.ndarray((PMAX, C), dtype=yd, buffer=nl.sbuf) for _ in range(ROT)]
     acc = [nl.ndarray((PMAX, CHUNK), dtype=nl.float32, buffer=nl.psum) for _ in range(2)]
+    tmp = [] if yd == dt else [nl.ndarray((PMAX, C), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
     mods: list[Any] = []
 
     def load(i: int) -> None:
@@ -233,6 +267,12 @@ def gate_residual_kernel(x, y, gate):
     def combine(i: int) -> None:
         _, t0, rows = mine[i]
         xt, yt, gt = xs[i % ROT], ys[i % ROT], mods[i]
+        if yd != dt:  # fp32 x, bf16 y: GpSimdE gate * y (fp32), VectorE x + it, in place over x's tile
+            tf = tmp[i % 2][:rows, :]
+            nisa.tensor_tensor(tf, yt[:rows, :], gt[:rows, :], nl.multiply, engine=nisa.gpsimd_engine)
+            nisa.tensor_tensor(xt[:rows, :], xt[:rows, :], tf, nl.add, engine=nisa.vector_engine)
+            nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=xt[:rows, :])
+            return
         for j, c0 in enumerate(range(0, C, CHUNK)):
             # gate * y into an fp32 PSUM bank (no rounding), then x + it (a PSUM operand keeps VectorE's
             # 1-element/cycle rate that an fp32 SBUF operand would halve)
@@ -288,6 +328,48 @@ def rms_norm_kernel(x, weight, eps):
     return out
 
 
+GELU_COLS = 4608
+"""Most columns per GELU tile (9 KiB per partition in bf16); ``C`` is cut into equal column tiles of at most
+this many (Wan's FFN width 8,960 into two of 4,480: long descriptors, no thin tail)."""
+
+
+@nki.jit
+def gelu_tanh_kernel(x):
+    """``out[N, C] = gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`` elementwise (Wan's
+    FFN activation, ``nn.GELU(approximate="tanh")``), out in x's dtype (bf16 or fp32), one rounding.
+
+    Tiles of up to 128 rows x ``ceil(C / ceil(C / GELU_COLS))`` columns (:data:`GELU_COLS`; any
+    ``N >= 1``, ``C >= 1``: the rows need not fit one partition, unlike the normalising kernels); per tile one load DMA, one ScalarE ``activation``
+    (``gelu_apprx_tanh``, fp32 inside) in place, one store DMA; loads run one tile ahead of the
+    activation in program order, :data:`ROT` tiles rotate. LNC: tiles dealt round-robin."""
+    N, C = x.shape
+    dt = x.dtype
+    out = nl.ndarray((N, C), dtype=dt, buffer=nl.shared_hbm)
+    cols = math.ceil(C / math.ceil(C / GELU_COLS))  # equal column tiles of <= GELU_COLS (no thin tail)
+    tiles = [
+        (r0, min(PMAX, N - r0), c0, min(cols, C - c0)) for r0 in range(0, N, PMAX) for c0 in range(0, C, cols)
+    ]
+    mine = tiles[nl.program_id(0) :: nl.num_programs()]
+    xs = [nl.ndarray((PMAX, cols), dtype=dt, buffer=nl.sbuf) for _ in range(ROT)]
+
+    def load(i: int) -> None:
+        r0, rr, c0, cc = mine[i]
+        nisa.dma_copy(dst=xs[i % ROT][:rr, :cc], src=x[r0 : r0 + rr, c0 : c0 + cc])
+
+    def act_store(i: int) -> None:
+        r0, rr, c0, cc = mine[i]
+        xt = xs[i % ROT][:rr, :cc]
+        nisa.activation(xt, nl.gelu_apprx_tanh, xt)
+        nisa.dma_copy(dst=out[r0 : r0 + rr, c0 : c0 + cc], src=xt)
+
+    for i in range(len(mine) + LAG):
+        if i < len(mine):
+            load(i)
+        if i >= LAG:
+            act_store(i - LAG)
+    return out
+
+
 def _rows(t: Any) -> Any:
     """torch ``[B, F, C]`` -> numpy fp32 ``[B * F, C]``."""
     import torch
@@ -297,10 +379,14 @@ def _rows(t: Any) -> Any:
     return _to_numpy(t.to(torch.float32).reshape(-1, t.shape[-1]).contiguous())
 
 
-def adaln_norm_modulate_emulated(x: Any, shift: Any, scale: Any, eps: float, lnc: int = 1) -> Any:
+def adaln_norm_modulate_emulated(
+    x: Any, shift: Any, scale: Any, eps: float, lnc: int = 1, out_dtype: Any = None
+) -> Any:
     """:func:`adaln_norm_modulate_kernel` on the emulator: x torch ``[B, L, C]`` bf16/fp32 contiguous;
     shift, scale ``[B, F, C]`` (any float dtype, sent as fp32; ``F`` divides ``L``); returns ``[B, L, C]``
-    in x's dtype."""
+    in ``out_dtype`` (a torch dtype, bf16 or fp32; ``None``: x's dtype)."""
+    import torch
+
     from nki_kernels._nki import launch
     from nki_kernels.linear import _to_numpy
     from nki_kernels.rope3d import _to_torch
@@ -312,9 +398,10 @@ def adaln_norm_modulate_emulated(x: Any, shift: Any, scale: Any, eps: float, lnc
         _rows(shift),
         _rows(scale),
         float(eps),
+        *(() if out_dtype is None else ("float32" if out_dtype == torch.float32 else "bfloat16",)),
         lnc=lnc,
     )
-    return _to_torch(res, x.dtype).reshape(b, l, c)
+    return _to_torch(res, x.dtype if out_dtype is None else out_dtype).reshape(b, l, c)
 
 
 def rms_norm_emulated(x: Any, weight: Any, eps: float, lnc: int = 1) -> Any:
@@ -329,9 +416,22 @@ def rms_norm_emulated(x: Any, weight: Any, eps: float, lnc: int = 1) -> Any:
     return _to_torch(res, x.dtype).reshape(b, l, c)
 
 
+def gelu_tanh_emulated(x: Any, lnc: int = 1) -> Any:
+    """:func:`gelu_tanh_kernel` on the emulator: x torch ``[..., C]`` bf16/fp32 contiguous (rank >= 1);
+    returns x's shape and dtype."""
+    from nki_kernels._nki import launch
+    from nki_kernels.linear import _to_numpy
+    from nki_kernels.rope3d import _to_torch
+
+    c = x.shape[-1]
+    res, _ = launch(gelu_tanh_kernel, _to_numpy(x.reshape(-1, c)), lnc=lnc)
+    return _to_torch(res, x.dtype).reshape(x.shape)
+
+
 def gate_residual_emulated(x: Any, y: Any, gate: Any, lnc: int = 1) -> Any:
-    """:func:`gate_residual_kernel` on the emulator: x, y torch ``[B, L, C]`` (same dtype, contiguous),
-    gate ``[B, F, C]`` (sent as fp32; ``F`` divides ``L``); returns ``[B, L, C]`` in x's dtype."""
+    """:func:`gate_residual_kernel` on the emulator: x, y torch ``[B, L, C]`` contiguous (y in x's dtype,
+    or bf16 with an fp32 x), gate ``[B, F, C]`` (sent as fp32; ``F`` divides ``L``); returns
+    ``[B, L, C]`` in x's dtype."""
     from nki_kernels._nki import launch
     from nki_kernels.linear import _to_numpy
     from nki_kernels.rope3d import _to_torch
@@ -353,6 +453,8 @@ __all__ = [
     "frame_tiles",
     "gate_residual_emulated",
     "gate_residual_kernel",
+    "gelu_tanh_emulated",
+    "gelu_tanh_kernel",
     "max_features",
     "rms_norm_emulated",
     "rms_norm_kernel",

@@ -157,6 +157,8 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "adaln_norm_modulate": ("elementwise", "adaln_norm_modulate_emulated"),
     "gate_residual": ("elementwise", "gate_residual_emulated"),
     "rms_norm": ("elementwise", "rms_norm_emulated"),
+    "gelu_tanh": ("elementwise", "gelu_tanh_emulated"),
+    "gate_residual_adaln": ("elementwise_fused", "gate_residual_adaln_emulated"),
 }
 
 

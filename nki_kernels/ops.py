@@ -39,16 +39,17 @@ Limits (every op; each checked on entry, with the error it raises):
   partitions: ``ValueError`` "head_dim D=... must be <= 128"; the reference backend takes any D);
   ``linear``: ``K <= 18,432`` bf16 / ``9,216`` fp32, ``linear_fp8``: ``K <= 32,128`` / ``22,912``
   (``ValueError``); ``adaln_norm_modulate`` /
-  ``gate_residual`` / ``rms_norm``: ``C <= 4,608`` bf16 / ``2,560`` fp32 features (``ValueError``);
-  ``conv3d_causal``: kernel extents 1 or 3 and weights that fit SBUF (``ValueError`` naming the limit);
+  ``gate_residual`` / ``rms_norm``: ``C <= 4,608`` bf16 / ``2,560`` fp32 features (``ValueError``;
+  ``gelu_tanh``: any ``C``; ``gate_residual_adaln``: ``C <= 1,536``, fp32 x, bf16 y); ``conv3d_causal``:
+  kernel extents 1 or 3 and weights that fit SBUF (``ValueError`` naming the limit);
 * a backend that cannot run an op (``neuron`` without the Neuron SDK's ``nki``) raises ``RuntimeError`` /
   ``NotImplementedError`` naming the backend; never a silent fallback to another backend.
 
 Where things live: this module re-exports the public API; the ops are defined per family in
 :mod:`nki_kernels.ops_rope`, :mod:`nki_kernels.ops_attention`, :mod:`nki_kernels.ops_kv` and
 :mod:`nki_kernels.ops_dense` (linear, causal conv3d), :mod:`nki_kernels.ops_linear_fp8` (FP8 linear)
-and :mod:`nki_kernels.ops_elementwise` (adaLN norm + modulation, gated residual, RMSNorm), each holding
-its raw ops, fakes and public functions;
+and :mod:`nki_kernels.ops_elementwise` (adaLN norm + modulation, gated residual, RMSNorm, GELU-tanh, gated
+residual + adaLN), each holding its raw ops, fakes and public functions;
 the argument rules shared by several ops are in :mod:`nki_kernels.op_checks` and backend resolution, the
 kernel entry point of every op (written once) and the checks of kernel results in
 :mod:`nki_kernels.op_dispatch`.
@@ -67,7 +68,15 @@ from nki_kernels.op_dispatch import (
 )
 from nki_kernels.ops_attention import attention, attention_block_table, attention_segments
 from nki_kernels.ops_dense import LINEAR_MAX_K, conv3d_causal, conv_weight_taps, linear
-from nki_kernels.ops_elementwise import ELEMENTWISE_MAX_C, adaln_norm_modulate, gate_residual, rms_norm
+from nki_kernels.ops_elementwise import (
+    ELEMENTWISE_MAX_C,
+    FUSED_MAX_C,
+    adaln_norm_modulate,
+    gate_residual,
+    gate_residual_adaln,
+    gelu_tanh,
+    rms_norm,
+)
 from nki_kernels.ops_kv import kv_cache_slide, kv_cache_write, kv_cache_write_at
 from nki_kernels.ops_linear_fp8 import LINEAR_FP8_MAX_K, linear_fp8, quantize_weight_fp8
 from nki_kernels.ops_rope import rope3d, rope3d_positions, rope3d_tables, rope_tables
@@ -78,6 +87,7 @@ __all__ = [
     "BLOCK_TABLE_KERNEL",
     "DEFAULT_BACKEND",
     "ELEMENTWISE_MAX_C",
+    "FUSED_MAX_C",
     "LINEAR_FP8_MAX_K",
     "LINEAR_MAX_K",
     "TABLE_DTYPES",
@@ -89,6 +99,8 @@ __all__ = [
     "conv3d_causal",
     "conv_weight_taps",
     "gate_residual",
+    "gate_residual_adaln",
+    "gelu_tanh",
     "has_kernel",
     "kv_cache_slide",
     "kv_cache_write",

@@ -226,7 +226,7 @@ def test_rms_norm_op_rejects_bad_input(args, err, match) -> None:
     ("args", "err", "match"),
     [
         ((_X, torch.zeros(2, 6, 9), _M), ValueError, r"y shape \(2, 6, 9\) must equal x shape"),
-        ((_X, _X.bfloat16(), _M), TypeError, "y dtype torch.bfloat16 must match"),
+        ((_X.bfloat16(), _X, _M), TypeError, "y dtype torch.float32 must match x dtype torch.bfloat16"),
         ((_X, _X, torch.zeros(2, 7, 8)), ValueError, "gate has F=7 frames"),
         ((_X, _X, torch.zeros(8)), ValueError, r"gate must be \[B, F, C\] or \[B, C\]"),
     ],
@@ -242,7 +242,15 @@ def test_bench_rows_move_exactly_the_minimum_bytes() -> None:
     from perf.bench_kernels import elementwise_cases
 
     rows = elementwise_cases(quick=True)
-    assert [r[0] for r in rows] == ["adaln_norm_modulate", "gate_residual", "rms_norm"]
+    assert [(r[0], r[1].rsplit("_", 1)[1]) for r in rows] == [
+        ("adaln_norm_modulate", "bf16"),
+        ("gate_residual", "bf16"),
+        ("rms_norm", "bf16"),
+        ("adaln_norm_modulate", "fp32res"),
+        ("gate_residual", "fp32res"),
+        ("gelu_tanh", "bf16"),
+        ("gate_residual_adaln", "fp32res"),
+    ]
     for _, _, _, fn in rows:
         f = fn()
         assert f["hbm_bytes"] == f["hbm_bytes_min"] > 0

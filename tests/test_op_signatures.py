@@ -31,6 +31,8 @@ PAIRS = {
     "adaln_norm_modulate": (reference.elementwise.adaln_norm_modulate, {"backend"}),
     "gate_residual": (reference.elementwise.gate_residual, {"backend"}),
     "rms_norm": (reference.elementwise.rms_norm, {"backend"}),
+    "gelu_tanh": (reference.elementwise.gelu_tanh, {"backend"}),
+    "gate_residual_adaln": (reference.elementwise.gate_residual_adaln, {"backend"}),
 }
 # static-shape variants share the reference of their dynamic op (documented in their docstrings)
 VARIANTS = {"rope3d_positions": "rope3d", "kv_cache_write_at": "kv_cache_write"}

@@ -123,7 +123,44 @@ def _conv() -> None:
     conv3d_causal_emulated(_f32(130, 2, 5, 7), _f32(9, 130, 20, seed=1), None, (1, 3, 3))
 
 
+def _adaln() -> None:
+    from nki_kernels.elementwise import adaln_norm_modulate_emulated
+
+    rows = _f32(1, 3, 520, seed=1)
+    adaln_norm_modulate_emulated(_f32(1, 450, 520), rows, rows, 1e-6, out_dtype=torch.bfloat16)
+
+
+def _gate() -> None:
+    from nki_kernels.elementwise import gate_residual_emulated
+
+    gate_residual_emulated(_f32(1, 450, 520), _bf(1, 450, 520, seed=1), _f32(1, 3, 520, seed=2), lnc=2)
+
+
+def _rms() -> None:
+    from nki_kernels.elementwise import rms_norm_emulated
+
+    rms_norm_emulated(_bf(1, 200, 520), _f32(520, seed=1), 1e-6)
+
+
+def _gelu() -> None:
+    from nki_kernels.elementwise import gelu_tanh_emulated
+
+    gelu_tanh_emulated(_bf(1, 300, 2100), lnc=2)
+
+
+def _gate_adaln() -> None:
+    from nki_kernels.elementwise_fused import gate_residual_adaln_emulated
+
+    rows = _f32(1, 3, 520, seed=2)
+    gate_residual_adaln_emulated(_f32(1, 450, 520), _bf(1, 450, 520, seed=1), rows, rows, rows, 1e-6, lnc=2)
+
+
 ENTRIES: dict[str, tuple[Callable[[], None], str]] = {
+    "gate_residual_adaln_emulated": (_gate_adaln, "gate_residual_adaln_lnc2"),
+    "adaln_norm_modulate_emulated": (_adaln, "adaln_fp32_to_bf16_lnc1"),
+    "gate_residual_emulated": (_gate, "gate_residual_fp32_bf16_lnc2"),
+    "rms_norm_emulated": (_rms, "rms_norm_bf16_lnc1"),
+    "gelu_tanh_emulated": (_gelu, "gelu_tanh_bf16_lnc2"),
     "rope3d_emulated": (_rope, "rope3d_bf16_lnc1"),
     "rope3d_tables_emulated": (_rope_tables, "rope3d_bf16_lnc2"),
     "attention_emulated": (_attention, "attention_bf16_lse_lnc2"),

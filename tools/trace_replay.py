@@ -150,7 +150,23 @@ def cases() -> list[Case]:
         )
         return Case(name, ("conv3d", "conv3d_causal_kernel"), args, 1)
 
-    return [
+    def elw(name: str, kern: str, args: tuple[Any, ...], lnc: int) -> Case:
+        return Case(name, ("elementwise", kern), args, lnc)
+
+    rows3, x32, x16 = s(3, 520, dtype=f32), s(450, 520, dtype=f32), s(450, 520)
+    ew_cases = [
+        elw("adaln_bf16_lnc2", "adaln_norm_modulate_kernel", (x16, rows3, rows3, 1e-6), 2),
+        elw("adaln_fp32_to_bf16_lnc1", "adaln_norm_modulate_kernel", (x32, rows3, rows3, 1e-6, bf), 1),
+        elw("gate_residual_bf16_lnc1", "gate_residual_kernel", (x16, x16, rows3), 1),
+        elw("gate_residual_fp32_bf16_lnc2", "gate_residual_kernel", (x32, x16, rows3), 2),
+        elw("rms_norm_bf16_lnc1", "rms_norm_kernel", (s(200, 520), s(1, 520, dtype=f32), 1e-6), 1),
+        elw("gelu_tanh_bf16_lnc2", "gelu_tanh_kernel", (s(300, 2100),), 2),
+        elw("gelu_tanh_fp32_lnc1", "gelu_tanh_kernel", (s(130, 40, dtype=f32),), 1),
+        Case("gate_residual_adaln_lnc2", ("elementwise_fused", "gate_residual_adaln_kernel"),
+             (x32, x16, rows3, rows3, rows3, 1e-6, bf), 2),
+    ]  # fmt: skip
+
+    return ew_cases + [
         rope("rope3d_bf16_lnc1", "rope3d_kernel", 200, 2, 16, bf, 1),
         rope("rope3d_bf16_lnc2", "rope3d_kernel", 1100, 2, 16, bf, 2),
         rope("rope3d_fp32_lnc1", "rope3d_kernel", 130, 2, 16, f32, 1),

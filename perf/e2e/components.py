@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perf.e2e.elementwise import compulsory_bytes, elementwise_plan, separate_pass
 from perf.e2e.kernels import KernelCost, KernelProvider
 from perf.e2e.params import E2EParams, EndPoint
 from perf.footprint import VaeProbe
@@ -169,8 +170,11 @@ def forward_components(
     ``kernels.attention``); a provider with ``attention_layout`` adds the layout changes before each
     attention call (``attn_<name>_layout``, ``cross_attn_layout``; no kernel calls).
     Component set per forward: 8 linears (patch embed and head once, 6 per layer), self-attention per
-    attention call, cross-attention, RoPE, the KV write when the forward has an update group, 9
-    elementwise passes, the per-layer communication (when ``comm_s > 0``) and the head gather.
+    attention call, cross-attention, RoPE, the KV write when the forward has an update group, the
+    elementwise work (:func:`perf.e2e.elementwise.elementwise_plan`: with a provider that has
+    ``kernels.elementwise``, the project's fused kernels including the residual + next-norm pairs; else
+    the 9 components as one separate HBM pass each), the per-layer communication (when ``comm_s > 0``) and
+    the head gather.
     """
     if linear_mode not in ("token", "tp_linear"):
         raise ValueError(f"linear_mode must be 'token' or 'tp_linear', got {linear_mode!r}")
@@ -329,19 +333,27 @@ def forward_components(
             )
         )
 
-    ew = [  # name, elems, read B, write B, ALU ops per element, engine
-        ("adaln_norm1_mod", n * d, 4, 2, 4, "vector"),
-        ("rmsnorm_qk", 2 * n * d, 2, 2, 3, "vector"),
-        ("gate_residual_sa", n * d, 6, 4, 2, "vector"),
-        ("norm3_affine", n * d, 4, 2, 4, "vector"),
-        ("rmsnorm_cross_q", n * d, 2, 2, 3, "vector"),
-        ("residual_cross", n * d, 6, 4, 1, "vector"),
-        ("adaln_norm2_mod", n * d, 4, 2, 4, "vector"),
-        ("gelu_tanh", n * f, 2, 2, 1, "scalar"),
-        ("gate_residual_ffn", n * d, 6, 4, 2, "vector"),
-    ]
-    for name, elems, rb, wb, ops, eng in ew:
-        out.append(_elementwise(name, elems, rb, wb, ops, eng, params, L))
+    fused = getattr(kernels, "elementwise", None)
+    tpf = math.prod(m.grid_hw)
+    for name, calls, per_layer in elementwise_plan(L, pairs=fused is not None):
+        if fused is None:  # one separate pass per component
+            out.append(_elementwise(name, *separate_pass(name, n, d, f), params, calls))
+            continue
+        c, launches = fused(name, n, d, f, tpf)
+        out.append(
+            Component(
+                name,
+                "elementwise",
+                contended_s(c, point),
+                calls,
+                0,
+                launches,
+                per_layer,
+                c.source,
+                hbm_bytes=compulsory_bytes(name, n, d, f),
+                bound=busiest(c.engine_busy_s, "dma"),
+            )
+        )
     if comm_s > 0:
         out.append(
             Component(

@@ -297,6 +297,63 @@ class TracedKernels:
             lambda: self._fallback.kv_write(tokens, heads, head_dim),
         )
 
+    def elementwise(
+        self, name: str, tokens: int, dim: int, ffn_dim: int, tokens_per_frame: int, residual: str = "float32"
+    ) -> tuple[KernelCost, int]:
+        """Elementwise component ``name`` as the project's fused kernels (:mod:`perf.e2e.elementwise`,
+        residual stream in ``residual``): the summed cost of its kernel calls on one core and their count.
+        A call that fails to trace is priced as the separate pass (:func:`perf.e2e.elementwise.separate_pass`)
+        and says so."""
+        from perf.e2e.elementwise import PAIRS, fused_calls, separate_pass, trace_args
+
+        total: KernelCost | None = None
+        calls = fused_calls(name, tokens, dim, ffn_dim, tokens_per_frame, residual)
+        for call in calls:
+
+            def compute(call: Any = call) -> KernelCost:
+                kernel, args = trace_args(call, self._spec)
+                return _profile_cost(*self._trace(kernel, *args), 0, f"traced fused {call.kernel}")
+
+            def fallback() -> KernelCost:
+                t = nbytes = 0.0
+                for part in PAIRS.get(name, (name,)):
+                    elems, rb, wb, ops, eng = separate_pass(part, tokens, dim, ffn_dim, residual)
+                    p = self.params
+                    hz = p.vector_hz if eng == "vector" else p.scalar_hz
+                    t += max(elems * (rb + wb) / p.hbm_Bps_per_core, elems * ops / (p.lanes * hz))
+                    nbytes += elems * (rb + wb)
+                return KernelCost(t / len(calls), 0, int(nbytes) // len(calls), {}, "separate pass")
+
+            c = self._cached(("ew", call), compute, fallback)
+            total = c if total is None else _add_costs(total, c)
+        assert total is not None
+        return total, len(calls)
+
+
+def _add_costs(a: KernelCost, b: KernelCost) -> KernelCost:
+    """Two kernel calls back to back: times, fixed times, bytes and busy times add (a pure function)."""
+    keys = {**a.engine_busy_s, **b.engine_busy_s}
+    busy = {k: a.engine_busy_s.get(k, 0.0) + b.engine_busy_s.get(k, 0.0) for k in keys}
+
+    def hi(c: KernelCost) -> float:
+        return c.time_s if c.time_high_s is None else c.time_high_s
+
+    def fhi(c: KernelCost) -> float:
+        return c.fixed_s if c.fixed_high_s is None else c.fixed_high_s
+
+    src = a.source if a.source == b.source else f"{a.source} + {b.source}"
+    return KernelCost(
+        a.time_s + b.time_s,
+        a.flops + b.flops,
+        a.hbm_bytes + b.hbm_bytes,
+        busy,
+        src,
+        a.fixed_s + b.fixed_s,
+        hi(a) + hi(b),
+        fhi(a) + fhi(b),
+        a.model if a.model == b.model else "mixed",
+    )
+
 
 def default_kernel_provider(params: E2EParams) -> KernelProvider:
     """:class:`TracedKernels` when the emulator and cost model import, else :class:`AnalyticKernels`."""

@@ -326,7 +326,8 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         "otherwise every host collective cuts the graph (`eager_sharded`). Each forward adds one "
         "sampler-update "
         "graph, each chunk one VAE-decode NEFF. Kernel calls are counted per component (one per linear, "
-        "attention group, RoPE, KV write, elementwise pass, VAE layer).\n"
+        "attention group, RoPE, KV write, fused elementwise kernel (two for the RMSNorms of q and k), VAE "
+        "layer).\n"
     )
     L.append("## Parameters (unmeasured ones are ranges)\n")
     L.append("| parameter | value | source |")

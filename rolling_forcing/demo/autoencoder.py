@@ -126,6 +126,9 @@ def check_video(video: torch.Tensor, config: AutoencoderConfig, name: str = "vid
 class DemoAutoencoder(nn.Module):
     """The demo's causal video autoencoder (see the module docstring). Float32 weights; CPU."""
 
+    latents_mean: torch.Tensor
+    latents_std: torch.Tensor
+
     def __init__(self, config: AutoencoderConfig = AutoencoderConfig()) -> None:
         super().__init__()
         self.config = config

@@ -9,10 +9,15 @@ uses seeds ``>= 0`` offsets of the run seed, held-out checks a separate seed).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from rolling_forcing.procedural import Scene, SceneConfig, render, sample_scene, scene_prompt
+
+if TYPE_CHECKING:
+    from rolling_forcing.demo.autoencoder import DemoAutoencoder
 
 __all__ = ["MAX_START", "clip_frames", "encode_clips", "make_clips"]
 
@@ -64,7 +69,7 @@ def make_clips(
 
 @torch.no_grad()
 def encode_clips(
-    ae: torch.nn.Module,
+    ae: DemoAutoencoder,
     n: int,
     latent_frames: int,
     *,
