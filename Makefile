@@ -6,7 +6,7 @@ SCRATCH ?= build/perf
 UPDATE ?=
 NOSAVE := $(if $(UPDATE),,--no-save)
 
-.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream mutate trace-replay train-demo
+.PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream bench-quality mutate trace-replay train-demo
 
 test:
 	$(PY) -m pytest -q
@@ -37,6 +37,10 @@ bench-pipeline:
 
 bench-long-stream:
 	$(PY) -m perf.bench_long_stream $(NOSAVE)
+
+# video quality + numerics gate (docs/quality.md): a 3-minute stream among others; QUICK=1 for the < 1 min run
+bench-quality:
+	$(PY) -m perf.bench_quality $(NOSAVE) $(if $(QUICK),--quick,)
 
 # Mutation check (not in CI): curated mutants in tools/mutants.py, each in a scratch copy of HEAD.
 mutate:

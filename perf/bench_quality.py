@@ -1,0 +1,371 @@
+"""Measured: the video quality of the streaming pipeline and the numerics gate (``python -m
+perf.bench_quality [--quick] [--no-save] [--model tiny|demo]``; docs/quality.md).
+
+Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall clock):
+
+1. ``detector``: the shape detector against the procedural generator's ground truth, clean and degraded
+   (blur + noise) renders: accuracy (right colour and kind within 2 px).
+2. ``stream``: per prompt, (a) presence and (b) chunk-boundary continuity of the model's decoded stream,
+   next to the same metrics on the generator's own frames (``ground_truth``: the ideal stream).
+3. ``drift``: (c) presence in the last 30 s of a 3-minute stream (relative positions, per-block noise)
+   and whether the objects still move (``--quick``: 5 s of a 24-block stream).
+4. ``switch``: (d) frames from a ``set_prompt`` switch until the new prompt's objects are detected, with
+   and without re-cache.
+5. ``compare``: merged vs two-pass, sharded (2 ranks, gloo) vs unsharded, emulator vs reference backend,
+   bf16 vs fp32: decoded-video PSNR and (a), (b) of both streams.
+
+Prints every metric against its target (met / MISSED), writes one JSONL row per measurement (house row
+format, perf/runner.py) to ``perf/results/quality.jsonl`` and a PNG contact sheet of the first prompt's
+stream to ``perf/results/quality_sheet.png``. ``--quick`` (< 1 min on the tiny model) writes the untracked
+``quality_quick.jsonl`` / ``quality_quick_sheet.png`` instead; ``--no-save`` writes no row and puts the
+sheet under ``build/perf/``. ``make bench-quality`` runs it with ``--no-save`` unless ``UPDATE=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perf.quality.compare import COMPARISONS, evaluate, run_pair
+from perf.quality.detect import degrade, detect, read_backgrounds, score_against_truth
+from perf.quality.metrics import check, drift, prompt_background, prompt_objects, switch_latency
+from perf.quality.sheet import contact_sheet, write_png
+from perf.quality.streams import (
+    DEFAULT_MODEL,
+    MODELS,
+    StreamModel,
+    StreamSpec,
+    load_model,
+    run_stream,
+    truth_stream,
+)
+from perf.runner import RESULTS_DIR, BenchRow, append_rows, print_table, run_case
+from rolling_forcing.procedural import render, sample_scene
+
+PROMPTS = (
+    "a red circle and a blue square bouncing on a gray background",
+    "a yellow triangle bouncing on a navy background",
+    "a green square and a white triangle bouncing on a black background",
+)
+SWITCH_TO = "a purple circle and a green triangle bouncing on a black background"
+FPS = 16.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one bench run: prompts streamed for (a)/(b), their length (blocks), the drift stream's
+    length and tail, the switch stream's length and switch block, detector scenes x frames."""
+
+    prompts: tuple[str, ...]
+    blocks: int
+    drift_blocks: int
+    drift_tail_s: float
+    switch_blocks: int
+    switch_block: int
+    detector_scenes: int
+    detector_frames: int
+
+
+FULL = Plan(PROMPTS, 40, 241, 30.0, 20, 8, 40, 48)  # 241 blocks = 2,889 frames = 3.0 min at 16 fps
+QUICK = Plan(PROMPTS[:1], 10, 24, 5.0, 10, 5, 8, 24)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.3g}"
+    return str(v)
+
+
+def _json_float(v: float | None) -> float | None:
+    """None for a value JSON cannot hold (inf / NaN)."""
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def detector_rows(plan: Plan) -> list[BenchRow]:
+    # seeds from 1000: held out from the scenes the detector's thresholds were chosen on (seeds 0-59)
+    scenes = [sample_scene(np.random.default_rng(1000 + i)) for i in range(plan.detector_scenes)]
+    cases: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
+        "clean": lambda f, i: f,
+        "blur1_noise10": lambda f, i: degrade(f, sigma=1.0, noise=10.0, seed=i),
+        "blur1.5_noise16": lambda f, i: degrade(f, sigma=1.5, noise=16.0, seed=i),
+    }
+    rows = []
+    for name, fn in cases.items():
+
+        def case(fn: Callable[[np.ndarray, int], np.ndarray] = fn) -> dict[str, Any]:
+            dets = [detect(fn(render(s, 0, plan.detector_frames), i)) for i, s in enumerate(scenes)]
+            sc = score_against_truth(scenes, dets, 0)
+            return {
+                "accuracy": sc.accuracy,
+                "color_accuracy": sc.color_accuracy,
+                "mean_error_px": sc.mean_error,
+                "shape_frames": sc.shapes,
+                "spurious": sc.spurious,
+            }
+
+        cfg = {
+            "scenes": plan.detector_scenes,
+            "frames": plan.detector_frames,
+            "seeds": f"1000..{999 + plan.detector_scenes}",
+        }
+        rows.append(run_case(case, op="quality_detector", variant=name, config=cfg, kind="measured"))
+    return rows
+
+
+def _stream_row(
+    op: str, variant: str, config: Mapping[str, Any], fn: Callable[[], dict[str, Any]]
+) -> BenchRow:
+    return run_case(fn, op=op, variant=variant, config=dict(config), kind="measured")
+
+
+def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow], np.ndarray | None]:
+    rows: list[BenchRow] = []
+    sheet_frames: list[np.ndarray] = []
+    for n, prompt in enumerate(plan.prompts):
+        spec = StreamSpec(prompt, plan.blocks, seed=seed + n)
+        whos = ["ground_truth", *(["decoder_roundtrip"] if sm.roundtrip is not None else []), sm.name]
+        for who in whos:
+
+            def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
+                if who == sm.name:
+                    res = run_stream(sm, spec)
+                else:
+                    res = truth_stream(spec, seed=spec.seed)
+                    if who == "decoder_roundtrip" and sm.roundtrip is not None:
+                        res = replace(res, frames=sm.roundtrip(res.frames))
+                if who == sm.name and not sheet_frames:
+                    sheet_frames.append(res.frames)
+                m = evaluate(res, spec.prompt)
+                return {
+                    **m,
+                    "presence_met": check("presence", m["presence"]).met,
+                    "continuity_met": check("continuity_ratio", m["continuity_ratio"]).met,
+                    "frames": int(res.frames.shape[0]),
+                    "wall_s": res.wall_s,
+                }
+
+            cfg = {"prompt": prompt, "blocks": plan.blocks, "seed": spec.seed}
+            rows.append(_stream_row("quality_stream", who, cfg, case))
+    return rows, (sheet_frames[0] if sheet_frames else None)
+
+
+def drift_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
+    prompt = plan.prompts[0]
+    spec = StreamSpec(prompt, plan.drift_blocks, seed=seed, positions="relative", upfront=False)
+    rows = []
+    for who in ("ground_truth", sm.name):
+
+        def case(who: str = who) -> dict[str, Any]:
+            res = truth_stream(spec, seed=seed) if who == "ground_truth" else run_stream(sm, spec)
+            d = drift(
+                detect(res.frames), prompt_objects(prompt), FPS, tail_seconds=plan.drift_tail_s,
+                backgrounds=read_backgrounds(res.frames), background=prompt_background(prompt),
+            )  # fmt: skip
+            return {
+                "tail_presence": d.tail_presence,
+                "tail_frames": d.tail_frames,
+                "speeds_px_per_frame": [_json_float(s) for s in d.speeds],
+                "moving": d.moving,
+                "tail_presence_met": check("tail_presence", d.tail_presence).met,
+                "frames": int(res.frames.shape[0]),
+                "wall_s": res.wall_s,
+            }
+
+        cfg = {
+            "prompt": prompt,
+            "blocks": plan.drift_blocks,
+            "positions": "relative",
+            "tail_s": plan.drift_tail_s,
+        }
+        rows.append(_stream_row("quality_drift", who, cfg, case))
+    return rows
+
+
+def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
+    rows = []
+    for recache in (False, True):
+        spec = StreamSpec(
+            plan.prompts[0], plan.switch_blocks, seed=seed, switch=(SWITCH_TO, plan.switch_block, recache)
+        )
+        for who in ("ground_truth", sm.name):
+            if who == "ground_truth" and recache:
+                continue  # the ideal stream has no cache
+
+            def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
+                res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
+                assert res.switch_frame is not None
+                lat = switch_latency(
+                    detect(res.frames), prompt_objects(SWITCH_TO), res.switch_frame,
+                    backgrounds=read_backgrounds(res.frames), background=prompt_background(SWITCH_TO),
+                )  # fmt: skip
+                return {
+                    "switch_frames": lat,
+                    "switch_frame": res.switch_frame,
+                    "switch_met": check("switch_frames", lat).met,
+                    "wall_s": res.wall_s,
+                }
+
+            cfg = {
+                "from": plan.prompts[0],
+                "to": SWITCH_TO,
+                "blocks": plan.switch_blocks,
+                "switch_block": plan.switch_block,
+                "recache": recache,
+            }
+            rows.append(_stream_row("quality_switch", who, cfg, case))
+    return rows
+
+
+def compare_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
+    prompt = plan.prompts[0]
+    rows = []
+    for pair in COMPARISONS:
+
+        def case(pair: Any = pair) -> dict[str, Any]:
+            c = run_pair(sm, pair, StreamSpec(prompt, plan.blocks, seed=seed))
+            return {
+                "psnr_db": _json_float(c.psnr_db),
+                "identical": math.isinf(c.psnr_db),
+                "base": {k: _json_float(v) for k, v in c.base.items()},
+                "variant": {k: _json_float(v) for k, v in c.variant.items()},
+                "frames": c.frames,
+                "base_wall_s": c.base_wall_s,
+                "variant_wall_s": c.variant_wall_s,
+            }
+
+        cfg = {
+            "prompt": prompt,
+            "blocks": pair.num_blocks or plan.blocks,
+            "base": pair.base,
+            "variant": pair.variant,
+        }
+        rows.append(_stream_row("quality_compare", pair.name, cfg, case))
+    return rows
+
+
+def summary(rows: list[BenchRow]) -> list[str]:
+    """One line per metric with its target (met / MISSED), per row."""
+    out = []
+    for r in rows:
+        e = r.extra
+        if r.status == "error":
+            out.append(f"{r.op} {r.variant}: ERROR {r.message}")
+        elif r.op == "quality_detector":
+            out.append(
+                f"detector {r.variant}: accuracy {_fmt(e['accuracy'])}, colour only "
+                f"{_fmt(e['color_accuracy'])}, centroid error {_fmt(e['mean_error_px'])} px "
+                f"over {e['shape_frames']} shape-frames"
+            )
+        elif r.op == "quality_stream":
+            out.append(
+                f"stream {r.variant} [{r.config['prompt']}]: "
+                f"(a) {check('presence', e['presence']).describe()}; "
+                f"(b) {check('continuity_ratio', e['continuity_ratio']).describe()} "
+                f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px; ratio at "
+                f"latent-frame boundaries {_fmt(e.get('latent_boundary_ratio'))})"
+            )
+        elif r.op == "quality_drift":
+            out.append(
+                f"drift {r.variant} ({r.config['blocks']} blocks, last {r.config['tail_s']:g} s): "
+                f"(c) {check('tail_presence', e['tail_presence']).describe()}; moving: {e['moving']} "
+                f"(median speeds {', '.join(_fmt(v) for v in e['speeds_px_per_frame'])} px/frame)"
+            )
+        elif r.op == "quality_switch":
+            rc = "with re-cache" if r.config["recache"] else "without re-cache"
+            out.append(
+                f"switch {r.variant} {rc}: (d) {check('switch_frames', e['switch_frames']).describe()}"
+            )
+        elif r.op == "quality_compare":
+            b, v = e["base"], e["variant"]
+            db = "identical" if e["identical"] else _fmt(e["psnr_db"])
+            out.append(
+                f"compare {r.variant}: PSNR {db} dB; "
+                f"presence {_fmt(b['presence'])} -> {_fmt(v['presence'])}; continuity "
+                f"{_fmt(b['continuity_ratio'])} -> {_fmt(v['continuity_ratio'])}"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument(
+        "--quick", action="store_true", help="short streams, one prompt (< 1 min on the tiny model)"
+    )
+    ap.add_argument("--no-save", action="store_true", help="no JSONL row; the sheet goes under build/perf/")
+    ap.add_argument("--model", choices=MODELS, default=DEFAULT_MODEL)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--blocks", type=int, default=None, help="blocks per stream of (a)/(b) (>= 5; default 40, quick 10)"
+    )
+    ap.add_argument(
+        "--skip", nargs="*", default=[], choices=["detector", "stream", "drift", "switch", "compare"]
+    )
+    args = ap.parse_args(argv)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _run(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    if args.blocks is not None:
+        if args.blocks < 5:
+            raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {args.blocks}")
+        plan = replace(plan, blocks=args.blocks)
+    sm = load_model(args.model, seed=args.seed)
+    print(
+        f"quality bench: model {sm.name} ({sm.description}); {'quick' if args.quick else 'full'} run",
+        flush=True,
+    )
+    rows: list[BenchRow] = []
+    box: dict[str, np.ndarray | None] = {"sheet": None}
+
+    def streams() -> list[BenchRow]:
+        srows, box["sheet"] = stream_rows(sm, plan, args.seed)
+        return srows
+
+    sections: dict[str, Callable[[], list[BenchRow]]] = {
+        "detector": lambda: detector_rows(plan),
+        "stream": streams,
+        "drift": lambda: drift_rows(sm, plan, args.seed),
+        "switch": lambda: switch_rows(sm, plan, args.seed),
+        "compare": lambda: compare_rows(sm, plan, args.seed),
+    }
+    for name, section in sections.items():
+        if name in args.skip:
+            continue
+        t0 = time.perf_counter()
+        new = section()
+        rows += new
+        print(f"[{name}: {time.perf_counter() - t0:.0f} s wall clock]", *summary(new), sep="\n  ", flush=True)
+    sheet = box["sheet"]
+    rows = [replace(r, config={"model": sm.name, **r.config}) for r in rows]
+    print_table(rows)
+    print("\n".join(summary(rows)))
+    stem = "quality_quick" if args.quick else "quality"
+    out_dir = Path("build/perf") if args.no_save else RESULTS_DIR
+    if sheet is not None:
+        png = write_png(out_dir / f"{stem}_sheet.png", contact_sheet(sheet, fps=FPS))
+        print(f"contact sheet: {png}")
+    if not args.no_save:
+        print(f"rows appended to {append_rows(rows, stem)}")
+    return 1 if any(r.status == "error" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

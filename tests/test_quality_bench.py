@@ -1,0 +1,121 @@
+"""perf/quality/compare.py (PSNR), perf/quality/sheet.py (contact sheet PNG), perf/quality/streams.py (the
+stream runner: frame counts, a switch, ground-truth streams) and perf/bench_quality.py's summary lines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perf.quality.compare import psnr
+from perf.quality.metrics import prompt_objects
+from perf.quality.sheet import contact_sheet, pick_frames, sheet_size, write_png
+from perf.quality.streams import StreamSpec, load_model, run_stream, scene_for_prompt, truth_stream
+from tests.pipeline_helpers import one_thread as one_thread
+
+PROMPT = "a red circle and a blue square bouncing on a gray background"
+
+
+def test_psnr_known_values() -> None:
+    a = np.zeros((2, 4, 4, 3), dtype=np.uint8)
+    assert psnr(a, a) == math.inf
+    b = a.copy()
+    b[0, 0, 0, 0] = 255  # one of 96 values off by 255: MSE = 255^2 / 96
+    assert psnr(a, b) == pytest.approx(10 * math.log10(96))
+    c = np.full_like(a, 10)  # every value off by 10: 20 log10(255 / 10)
+    assert psnr(a, c) == pytest.approx(20 * math.log10(25.5))
+    with pytest.raises(ValueError, match="same shape"):
+        psnr(a, a[:1])
+    with pytest.raises(ValueError, match="uint8"):
+        psnr(a.astype(np.float32), a)
+
+
+def test_contact_sheet_size_and_tiles(tmp_path: Path) -> None:
+    frames = np.zeros((40, 64, 64, 3), dtype=np.uint8)
+    frames[:, :, :, 0] = np.arange(40, dtype=np.uint8)[:, None, None] * 5  # frame index in the red channel
+    img = contact_sheet(frames, cols=4, count=8, scale=2)
+    assert img.shape[:2] == sheet_size((64, 64), 2, 4, 2) == (2 * (128 + 14 + 4) + 4, 4 * (128 + 4) + 4)
+    idx = pick_frames(40, 8)
+    assert idx[0] == 0 and idx[-1] == 39 and idx.size == 8
+    # the third tile (row 0, col 2) shows frame idx[2], upscaled: its top-left block has that frame's red
+    x0, y0 = 4 + 2 * 132, 4
+    assert img[y0 + 5, x0 + 5, 0] == idx[2] * 5
+    path = write_png(tmp_path / "sub" / "sheet.png", img)
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size == (img.shape[1], img.shape[0])
+    with pytest.raises(ValueError, match="uint8"):
+        contact_sheet(frames.astype(np.float32))
+
+
+def test_truth_stream_frames_and_switch() -> None:
+    res = truth_stream(
+        StreamSpec(PROMPT, 6, switch=("a yellow triangle bouncing on a navy background", 3, False))
+    )
+    assert res.frames.shape == (9 + 5 * 12, 64, 64, 3) and res.chunk_frames == (9, 12, 12, 12, 12, 12)
+    assert res.switch_frame == 9 + 2 * 12
+    assert (res.frames[res.switch_frame] == (15, 25, 70)).all(axis=-1).mean() > 0.5  # navy from the switch on
+    scene = scene_for_prompt(PROMPT, np.random.default_rng(0))
+    assert [(s.color, s.kind) for s in scene.shapes] == list(prompt_objects(PROMPT))
+    assert scene.background == "gray"
+
+
+def test_tiny_stream_runner_frame_counts_and_determinism() -> None:
+    sm = load_model("tiny")
+    spec = StreamSpec(PROMPT, 5, merged=False, switch=(PROMPT.replace("red", "green"), 2, True))
+    a = run_stream(sm, spec)
+    assert a.frames.dtype == np.uint8 and a.frames.shape == (57, 64, 64, 3)
+    assert a.chunk_frames == (9, 12, 12, 12, 12) and a.switch_frame == 21
+    b = run_stream(sm, spec)
+    np.testing.assert_array_equal(a.frames, b.frames)  # same seed, same frames
+    c = run_stream(sm, StreamSpec(PROMPT, 5, merged=False))
+    assert psnr(a.frames[:21], c.frames[:21]) == math.inf  # the switch changes nothing before its block
+    assert psnr(a.frames[21:33], c.frames[21:33]) < 60  # ... and changes the switch block itself
+
+
+def test_model_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="model must be one of"):
+        load_model("huge")
+    with pytest.raises(ValueError, match="switch block"):
+        StreamSpec(PROMPT, 5, switch=(PROMPT, 5, False))
+
+
+def test_bench_main_prints_targets_and_writes_the_sheet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perf import bench_quality
+    from perf.quality.sheet import CAPTION, GAP
+
+    monkeypatch.chdir(tmp_path)  # --no-save puts the sheet under ./build/perf
+    skip = ["detector", "drift", "switch", "compare"]
+    assert (
+        bench_quality.main(["--quick", "--no-save", "--model", "tiny", "--blocks", "5", "--skip", *skip]) == 0
+    )
+    out = capsys.readouterr().out
+    # the ideal stream moves smoothly across chunks ((a) dips when one shape hides another: 0.895 over
+    # these 5 blocks); the tiny model's random mosaic misses both targets
+    assert "stream ground_truth [" + PROMPT + "]: (a) presence" in out
+    lines = [line for line in out.splitlines() if line.startswith("stream ")]
+    assert len(lines) == 2 and "(target <= 2: met)" in lines[0] and lines[1].count("MISSED") == 2
+    png = tmp_path / "build" / "perf" / "quality_quick_sheet.png"
+    from PIL import Image
+
+    with Image.open(png) as im:  # 16 frames, 8 per row, scale 2
+        assert im.size == (8 * (128 + GAP) + GAP, 2 * (128 + CAPTION + GAP) + GAP)
+    assert not (tmp_path / "perf").exists()
+
+
+def test_evaluate_on_the_ideal_stream() -> None:
+    from perf.quality.compare import evaluate
+
+    res = truth_stream(StreamSpec("a yellow triangle bouncing on a navy background", 6), seed=3)
+    m = evaluate(res, "a yellow triangle bouncing on a navy background")
+    # one shape, nothing to hide it: present in every frame; constant speed, so every ratio is ~1
+    # (a bounce shortens one step: the ratios move by at most one step's share of the mean)
+    assert m["presence"] == 1.0
+    assert m["continuity_ratio"] == pytest.approx(1.0, abs=0.15)
+    assert m["latent_boundary_ratio"] == pytest.approx(1.0, abs=0.15)
+    assert evaluate(res, "a yellow triangle bouncing on a gray background")["presence"] == 0.0  # wrong bg
