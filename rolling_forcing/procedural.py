@@ -155,6 +155,38 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) 
     return Scene(tuple(shapes), background, config)
 
 
+PROMPT_SIZES: dict[str, float] = {"circle": 8.0, "square": 7.0, "triangle": 9.0}
+"""Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64)."""
+
+PROMPT_SPEED = 1.5
+"""Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size)."""
+
+
+def prompt_layout(scene: Scene) -> Scene:
+    """The same objects and background with sizes, start points and velocities that are a pure function of
+    the prompt (each shape's kind, colour and index), so that a prompt names exactly one video.
+
+    Shape ``i`` of ``n`` starts at ``x = W (i + 1) / (n + 1)``, ``y = H * (0.35, 0.65)[i % 2]``, has the size
+    :data:`PROMPT_SIZES` of its kind and moves at :data:`PROMPT_SPEED` in a direction set by its
+    (colour, kind) pair: ``angle = 2 pi (3 c + k + 0.5) / (3 len(COLORS))`` (c, k: indices in
+    :data:`COLORS` and :data:`SHAPES`). Sizes and speed scale with ``min(H, W) / 64``.
+    """
+    cfg = scene.config
+    n = len(scene.shapes)
+    unit = min(cfg.height, cfg.width) / 64.0
+    colors = list(COLORS)
+    shapes = []
+    for i, s in enumerate(scene.shapes):
+        size = PROMPT_SIZES[s.kind] * unit
+        x0 = min(max(cfg.width * (i + 1) / (n + 1), size), cfg.width - size)
+        y0 = min(max(cfg.height * (0.35, 0.65)[i % 2], size), cfg.height - size)
+        pair = 3 * colors.index(s.color) + SHAPES.index(s.kind)
+        angle = 2 * np.pi * (pair + 0.5) / (3 * len(colors))
+        speed = PROMPT_SPEED * unit
+        shapes.append(Shape(s.kind, s.color, size, x0, y0, float(speed * np.cos(angle)), float(speed * np.sin(angle))))
+    return Scene(tuple(shapes), scene.background, cfg)
+
+
 def _bounce(p0: float, v: float, lo: float, hi: float, t: np.ndarray) -> np.ndarray:
     """Position at frames ``t`` of a point starting at ``p0`` with velocity ``v`` reflected by walls at
     ``lo`` and ``hi``: a triangle wave of period ``2 (hi - lo)`` (closed form, any ``t``)."""

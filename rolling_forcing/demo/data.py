@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from rolling_forcing.procedural import Scene, SceneConfig, render, sample_scene, scene_prompt
+from rolling_forcing.procedural import Scene, SceneConfig, prompt_layout, render, sample_scene, scene_prompt
 
 if TYPE_CHECKING:
     from rolling_forcing.demo.autoencoder import DemoAutoencoder
@@ -33,7 +33,13 @@ def clip_frames(latent_frames: int) -> int:
 
 
 def make_clips(
-    n: int, frames: int, *, seed: int, first: int = 0, scene_config: SceneConfig | None = None
+    n: int,
+    frames: int,
+    *,
+    seed: int,
+    first: int = 0,
+    scene_config: SceneConfig | None = None,
+    layout: str = "random",
 ) -> tuple[torch.Tensor, list[str], list[Scene]]:
     """Clips ``first .. first + n - 1`` of ``seed``.
 
@@ -43,6 +49,8 @@ def make_clips(
         seed: int >= 0; clip ``i`` uses ``numpy.random.default_rng([seed, i])``.
         first: index of the first clip (>= 0), so batches of a long run need not regenerate earlier clips.
         scene_config: frame size and scene ranges (``None``: ``SceneConfig()``, 64 x 64).
+        layout: ``"random"`` (random sizes, start points, velocities and start frame) or ``"prompt"``
+            (:func:`rolling_forcing.procedural.prompt_layout` from frame 0: the prompt names the video).
 
     Returns:
         ``(video, prompts, scenes)``: float32 ``[n, T, 3, H, W]`` in [-1, 1] (``uint8 / 127.5 - 1``), the
@@ -53,6 +61,8 @@ def make_clips(
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     if (frames - 1) % 4:
         raise ValueError(f"frames must be 1 + 4k (Wan's causal frame count), got {frames}")
+    if layout not in ("random", "prompt"):
+        raise ValueError(f"layout must be 'random' or 'prompt', got {layout!r}")
     scene_config = scene_config if scene_config is not None else SceneConfig()
     video = np.empty((n, frames, scene_config.height, scene_config.width, 3), dtype=np.uint8)
     prompts, scenes = [], []
@@ -60,6 +70,8 @@ def make_clips(
         rng = np.random.default_rng([seed, first + j])
         scene = sample_scene(rng, scene_config)
         start = int(rng.integers(0, MAX_START))
+        if layout == "prompt":
+            scene, start = prompt_layout(scene), 0
         video[j] = render(scene, start, frames)
         scenes.append(scene)
         prompts.append(scene_prompt(scene))
@@ -77,6 +89,7 @@ def encode_clips(
     first: int = 0,
     batch_size: int = 32,
     scene_config: SceneConfig | None = None,
+    layout: str = "random",
 ) -> tuple[torch.Tensor, list[str]]:
     """Latent clips for the DiT trainer: ``encode_clips(ae, n, latent_frames, *, seed, first=0,
     batch_size=32, scene_config=SceneConfig()) -> (latents, prompts)``.
@@ -101,7 +114,12 @@ def encode_clips(
     outs, prompts = [], []
     for lo in range(0, n, batch_size):
         video, p, _ = make_clips(
-            min(batch_size, n - lo), frames, seed=seed, first=first + lo, scene_config=scene_config
+            min(batch_size, n - lo),
+            frames,
+            seed=seed,
+            first=first + lo,
+            scene_config=scene_config,
+            layout=layout,
         )
         outs.append(ae.encode(video))
         prompts += p

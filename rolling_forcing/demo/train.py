@@ -134,7 +134,7 @@ def train_demo(
         save_autoencoder(ae, out / AE_FILE, {"seed": str(seed)})
         t1 = time.perf_counter()
         latent_frames = (dcfg.max_clean_blocks + pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
-        lat, prompts = encode_clips(ae, n_clips, latent_frames, seed=seed + 1)
+        lat, prompts = encode_clips(ae, n_clips, latent_frames, seed=seed + 1, layout="prompt")
         t2 = time.perf_counter()
         res: DitTrainResult = train_dit(
             LatentClips(lat, prompts), model_cfg, pipe_cfg, dcfg, progress=progress
