@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 MODELS = ("tiny", "demo")
-DEFAULT_MODEL = "tiny"
+DEFAULT_MODEL = "demo"
 """The model the bench measures unless told otherwise (becomes ``"demo"`` once the demo model lands)."""
 
 
