@@ -183,7 +183,9 @@ def prompt_layout(scene: Scene) -> Scene:
         pair = 3 * colors.index(s.color) + SHAPES.index(s.kind)
         angle = 2 * np.pi * (pair + 0.5) / (3 * len(colors))
         speed = PROMPT_SPEED * unit
-        shapes.append(Shape(s.kind, s.color, size, x0, y0, float(speed * np.cos(angle)), float(speed * np.sin(angle))))
+        shapes.append(
+            Shape(s.kind, s.color, size, x0, y0, float(speed * np.cos(angle)), float(speed * np.sin(angle)))
+        )
     return Scene(tuple(shapes), scene.background, cfg)
 
 

@@ -123,3 +123,38 @@ def test_scene_rejects_bad_shapes() -> None:
         Shape("star", "red", 5, 10, 10, 0, 0)
     with pytest.raises(ValueError, match="outside its walls"):
         Scene((Shape("circle", "red", 8, 2, 30, 0, 0),), "black")
+
+
+def test_prompt_layout_is_a_function_of_the_prompt() -> None:
+    """Two scenes with the same prompt get the same layout; the layout follows the documented formula
+    (written out here independently) and keeps every shape inside its walls."""
+    from rolling_forcing.procedural import COLORS, SHAPES, Scene, Shape, prompt_layout
+
+    a = Scene(
+        (
+            Shape("circle", "red", 5.0, 20.0, 20.0, 2.0, 0.1),
+            Shape("square", "blue", 9.0, 40.0, 30.0, -1.0, 1.0),
+        ),
+        "gray",
+    )
+    b = Scene(
+        (
+            Shape("circle", "red", 10.0, 50.0, 50.0, -0.3, 2.2),
+            Shape("square", "blue", 6.0, 12.0, 40.0, 0.5, 0.5),
+        ),
+        "gray",
+    )
+    la, lb = prompt_layout(a), prompt_layout(b)
+    assert la == lb
+    assert scene_prompt(la) == scene_prompt(a)
+    for i, s in enumerate(la.shapes):
+        k = list(COLORS).index(s.color) * 3 + SHAPES.index(s.kind)
+        angle = 2 * math.pi * (k + 0.5) / (3 * len(COLORS))
+        assert s.x0 == pytest.approx(64 * (i + 1) / 3)
+        assert s.y0 == pytest.approx(64 * (0.35, 0.65)[i % 2])
+        assert (s.vx, s.vy) == pytest.approx((1.5 * math.cos(angle), 1.5 * math.sin(angle)))
+    frames = render(la, 0, 40)
+    assert frames.shape == (40, 64, 64, 3)
+    # a different shape in the prompt moves differently
+    c = Scene((Shape("triangle", "red", 5.0, 20.0, 20.0, 2.0, 0.1), a.shapes[1]), "gray")
+    assert prompt_layout(c).shapes[0].vx != la.shapes[0].vx
