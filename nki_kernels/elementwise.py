@@ -54,11 +54,9 @@ import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.hw_limits import PMAX, PSUM_BANK_FMAX
 
-PMAX = 128
-"""Partitions per tile (tokens per tile)."""
-
-CHUNK = 512
+CHUNK = PSUM_BANK_FMAX
 """Free elements per bn_stats call / per broadcast matmul (one fp32 PSUM bank)."""
 
 ROT = 4
@@ -222,7 +220,8 @@ def adaln_norm_modulate_kernel(x, shift, scale, eps, out_dtype=None):
         nisa.dma_copy(dst=out[t0 : t0 + rows, :], src=ot)
 
     # software pipeline in program order (each engine runs its queue in order): tile i + 2's load and
-    # statistics, tile i + 1's rstd, then tile i's modulation, so no engine's queue holds a step that waits on a
+    # statistics, tile i + 1's rstd, then tile i's modulation, so no engine's queue holds a step that waits
+    # on a
     # later step of another engine's queue (one stage per tile would chain every engine into one loop)
     stages = (load_stats, rstd_cols, modulate)
     for i in range(len(mine) + len(stages) - 1):
@@ -339,7 +338,8 @@ def gelu_tanh_kernel(x):
     FFN activation, ``nn.GELU(approximate="tanh")``), out in x's dtype (bf16 or fp32), one rounding.
 
     Tiles of up to 128 rows x ``ceil(C / ceil(C / GELU_COLS))`` columns (:data:`GELU_COLS`; any
-    ``N >= 1``, ``C >= 1``: the rows need not fit one partition, unlike the normalising kernels); per tile one load DMA, one ScalarE ``activation``
+    ``N >= 1``, ``C >= 1``: the rows need not fit one partition, unlike the normalising kernels); per tile one
+    load DMA, one ScalarE ``activation``
     (``gelu_apprx_tanh``, fp32 inside) in place, one store DMA; loads run one tile ahead of the
     activation in program order, :data:`ROT` tiles rotate. LNC: tiles dealt round-robin."""
     N, C = x.shape

@@ -1,4 +1,5 @@
-"""Linear layer ``out = x @ w (+ bias)`` as one NKI kernel (standalone NKI 0.6 API via :mod:`nki_kernels._nki`).
+"""Linear layer ``out = x @ w (+ bias)`` as one NKI kernel (standalone NKI 0.6 API via
+:mod:`nki_kernels._nki`).
 
 Layouts: ``x`` ``[M, K]`` row-major HBM (tokens x in-features: the layout activations have), ``w`` ``[K, N]``
 row-major HBM (in-features x out-features: ``nn.Linear.weight.T``, prepared once when the model loads),
@@ -34,11 +35,9 @@ import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.hw_limits import GEMM_MOVING_FMAX, PMAX
 
-PMAX = 128
-"""Partitions (TensorE contraction rows, stationary columns)."""
-
-PANEL_MAX = 512
+PANEL_MAX = GEMM_MOVING_FMAX
 """Widest output panel: one PSUM bank of fp32 per partition (TensorE moving free size <= 512)."""
 
 BLOCK_M_MAX = 1024

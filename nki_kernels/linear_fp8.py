@@ -48,11 +48,9 @@ import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.hw_limits import GEMM_MOVING_FMAX, PMAX
 
-PMAX = 128
-"""Partitions."""
-
-PANEL_MAX = 512
+PANEL_MAX = GEMM_MOVING_FMAX
 """Widest output panel (one fp32 PSUM bank; TensorE moving free size <= 512)."""
 
 BLOCK_M_MAX = 1024

@@ -1,5 +1,6 @@
 """The dense-layer ops ``linear`` and ``conv3d_causal`` (namespace ``nki_ardiff``): validation and backend
-dispatch, re-exported by :mod:`nki_kernels.ops` (same backend rules as every op there: ``backend`` ``"reference"`` / ``"emulator"`` /
+dispatch, re-exported by :mod:`nki_kernels.ops` (same backend rules as every op there: ``backend``
+``"reference"`` / ``"emulator"`` /
 ``"neuron"`` / ``None`` = ``$NKI_ARDIFF_BACKEND`` read at call time; bad input raises before dispatch)."""
 
 from __future__ import annotations

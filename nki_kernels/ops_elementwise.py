@@ -34,7 +34,8 @@ __all__ = [
 
 
 ELEMENTWISE_MAX_C = {torch.bfloat16: 4608, torch.float32: 2560}
-"""Largest feature count ``C`` the kernels' SBUF tiles take per dtype (``nki_kernels.elementwise.max_features``);
+"""Largest feature count ``C`` the kernels' SBUF tiles take per dtype
+(``nki_kernels.elementwise.max_features``);
 a bf16 / fp32 mix (adaLN's ``out_dtype``) takes the fp32 limit. ``gelu_tanh`` has no limit."""
 
 
@@ -169,7 +170,8 @@ def _check_rows(name: str, m: Any, x: torch.Tensor) -> None:
     f = m.shape[1] if m.dim() == 3 else 1
     if m.shape[0] != b or m.shape[-1] != c:
         raise ValueError(
-            f"{name} must be [B={b}, F, C={c}] or [B={b}, C={c}] (x is {tuple(x.shape)}), got {tuple(m.shape)}"
+            f"{name} must be [B={b}, F, C={c}] or [B={b}, C={c}] (x is {tuple(x.shape)}), "
+            f"got {tuple(m.shape)}"
         )
     if f < 1 or length % f:
         raise ValueError(
