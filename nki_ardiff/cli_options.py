@@ -7,6 +7,10 @@ import shlex
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rolling_forcing.config import PositionMode
 
 
 class Backend(str, Enum):
@@ -71,7 +75,7 @@ class GenerateOptions:
     text_encoder: Path | None = None
     prompt_embeds: Path | None = None
     backend: str = "reference"
-    positions: str = "absolute"
+    positions: PositionMode = "absolute"
     dtype: str = "float32"
     report_json: Path | None = None
     progress: bool | None = None

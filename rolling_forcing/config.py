@@ -9,11 +9,16 @@ Forcing's ``rolling_forcing_dmd.yaml`` (github.com/TencentARC/RollingForcing @ a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-POSITION_MODES = ("absolute", "relative")
+
+PositionMode = Literal["absolute", "relative"]
+"""RoPE position modes of a stream (see :mod:`rolling_forcing.schedule`)."""
+
+POSITION_MODES: tuple[PositionMode, ...] = ("absolute", "relative")
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ class PipelineConfig:
     num_train_timesteps: int = 1000
     context_noise: int = 0
     dtype: str = "float32"
-    positions: str = "absolute"
+    positions: PositionMode = "absolute"
     rope_table_size: int = 1024
 
     def __post_init__(self) -> None:
@@ -300,6 +305,7 @@ class PipelineConfig:
 
 
 __all__ = [
+    "PositionMode",
     "ModelConfig",
     "PRESETS",
     "POSITION_MODES",

@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 
-from rolling_forcing.config import ModelConfig, PipelineConfig, flow_match_table
+from rolling_forcing.config import ModelConfig, PipelineConfig, PositionMode, flow_match_table
 
 SinkPositions = Literal["none", "fixed", "reassigned"]
 RecacheMode = Literal["none", "ring", "window"]
@@ -180,7 +180,7 @@ class StreamMethod:
             return self.attention_blocks
         return self.rope_table_size // self.frames_per_block
 
-    def pipeline_config(self, dtype: str = "float32", positions: str = "absolute") -> PipelineConfig:
+    def pipeline_config(self, dtype: str = "float32", positions: PositionMode = "absolute") -> PipelineConfig:
         """The :class:`PipelineConfig` of a staggered method (Rolling Forcing); ValueError otherwise."""
         if self.sequential:
             raise ValueError(f"method {self.name!r} is sequential: it has no Rolling Forcing PipelineConfig")

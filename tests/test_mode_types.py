@@ -9,7 +9,7 @@ import pytest
 
 from nki_kernels import op_dispatch
 from perf import runner
-from rolling_forcing import methods, schedule
+from rolling_forcing import config, methods, schedule
 from rolling_forcing.config import PipelineConfig
 
 
@@ -17,6 +17,7 @@ from rolling_forcing.config import PipelineConfig
     ("values", "alias"),
     [
         (op_dispatch.BACKENDS, op_dispatch.Backend),
+        (config.POSITION_MODES, config.PositionMode),
         (methods.SINK_POSITIONS, methods.SinkPositions),
         (methods.RECACHE_MODES, methods.RecacheMode),
         (methods.RNG_ORDERS, methods.RngOrder),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
+from rolling_forcing.config import ModelConfig, PipelineConfig, PositionMode, get_preset
 from rolling_forcing.decode import PreviewDecoder, StreamingDecoder, to_uint8_frames
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.procedural import COLORS, SHAPES, Scene, SceneConfig, Shape, prompt_words, render
@@ -115,7 +115,7 @@ class StreamSpec:
     cores: int = 1
     backend: str | None = None
     dtype: str = "float32"
-    positions: str = "absolute"
+    positions: PositionMode = "absolute"
     upfront: bool = True
     switch: tuple[str, int, bool] | None = None
 
