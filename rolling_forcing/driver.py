@@ -34,11 +34,11 @@ import torch
 from nki_kernels import ops
 from rolling_forcing import schedule, sequential
 from rolling_forcing.cache import RollingKVCache
-from rolling_forcing.config import POSITION_MODES, ModelConfig, PipelineConfig
+from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.merged import MergedLayout, MergedStep, merged_step
 from rolling_forcing.methods import StreamMethod
 from rolling_forcing.model import CausalWanModel, add_noise, flow_to_x0
-from rolling_forcing.schedule import WindowPlan, WritePass
+from rolling_forcing.schedule import WindowPlan, WritePass, resolve_positions
 from rolling_forcing.sequential import RecachePlan, StepPlan
 from rolling_forcing.stream import Chunk, NoiseSource, StreamState
 
@@ -53,17 +53,6 @@ Switch = tuple[torch.Tensor, bool]
 
 
 # ---- pure helpers of the stream's calls ---------------------------------------------------------------
-def resolve_positions(pipe_cfg: PipelineConfig, positions: str | None) -> str:
-    """The RoPE position mode of a stream: ``positions``, or ``pipe_cfg.positions`` when None.
-
-    Raises ``ValueError`` naming ``positions`` if it is not one of ``POSITION_MODES``.
-    """
-    mode = pipe_cfg.positions if positions is None else positions
-    if mode not in POSITION_MODES:
-        raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
-    return mode
-
-
 def check_stream_args(
     model: CausalWanModel,
     pipe_cfg: PipelineConfig,
@@ -310,8 +299,7 @@ class DriverSpec:
     merged_frames: int = 0
 
     def __post_init__(self) -> None:
-        if self.positions not in POSITION_MODES:
-            raise ValueError(f"positions must be one of {POSITION_MODES}, got {self.positions!r}")
+        resolve_positions(self.pipe_cfg, self.positions)  # the one positions rule (raises ValueError)
         if not isinstance(self.mode, UpdateMode):
             raise TypeError(f"mode must be an UpdateMode, got {type(self.mode).__name__}")
         if (self.mode is UpdateMode.MERGED) != (self.merged_frames > 0):

@@ -180,7 +180,11 @@ def slot_of(cfg: PipelineConfig, block: int) -> int:
     return cfg.sink_blocks + (block - cfg.sink_blocks) % cfg.ring_slots
 
 
-def _positions(positions: str | None, cfg: PipelineConfig) -> str:
+def resolve_positions(cfg: PipelineConfig, positions: str | None) -> str:
+    """The RoPE position mode of a stream: ``positions``, or ``cfg.positions`` when None.
+
+    Raises ``ValueError`` naming ``positions`` if it is not one of ``POSITION_MODES``.
+    """
     mode = cfg.positions if positions is None else positions
     if mode not in POSITION_MODES:
         raise ValueError(f"positions must be one of {POSITION_MODES}, got {mode!r}")
@@ -189,7 +193,7 @@ def _positions(positions: str | None, cfg: PipelineConfig) -> str:
 
 def denoise_pass(cfg: PipelineConfig, num_blocks: int, window: int, positions: str | None = None) -> PassPlan:
     """Keys and positions of the denoise pass of ``window`` (see the module docstring)."""
-    mode = _positions(positions, cfg)
+    mode = resolve_positions(cfg, positions)
     s, e = window_range(cfg, num_blocks, window)
     fpb = cfg.frames_per_block
     n = e - s + 1
@@ -210,7 +214,7 @@ def denoise_pass(cfg: PipelineConfig, num_blocks: int, window: int, positions: s
 
 def update_pass(cfg: PipelineConfig, num_blocks: int, window: int, positions: str | None = None) -> PassPlan:
     """Keys and positions of the cache-update pass (start block at t=0) of ``window``."""
-    mode = _positions(positions, cfg)
+    mode = resolve_positions(cfg, positions)
     s, _ = window_range(cfg, num_blocks, window)
     fpb = cfg.frames_per_block
     first = max(0, s + 1 - cfg.key_budget_blocks)
@@ -226,7 +230,7 @@ def window_plan(
     cfg: PipelineConfig, num_blocks: int, window: int, positions: str | None = None
 ) -> WindowPlan:
     """The full plan of ``window``: blocks, levels, noise actions, slots, both passes."""
-    mode = _positions(positions, cfg)
+    mode = resolve_positions(cfg, positions)
     s, e = window_range(cfg, num_blocks, window)
     kind = window_kind(cfg, num_blocks, window)
     levels = block_levels(cfg, num_blocks, window)
@@ -292,7 +296,7 @@ def recache_passes(
     ``b + window_blocks - 1``), attending to the cached blocks before it with the keys of blocks evicted
     since then (older than the oldest ring block present) left out; the sink is kept.
     """
-    mode = _positions(positions, cfg)
+    mode = resolve_positions(cfg, positions)
     blocks = sorted(present)
     oldest_ring = min((b for b in blocks if b >= cfg.sink_blocks), default=0)
     out = []
@@ -306,7 +310,7 @@ def recache_passes(
 
 def max_position(cfg: PipelineConfig, num_blocks: int, positions: str | None = None) -> int:
     """Largest RoPE time position any pass of the stream uses."""
-    mode = _positions(positions, cfg)
+    mode = resolve_positions(cfg, positions)
     _check(cfg, num_blocks)
     if mode == "absolute":
         return num_blocks * cfg.frames_per_block - 1
@@ -315,7 +319,7 @@ def max_position(cfg: PipelineConfig, num_blocks: int, positions: str | None = N
 
 def check_positions(cfg: PipelineConfig, num_blocks: int, positions: str | None = None) -> None:
     """Raise ``ValueError`` if the stream needs RoPE positions beyond ``cfg.rope_table_size``."""
-    mode = _positions(positions, cfg)
+    mode = resolve_positions(cfg, positions)
     top = max_position(cfg, num_blocks, mode)
     if top >= cfg.rope_table_size:
         raise ValueError(
