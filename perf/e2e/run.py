@@ -154,34 +154,23 @@ def run_model(
     merged = chunks[("merged", "pessimistic")]
     fps_: list[Footprint] = []
     kv8 = kv_fp8_bytes_per_element(m.head_dim)  # FP8 KV layout: e4m3 + an fp32 scale per token-head
-    for kvb, lab in ((2, "bf16"), (kv8, "fp8 KV cache")):
-        for copies, wl in ((None, "weights per core"), (1, "one shared weight copy")):
-            fps_.append(
-                footprint(
-                    m,
-                    pipe,
-                    tp=merged.tp,
-                    sp=merged.sp,
-                    kv_bytes=kvb,
-                    weight_copies=copies,
-                    vae=vae,
-                    label=f"{lab}, {wl}",
-                )
+    kvs = ((2, "bf16"), (kv8, "fp8 KV cache"))
+    # (kv bytes, kv label, placement arguments, placement label), in the report's row order
+    specs: list[tuple[float, str, dict[str, Any], str]] = [
+        (kvb, lab, {"weight_copies": copies}, wl)
+        for kvb, lab in kvs
+        for copies, wl in ((None, "weights per core"), (1, "one shared weight copy"))
+    ] + [
+        (kvb, lab, {"weights": wp}, wl)
+        for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears"))
+        for kvb, lab in kvs
+    ]
+    for kvb, lab, placement, wl in specs:
+        fps_.append(
+            footprint(
+                m, pipe, tp=merged.tp, sp=merged.sp, kv_bytes=kvb, vae=vae, label=f"{lab}, {wl}", **placement
             )
-    for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears")):
-        for kvb, lab in ((2, "bf16"), (kv8, "fp8 KV cache")):
-            fps_.append(
-                footprint(
-                    m,
-                    pipe,
-                    tp=merged.tp,
-                    sp=merged.sp,
-                    kv_bytes=kvb,
-                    weights=wp,
-                    vae=vae,
-                    label=f"{lab}, {wl}",
-                )
-            )
+        )
     lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, kv8)]
     wv: list[tuple[str, str, ChunkModel]] = []
     for end in ENDS:

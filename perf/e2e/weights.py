@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from perf.footprint import dit_block_param_count, dit_outside_param_count
+from perf.footprint import WEIGHT_PLACEMENTS, dit_block_param_count, dit_outside_param_count
 from rolling_forcing.config import ModelConfig
 
 __all__ = ["WEIGHT_VARIANTS", "all_reduce_s", "fsdp_gather", "tp_linear_comm"]
 
-WEIGHT_VARIANTS = ("replicated", "fsdp", "tp_linear")
+WEIGHT_VARIANTS = WEIGHT_PLACEMENTS
+"""The weight placements the chunk model sweeps: every placement :func:`perf.footprint.footprint` knows."""
 
 
 def all_reduce_s(comm_model: Any, group: int, nbytes: int, spans_chips: bool) -> float:
