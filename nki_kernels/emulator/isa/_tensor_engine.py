@@ -63,8 +63,8 @@ def nc_matmul(
         # transpose-mode check reads accumulate; the start-partition rule reads every operand's start
         # partition (divmod: partition, offset inside it); the FP8 rules read perf_mode
         fkey = ("nc_matmul", dst.shape, dst.strides, divmod(dst.offset, dst_st.size // dst_st.shape[0]),
-                dst.dtype, dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer, moving.shape,
-                moving.dtype, moving._st.buffer, is_transpose, accumulate,
+                dst.dtype, dst_st.buffer, stationary.shape, stationary.dtype, stationary._st.buffer,
+                moving.shape, moving.dtype, moving._st.buffer, is_transpose, accumulate,
                 stationary.offset // (stationary._st.size // stationary._st.shape[0]),
                 moving.offset // (moving._st.size // moving._st.shape[0]),
                 perf_mode is matmul_perf_mode.double_row)  # fmt: skip
@@ -104,12 +104,14 @@ def nc_matmul(
         )
     if ms[0] != ss[0]:
         raise MatmulTileError(
-            f"[matmul-contraction] nc_matmul: stationary{list(stationary.shape)} and moving{list(moving.shape)} "
+            f"[matmul-contraction] nc_matmul: stationary{list(stationary.shape)} and "
+            f"moving{list(moving.shape)} "
             "must have the same contraction (partition) size"
         )
     if hw.gemm_stationary_fmax < M:
         raise MatmulTileError(
-            f"[matmul-stationary] nc_matmul: stationary free size {M} (shape {list(stationary.shape)}) exceeds "
+            f"[matmul-stationary] nc_matmul: stationary free size {M} (shape {list(stationary.shape)}) "
+            "exceeds "
             f"gemm_stationary_fmax={hw.gemm_stationary_fmax}"
         )
     if hw.gemm_moving_fmax < N:
@@ -125,7 +127,8 @@ def nc_matmul(
     lo, hi = dst.partition_bytes_range()
     if lo // hw.psum_bank_bytes != hi // hw.psum_bank_bytes:
         raise PsumLimitError(
-            f"[psum-bank] nc_matmul: dst {dst._desc()} {dst.dtype} spans bytes [{lo}, {hi}] of each partition, "
+            f"[psum-bank] nc_matmul: dst {dst._desc()} {dst.dtype} spans bytes [{lo}, {hi}] of each "
+            "partition, "
             f"crossing a {hw.psum_bank_bytes} B PSUM bank boundary (a matmul tile must fit in one bank)"
         )
     sdt = stationary.dtype
@@ -154,7 +157,8 @@ def nc_matmul(
             key,
             lambda: _rec(
                 op, "tensor", (dst, stationary, moving), launch, flops=2 * K * M * N,
-                meta=(("K", K), ("M", M), ("N", N), ("dtype", mdt), ("is_transpose", bool(is_transpose))) + perf,
+                meta=(("K", K), ("M", M), ("N", N), ("dtype", mdt), ("is_transpose", bool(is_transpose)))
+                + perf,
             ),
         )  # fmt: skip
     else:
@@ -237,11 +241,13 @@ def _transpose_mode_rules(
     if N != K:
         raise MatmulTileError(
             f"[matmul-transpose] nc_matmul(is_transpose=True): moving{list(moving.shape)} must be a square "
-            f"[{K}, {K}] identity matching stationary{list(stationary.shape)}'s {K} partitions (free size {N} != {K})"
+            f"[{K}, {K}] identity matching stationary{list(stationary.shape)}'s {K} partitions (free size "
+            f"{N} != {K})"
         )
     if dst.dtype != stationary.dtype:
         raise DtypeError(
-            f"[matmul-transpose] nc_matmul(is_transpose=True) passes the data through: dst dtype {dst.dtype} must "
+            f"[matmul-transpose] nc_matmul(is_transpose=True) passes the data through: dst dtype {dst.dtype} "
+            "must "
             f"equal stationary dtype {stationary.dtype} (as nc_transpose)"
         )
     if accumulate is True:
@@ -291,7 +297,8 @@ def nc_transpose(
         eng = _pick_engine(engine, _E.tensor, op, (_E.tensor, _E.vector))
     if dst.shape[0] != F or _free(dst) != P:
         raise ShapeMismatchError(
-            f"[transpose-shape] nc_transpose: dst{list(dst.shape)} must be [{F}, {P}] for data{list(data.shape)}"
+            f"[transpose-shape] nc_transpose: dst{list(dst.shape)} must be [{F}, {P}] for "
+            f"data{list(data.shape)}"
         )
     if dst.dtype != data.dtype:
         raise DtypeError(
@@ -308,7 +315,8 @@ def nc_transpose(
         lim = hw.transpose_vector_max
     if lim < P or lim < F:
         raise MatmulTileError(
-            f"[transpose-size] nc_transpose on {eng.name} engine handles at most {lim}x{lim}, got data{list(data.shape)}"
+            f"[transpose-size] nc_transpose on {eng.name} engine handles at most {lim}x{lim}, got "
+            f"data{list(data.shape)}"
         )
     en = _ENGINE_TRACE_ID[id(eng)]
     key = (
@@ -366,7 +374,8 @@ def _double_row_dims(
         raise TypeError(f"nc_matmul: perf_mode must be an nisa.matmul_perf_mode member, got {perf_mode!r}")
     if nc_version < 3:
         raise MatmulTileError(
-            f"[matmul-double-row] nc_matmul: perf_mode=double_row needs NeuronCore-v3+ (nc_version={nc_version})"
+            "[matmul-double-row] nc_matmul: perf_mode=double_row needs NeuronCore-v3+ "
+            f"(nc_version={nc_version})"
         )
     if is_transpose:
         raise MatmulTileError(
@@ -374,7 +383,8 @@ def _double_row_dims(
         )
     if tile_size and len(tuple(tile_size)) == 2 and int(tuple(tile_size)[1]) != 128:
         raise MatmulTileError(
-            f"[matmul-double-row] nc_matmul: perf_mode=double_row cannot use column tiling (tile_size={tile_size})"
+            "[matmul-double-row] nc_matmul: perf_mode=double_row cannot use column tiling "
+            f"(tile_size={tile_size})"
         )
     ss, ms = stationary.shape, moving.shape
     if len(ss) != 3 or len(ms) != 3 or ss[1] != 2 or ms[1] != 2:
