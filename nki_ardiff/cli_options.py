@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from rolling_forcing.config import PositionMode
@@ -44,6 +44,10 @@ class Preset(str, Enum):
     micro = "micro"
     mid = "mid"
     wan2_1_1_3b = "wan2.1-1.3b"
+
+
+NoiseMode = Literal["auto", "upfront", "per-block"]
+"""The values of :class:`Noise` (what :class:`GenerateOptions` stores)."""
 
 
 class Noise(str, Enum):
@@ -88,7 +92,7 @@ class GenerateOptions:
     lora: Path | None = None
     prompt_schedule: Path | None = None
     switch_frames: str | None = None
-    noise: str = "auto"
+    noise: NoiseMode = "auto"
     quiet: bool = False
 
 

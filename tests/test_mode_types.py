@@ -30,6 +30,12 @@ def test_runtime_tuple_equals_its_literal(values: tuple[str, ...], alias: object
     assert values == get_args(alias)
 
 
+def test_noise_literal_is_the_cli_enum() -> None:
+    from nki_ardiff import cli_options
+
+    assert tuple(n.value for n in cli_options.Noise) == get_args(cli_options.NoiseMode)
+
+
 def test_window_kinds_are_the_literal_values() -> None:
     cfg = PipelineConfig()
     seen = {schedule.window_kind(cfg, n, w) for n in (5, 8, 12) for w in range(schedule.num_windows(cfg, n))}
