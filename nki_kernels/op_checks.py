@@ -111,6 +111,19 @@ def _check_same_shape(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tens
         raise ValueError(f"{name} shape {tuple(t.shape)} must equal {ref_name} shape {tuple(ref.shape)}")
 
 
+def _check_linear_bias(bias: torch.Tensor, n: int, x: torch.Tensor, weight_name: str) -> None:
+    """A linear layer's ``bias``: ``[N]`` (N from ``weight_name``'s dim 1), x's dtype or fp32, x's device."""
+    _check_tensor("bias", bias, 1, "[N]")
+    if bias.shape[0] != n:
+        raise ValueError(
+            f"bias must be [N] with N={n} ({weight_name}.shape[1]), got shape {tuple(bias.shape)}"
+        )
+    if bias.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"bias dtype {bias.dtype} must be x's dtype {x.dtype} or torch.float32")
+    if bias.device != x.device:
+        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+
+
 def _check_tokens(name: str, t: torch.Tensor, length: str) -> None:
     """A ``[B, L, H, D]`` tensor holds at least one token (``length``: its name for L, e.g. ``"Lq"``)."""
     if t.shape[1] < 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from nki_kernels.op_checks import _check_tensor
+from nki_kernels.op_checks import _check_linear_bias, _check_tensor
 from nki_kernels.op_dispatch import _op_backend, _run_backend
 
 __all__ = ["linear", "LINEAR_MAX_K", "conv3d_causal", "conv_weight_taps"]
@@ -76,15 +76,7 @@ def linear(
             "and N >= 1"
         )
     if bias is not None:
-        _check_tensor("bias", bias, 1, "[N]")
-        if bias.shape[0] != n:
-            raise ValueError(
-                f"bias must be [N] with N={n} (weight_t.shape[1]), got shape {tuple(bias.shape)}"
-            )
-        if bias.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"bias dtype {bias.dtype} must be x's dtype {x.dtype} or torch.float32")
-        if bias.device != x.device:
-            raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+        _check_linear_bias(bias, n, x, "weight_t")
     return _linear_op(x, weight_t, bias, _op_backend(backend))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nki_kernels.op_checks import _check_tensor
+from nki_kernels.op_checks import _check_linear_bias, _check_tensor
 from nki_kernels.op_dispatch import _op_backend, _run_backend
 from reference.linear import E4M3_MAX, quantize_weight_fp8
 
@@ -111,13 +111,5 @@ def linear_fp8(
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
     if bias is not None:
-        _check_tensor("bias", bias, 1, "[N]")
-        if bias.shape[0] != n:
-            raise ValueError(
-                f"bias must be [N] with N={n} (weight_q.shape[1]), got shape {tuple(bias.shape)}"
-            )
-        if bias.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"bias dtype {bias.dtype} must be x's dtype {x.dtype} or torch.float32")
-        if bias.device != x.device:
-            raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+        _check_linear_bias(bias, n, x, "weight_q")
     return _linear_fp8_op(x, weight_q, w_scale, bias, _op_backend(backend))
