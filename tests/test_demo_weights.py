@@ -66,3 +66,29 @@ def test_stream_shape_colour_follows_the_prompt() -> None:
         a = _colour_fractions(f"a {colour} square bouncing on a black background")
         b = _colour_fractions(f"a {other} square bouncing on a black background")
         assert a[colour] > 2 * b[colour] and a[colour] > 0.001, (colour, a, b)  # >= ~0.1 % of the pixels
+
+
+def test_nan_or_corrupt_demo_weights_are_refused_naming_them(tmp_path) -> None:
+    """A NaN weight or a truncated file is an error naming the file/tensor, not a blank video."""
+    import re
+    import shutil
+
+    import pytest
+    from safetensors.torch import load_file, save_file
+
+    from rolling_forcing.demo.autoencoder import load_autoencoder
+
+    for f in WEIGHTS_DIR.glob("*.safetensors"):
+        shutil.copy(f, tmp_path / f.name)
+    dit = tmp_path / "dit.safetensors"
+    sd = load_file(str(dit))
+    key = sorted(sd)[0]
+    sd[key] = sd[key].clone()
+    sd[key].view(-1)[0] = float("nan")
+    save_file(sd, str(dit))
+    with pytest.raises(ValueError, match=re.escape(f"demo DiT weights tensor '{key}' has 1 non-finite")):
+        load_demo(tmp_path)
+    ae = tmp_path / "autoencoder.safetensors"
+    ae.write_bytes(ae.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="not a readable .safetensors file"):
+        load_autoencoder(ae)

@@ -32,13 +32,14 @@ class DemoModel(NamedTuple):
 
 
 def _read(path: Path, what: str) -> tuple[dict[str, Any], dict[str, str]]:
-    from safetensors import safe_open
+    from rolling_forcing.tensor_io import check_finite, read_safetensors
 
     if not path.is_file():
         raise ValueError(f"{what}: {str(path)!r} does not exist (retrain with `rolling-forcing train-demo`)")
-    with safe_open(str(path), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    tensors, meta = read_safetensors(path, ValueError)
+    for k, t in tensors.items():
+        if t.is_floating_point():
+            check_finite(t, f"{what} tensor {k!r}", ValueError)
     return tensors, meta
 
 

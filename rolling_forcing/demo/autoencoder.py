@@ -309,16 +309,17 @@ def save_autoencoder(
 def load_autoencoder(path: str | Path | None = None) -> DemoAutoencoder:
     """Load a :class:`DemoAutoencoder` (eval mode) from safetensors written by :func:`save_autoencoder`;
     ``None`` = the shipped :data:`WEIGHTS_PATH`."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+    from rolling_forcing.tensor_io import check_finite, read_safetensors
 
     p = Path(path) if path is not None else WEIGHTS_PATH
     if not p.is_file():
         raise FileNotFoundError(f"autoencoder weights {str(p)!r} not found")
-    with safe_open(str(p), framework="pt") as f:
-        meta = f.metadata() or {}
+    state, meta = read_safetensors(p, ValueError)  # one read: metadata and tensors
     if "config" not in meta:
         raise ValueError(f"{str(p)!r} has no 'config' metadata: not written by save_autoencoder")
+    for k, t in state.items():
+        if t.is_floating_point():
+            check_finite(t, f"autoencoder weights tensor {k!r}", ValueError)
     model = DemoAutoencoder(AutoencoderConfig.from_json(meta["config"]))
-    model.load_state_dict(load_file(str(p)), strict=True)
+    model.load_state_dict(state, strict=True)
     return model.eval()
