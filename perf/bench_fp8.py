@@ -75,12 +75,26 @@ def _fp8_fn(m: int, k: int, n: int, names: tuple[str, ...], gcfg: GateConfig) ->
                 "gate_passed": all(r.passed for r in rows),
                 "gate_rule": f"err_fp8 <= {gcfg.factor:g} x err_bf16 + {gcfg.floor:.4g} (measured, "
                 f"{gcfg.tokens} tokens, perf/fp8_gate.py)",
-                "gate_psnr": "pending: decoded-video PSNR >= 35 dB on the demo model (perf/fp8_psnr.py)",
+                "gate_psnr": _video_gate(),
             }
         )
         return figs
 
     return attach_call(fn, KernelCall(linear_fp8_kernel, args, 1))
+
+
+def _video_gate() -> str:
+    """The decoded-video half of the gate, from the newest ``python -m perf.fp8_psnr --save`` rows."""
+    from perf.fp8_psnr import latest_gates
+
+    g = latest_gates().get("fp8_linears")
+    if g is None:
+        return "not run: python -m perf.fp8_psnr --save (decoded-video PSNR >= 35 dB on the demo model)"
+    verdict = "pass" if g["passed"] else "FAIL"
+    return (
+        f"{verdict}: {g['psnr_db_min']:.1f}-{g['psnr_db_max']:.1f} dB against the bf16 stream (>= "
+        f"{g['threshold_db']:g}), demo model, {g['prompts']} prompts x 30 s (measured, perf/fp8_psnr.py)"
+    )
 
 
 def linear_fp8_cases(quick: bool) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]:

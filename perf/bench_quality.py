@@ -304,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-save", action="store_true", help="no JSONL row; the sheet goes under build/perf/")
     ap.add_argument("--model", choices=MODELS, default=DEFAULT_MODEL)
+    ap.add_argument(
+        "--weights",
+        default=None,
+        help="demo model: a weights directory (train-demo --out) instead of the shipped one",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -327,7 +332,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.blocks < 5:
             raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {args.blocks}")
         plan = replace(plan, blocks=args.blocks)
-    sm = load_model(args.model, seed=args.seed)
+    sm = load_model(args.model, seed=args.seed, weights=args.weights)
     print(
         f"quality bench: model {sm.name} ({sm.description}); {'quick' if args.quick else 'full'} run",
         flush=True,

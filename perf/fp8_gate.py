@@ -25,8 +25,13 @@ RMSNorm and softmax attention over 12 heads (self) and over ``text_tokens`` text
 context is the text-embedding MLP of ``N(0, 1)`` 4096-d features), residuals, FFN with tanh-GELU: every
 linear sees the input the block hands it.
 
-The gate's second half (decoded-video PSNR >= 35 dB against the bf16 stream on the trained demo model) is
-:func:`psnr_gate` in :mod:`perf.fp8_psnr`: pending the demo model.
+The FP8 KV cache gets the same rule on the block's self-attention output (:func:`kv_gate`): ``err_bf16`` =
+attention of bf16-rounded q, k, v (fp32 softmax, bf16 output) against fp32; ``err_fp8`` = the same with
+K and V through the FP8 cache's per-token-and-head round trip (``rolling_forcing.fp8.kv_fp8_roundtrip``)
+against the bf16 one.
+
+The gates' second half (decoded-video PSNR >= 35 dB against the bf16 stream on the trained demo model) is
+:mod:`perf.fp8_psnr` (``python -m perf.fp8_psnr``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import torch
 
 from reference.linear import linear, linear_fp8, quantize_weight_fp8
 
-__all__ = ["GateConfig", "LinearGate", "block_linears", "gate", "linear_gate"]
+__all__ = ["GateConfig", "LinearGate", "block_linears", "gate", "kv_gate", "linear_gate"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,35 @@ def gate(cfg: GateConfig = GateConfig()) -> tuple[LinearGate, ...]:
     return tuple(linear_gate(n, x, w, cfg) for n, x, w in block_linears(cfg))
 
 
+@cache
+def kv_gate(cfg: GateConfig = GateConfig()) -> LinearGate:
+    """The FP8 KV cache's tensor gate (module docstring) on the block's self-attention, as a
+    :class:`LinearGate` named ``kv_cache`` (``m`` = tokens, ``k`` = keys, ``n`` = dim)."""
+    from rolling_forcing.fp8 import kv_fp8_roundtrip
+
+    g = torch.Generator().manual_seed(cfg.seed)
+    d, h = cfg.dim, cfg.heads
+    wq, wk, wv = (_xavier(d, d, g) for _ in range(3))
+    ch = torch.ones(d)
+    ch[torch.randperm(d, generator=g)[: round(cfg.outlier_frac * d)]] = cfg.outlier_scale
+    xm = _ln(torch.randn(cfg.tokens, d, generator=g) * ch) * (
+        1 + torch.randn(d, generator=g) * cfg.modulation_std
+    )
+    q, k, v = _rms(xm @ wq), _rms(xm @ wk), xm @ wv
+    y32 = _attend(q, k, v, h)
+
+    def bf(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).float()
+
+    def kv8(t: torch.Tensor) -> torch.Tensor:  # [T, dim] -> per token and head round trip
+        return kv_fp8_roundtrip(t.to(torch.bfloat16).view(1, t.shape[0], h, -1)).float().reshape(t.shape)
+
+    ybf = bf(_attend(bf(q), bf(k), bf(v), h))
+    y8 = bf(_attend(bf(q), kv8(k), kv8(v), h))
+    eb, e8 = _rel(ybf, y32), _rel(y8, ybf)
+    return LinearGate("kv_cache", cfg.tokens, cfg.tokens, d, eb, e8, cfg.factor * eb + cfg.floor)
+
+
 def format_gate(rows: tuple[LinearGate, ...], cfg: GateConfig) -> str:
     """A markdown table of :func:`gate`'s rows."""
     lines = [
@@ -191,4 +225,4 @@ def format_gate(rows: tuple[LinearGate, ...], cfg: GateConfig) -> str:
 
 if __name__ == "__main__":
     _cfg = GateConfig()
-    print(format_gate(gate(_cfg), _cfg))
+    print(format_gate((*gate(_cfg), kv_gate(_cfg)), _cfg))

@@ -1,19 +1,29 @@
-"""The FP8 gate's second half: the decoded video of a stream with FP8 linears against
-the bf16 stream of the same model, prompt and noise, PSNR >= 35 dB over a 30 s stream.  **PENDING**: it
-is meant for the project's trained demo model, which has not landed; :func:`psnr_gate` is written and
-tested on the tiny preset's random weights (plumbing only: a random model says nothing about quality).
+"""The FP8 gates' second half: the decoded video of a stream with an FP8 option against the bf16
+stream of the same model, prompt and noise, PSNR >= 35 dB over a 30 s stream, on the project's trained
+demo model (``rolling_forcing.demo``).
 
-Run it (the lead, once the demo model exists): build the model, its config, the pipeline config, the
-prompt embeddings and the streaming decoder as the demo does, then
-``psnr_gate(model, model_cfg, pipe_cfg, text_embeds, decoder, seconds=30.0)``; the report's figure is
-``PsnrGate.psnr_db`` (**measured**, CPU) and ``PsnrGate.passed``.
+:func:`psnr_gate` (FP8 linears) and :func:`kv_cache_gate` (FP8 KV cache) take any model; the command runs
+both on the demo model for the quality bench's three prompts, next to the bf16 path's own PSNR against
+fp32 (the scale of the bf16 error the FP8 one is compared with), and appends one **measured** row per
+(gate, prompt) to ``perf/results/fp8_psnr.jsonl`` (``--save``); :func:`latest_gates` reads the newest
+rows back for the reports (``perf/bench_fp8.py``, ``python -m perf.e2e``)::
+
+    python -m perf.fp8_psnr --save        # ~1 min of CPU: 3 prompts x 30 s, fp32 / bf16 / fp8 streams
+
+The demo DiT is 128 wide, under the Wan threshold of :data:`~rolling_forcing.fp8.FP8_MIN_FEATURES`
+(256), so the command converts *every* block linear (``min_features=1``): stricter than the Wan option,
+where embeddings-sized layers stay bf16 too.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +33,17 @@ from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.stream import NoiseSource
 from rolling_forcing.video import VideoSpec
 
-__all__ = ["PSNR_THRESHOLD_DB", "PsnrGate", "kv_cache_gate", "psnr", "psnr_gate", "stream_video"]
+__all__ = [
+    "DEMO_PROMPTS",
+    "PSNR_THRESHOLD_DB",
+    "PsnrGate",
+    "demo_rows",
+    "kv_cache_gate",
+    "latest_gates",
+    "psnr",
+    "psnr_gate",
+    "stream_video",
+]
 
 PSNR_THRESHOLD_DB = 35.0
 """Pass mark of the decoded-video PSNR against the bf16 stream (the project's FP8 gate)."""
@@ -122,3 +142,125 @@ def kv_cache_gate(
     ref = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, **kw)
     out = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, kv_dtype=KV_FP8, **kw)
     return PsnrGate(psnr(out, ref), int(ref.shape[1]), num_blocks, ("kv_cache",), threshold_db)
+
+
+DEMO_PROMPTS = (
+    "a red circle and a blue square bouncing on a gray background",
+    "a yellow triangle bouncing on a navy background",
+    "a green square and a white triangle bouncing on a black background",
+)
+"""The quality bench's prompts (``perf/bench_quality.PROMPTS``)."""
+
+ROWS_NAME = "fp8_psnr"
+GATES = ("fp8_linears", "fp8_kv_cache")
+
+
+def demo_rows(
+    *, seconds: float = 30.0, prompts: Sequence[str] = DEMO_PROMPTS, seed: int = 0
+) -> list[Any]:  # fmt: skip
+    """Both FP8 gates on the demo model (bf16 pipeline, reference backend), one **measured** row per
+    (gate, prompt), streams of ``seconds`` (at least one window of blocks): ``extra`` holds ``psnr_db``,
+    ``passed``, ``threshold_db``, the bf16 stream's own ``bf16_vs_fp32_db``, the converted layers' count
+    and the run's ``run_id`` (UTC start time)."""
+    from perf.runner import BenchRow
+    from rolling_forcing.config import PipelineConfig
+    from rolling_forcing.demo import load_demo
+
+    demo = load_demo()
+    m32 = demo.model
+    m16 = copy.deepcopy(m32).to(torch.bfloat16)
+    p32, p16 = PipelineConfig(dtype="float32"), PipelineConfig(dtype="bfloat16")
+    blocks = max(VideoSpec().blocks_for_seconds(seconds, p16.frames_per_block), p16.window_blocks)
+    run_id = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    rows = []
+    for prompt in prompts:
+        emb = demo.text_encoder.encode(prompt)
+        ref32 = stream_video(m32, demo.model_cfg, p32, emb, demo.decoder, blocks, seed=seed)
+        ref16 = stream_video(
+            m16, demo.model_cfg, p16, emb.to(torch.bfloat16), demo.decoder, blocks, seed=seed
+        )
+        bf16_db = psnr(ref16, ref32)
+        args = (m16, demo.model_cfg, p16, emb.to(torch.bfloat16), demo.decoder)
+        for gate_name in GATES:
+            if gate_name == "fp8_linears":
+                g = psnr_gate(*args, num_blocks=blocks, seed=seed, min_features=1)
+            else:
+                g = kv_cache_gate(*args, num_blocks=blocks, seed=seed)
+            cfg = {
+                "model": "demo",
+                "prompt": prompt,
+                "blocks": blocks,
+                "frames": g.frames,
+                "dtype": "bfloat16",
+            }
+            extra = {
+                "psnr_db": round(g.psnr_db, 2),
+                "passed": g.passed,
+                "threshold_db": g.threshold_db,
+                "bf16_vs_fp32_db": round(bf16_db, 2),
+                "layers_converted": len(g.replaced),
+                "seconds": seconds,
+                "run_id": run_id,
+            }
+            rows.append(BenchRow(gate_name, "demo", cfg, "measured", extra=extra))
+    return rows
+
+
+def latest_gates(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The newest run's rows of ``perf/results/fp8_psnr.jsonl`` per gate: ``{gate: {"psnr_db_min",
+    "psnr_db_max", "passed" (every prompt), "threshold_db", "bf16_vs_fp32_db_min", "prompts",
+    "command"}}``; ``{}`` when the file does not exist (no run yet)."""
+    from perf.runner import read_rows, results_path
+
+    p = Path(path) if path is not None else results_path(ROWS_NAME)
+    if not p.exists():
+        return {}
+    rows = [r for r in read_rows(p) if r.status == "ok" and r.op in GATES]
+    out: dict[str, dict[str, Any]] = {}
+    for gate_name in GATES:
+        mine = [r for r in rows if r.op == gate_name]
+        if not mine:
+            continue
+        last = max(str(r.extra.get("run_id", "")) for r in mine)
+        newest = [r for r in mine if str(r.extra.get("run_id", "")) == last]
+        db = [float(r.extra["psnr_db"]) for r in newest]
+        out[gate_name] = {
+            "psnr_db_min": min(db),
+            "psnr_db_max": max(db),
+            "passed": all(bool(r.extra["passed"]) for r in newest),
+            "threshold_db": float(newest[0].extra["threshold_db"]),
+            "bf16_vs_fp32_db_min": min(float(r.extra["bf16_vs_fp32_db"]) for r in newest),
+            "prompts": len(newest),
+            "command": newest[0].command,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="FP8 decoded-video gates on the demo model (measured)")
+    ap.add_argument("--seconds", type=float, default=30.0, help="stream length per prompt (default 30)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    ap.add_argument("--save", action="store_true", help="append the rows to perf/results/fp8_psnr.jsonl")
+    args = ap.parse_args(argv)
+    if args.seconds <= 0:
+        ap.error(f"--seconds must be > 0, got {args.seconds}")
+    torch.set_num_threads(args.threads)
+    from perf.runner import append_rows
+
+    rows = demo_rows(seconds=args.seconds, seed=args.seed)
+    for r in rows:
+        e = r.extra
+        verdict = "PASS" if e["passed"] else "FAIL"
+        print(
+            f"{r.op:13s} {r.config['prompt'][:48]:48s} {e['psnr_db']:6.2f} dB vs bf16 "
+            f"(>= {e['threshold_db']:g}: {verdict}); bf16 vs fp32 {e['bf16_vs_fp32_db']:.2f} dB; "
+            f"{r.config['frames']} frames"
+        )
+    if args.save:
+        append_rows(rows, ROWS_NAME)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

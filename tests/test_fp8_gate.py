@@ -82,3 +82,19 @@ def test_bench_row_runs_and_compares_with_bf16() -> None:
             ex[f"bf16_linear_us_{end}"] / ex[f"latency_us_{end}"], rel=0.01
         )
     assert set(ex["gate"]) == {"ffn_up"} and ex["gate_passed"] == ex["gate"]["ffn_up"]["pass"]
+
+
+def test_kv_gate_measures_the_cache_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The KV tensor gate: the bf16 error is bf16-sized, the FP8 cache's is larger but e4m3-sized; with the
+    round trip replaced by the identity the FP8 path IS the bf16 path (error exactly 0), so the gate
+    measures the cache and nothing else."""
+    import rolling_forcing.fp8 as fp8mod
+    from perf.fp8_gate import kv_gate
+
+    cfg = GateConfig(tokens=96, text_tokens=8, dim=128, ffn_dim=256, heads=2, text_dim=32)
+    r = kv_gate.__wrapped__(cfg)
+    assert r.name == "kv_cache" and r.bound == pytest.approx(2 * r.err_bf16 + 2.0**-7)
+    assert 2.0**-12 < r.err_bf16 < 2.0**-7  # bf16: 8-bit significand
+    assert r.err_bf16 < r.err_fp8 < 2.0**-3  # e4m3: 4-bit significand
+    monkeypatch.setattr(fp8mod, "kv_fp8_roundtrip", lambda t: t)
+    assert kv_gate.__wrapped__(cfg).err_fp8 == 0.0

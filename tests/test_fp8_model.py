@@ -1,5 +1,6 @@
 """The FP8-linear model option (rolling_forcing/fp8.py, off by default) and the PSNR half of the FP8 gate
-(perf/fp8_psnr.py, pending the demo model), on the tiny and micro presets with the reference backend."""
+(perf/fp8_psnr.py: its functions on the tiny and micro presets with the reference backend; its rows and
+their reader) and the FP8 KV cache's tensor gate (perf/fp8_gate.kv_gate)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,46 @@ def test_fp8_kv_cache_stores_e4m3_values(merged: bool) -> None:
     dec = PreviewDecoder(mcfg.out_channels)
     g = kv_cache_gate(model, mcfg, pcfg, text, dec, num_blocks=6, backend="reference", merged=merged)
     assert 0 < g.psnr_db < math.inf
+
+
+def _row(gate: str, db: float, run_id: str, passed: bool):
+    from perf.runner import BenchRow
+
+    extra = {"psnr_db": db, "passed": passed, "threshold_db": 35.0, "bf16_vs_fp32_db": 44.0, "run_id": run_id}
+    return BenchRow(gate, "demo", {"prompt": "p"}, "measured", extra=extra)
+
+
+def test_latest_gates_reads_the_newest_run(tmp_path) -> None:
+    from perf.fp8_psnr import latest_gates
+    from perf.runner import append_rows
+
+    path = tmp_path / "fp8_psnr.jsonl"
+    assert latest_gates(path) == {}
+    append_rows([_row("fp8_linears", 40.0, "2026-01-01T00:00:00", True)], path)
+    new = [_row("fp8_linears", d, "2026-02-01T00:00:00", d >= 35) for d in (33.0, 36.0)]
+    append_rows([*new, _row("fp8_kv_cache", 45.0, "2026-02-01T00:00:00", True)], path)
+    g = latest_gates(path)
+    assert g["fp8_linears"]["psnr_db_min"] == 33.0 and g["fp8_linears"]["psnr_db_max"] == 36.0
+    assert g["fp8_linears"]["prompts"] == 2 and g["fp8_linears"]["passed"] is False  # one prompt fails
+    assert g["fp8_kv_cache"]["passed"] is True and g["fp8_kv_cache"]["prompts"] == 1
+
+
+def test_demo_rows_on_a_short_stream() -> None:
+    """The command's rows on the shipped demo model (one prompt, 1 s): each gate's PSNR is the PSNR of the
+    two decoded videos, recomputed here from the streams."""
+    from perf.fp8_psnr import demo_rows, stream_video
+    from rolling_forcing.demo import load_demo
+
+    prompt = "a yellow triangle bouncing on a navy background"
+    rows = demo_rows(seconds=1.0, prompts=(prompt,))
+    assert [r.op for r in rows] == ["fp8_linears", "fp8_kv_cache"] and all(r.kind == "measured" for r in rows)
+    demo = load_demo()
+    m16 = demo.model.to(torch.bfloat16)
+    p16 = PipelineConfig(dtype="bfloat16")
+    emb = demo.text_encoder.encode(prompt).to(torch.bfloat16)
+    n = rows[0].config["blocks"]
+    ref = stream_video(m16, demo.model_cfg, p16, emb, demo.decoder, n)
+    kv = stream_video(m16, demo.model_cfg, p16, emb, demo.decoder, n, kv_dtype=KV_FP8)
+    assert rows[1].extra["psnr_db"] == round(psnr(kv, ref), 2)
+    assert rows[0].extra["layers_converted"] == 10 * demo.model_cfg.num_layers
+    assert math.isfinite(rows[0].extra["psnr_db"]) and rows[0].extra["bf16_vs_fp32_db"] > 30

@@ -79,6 +79,8 @@ def test_tiny_stream_runner_frame_counts_and_determinism() -> None:
 def test_model_names_are_checked() -> None:
     with pytest.raises(ValueError, match="model must be one of"):
         load_model("huge")
+    with pytest.raises(ValueError, match="applies to model 'demo' only"):
+        load_model("tiny", weights="rolling_forcing/demo/weights")
     with pytest.raises(ValueError, match="switch block"):
         StreamSpec(PROMPT, 5, switch=(PROMPT, 5, False))
 

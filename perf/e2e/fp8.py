@@ -5,8 +5,9 @@ communication) unchanged.  Linears with ``K`` or ``N`` below :data:`FP8_MIN_DIM`
 output head) stay bf16.  All figures **modelled**.
 
 The FP8 linears are an option, off by default: their error gate (``perf/fp8_gate.py``, measured) does
-not pass per linear, and its PSNR half waits for the demo model (``docs/kernels/linear_fp8.md``).  The
-report's targets table shows the variant as "with FP8 linears" at both parameter ends.
+not pass per linear, nor does its decoded-video half on the demo model (``perf/fp8_psnr.py``,
+``docs/kernels/linear_fp8.md``).  The report's targets table shows the variant as "with FP8 linears" at
+both parameter ends; :func:`fp8_gate_lines` is the report's table of both FP8 options' gates (measured).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 from perf.e2e.params import ENDS
 from perf.matmul_model import LINEAR_TRACE_TOKENS, BlockProfile, TracedLinearProvider, profile_block
 
-__all__ = ["FP8_MIN_DIM", "VARIANT", "TracedLinearFp8Provider", "fp8_linear_chunks", "fp8_target_lines"]
+__all__ = [
+    "FP8_MIN_DIM",
+    "VARIANT",
+    "TracedLinearFp8Provider",
+    "fp8_gate_lines",
+    "fp8_linear_chunks",
+    "fp8_target_lines",
+]
 
 FP8_MIN_DIM = 256
 """Smallest ``K`` and ``N`` a linear runs in FP8 (the patch embedding, K = 64, and the output head,
@@ -103,4 +111,51 @@ def fp8_target_lines(r: Any) -> list[str]:
         f"{hi.chunk_s * 1e3:.0f} ms, linears {lin['pessimistic']:.0f} / {lin['optimistic']:.0f} ms (bf16 "
         f"{lin16['pessimistic']:.0f} / {lin16['optimistic']:.0f}) | {'yes' if ok['pessimistic'] else 'no'} / "
         f"{'yes' if ok['optimistic'] else 'no'} |"
+    ]
+
+
+def fp8_gate_lines(psnr_rows: str | None = None) -> list[str]:
+    """The report's FP8 gates table (**measured**): per option, the tensor half (``perf/fp8_gate.py``: Wan2.1
+    block shapes, random weights, computed here, ~10 s of CPU) and the decoded-video half on the demo model
+    (the newest rows of ``perf/results/fp8_psnr.jsonl``, or ``psnr_rows``, written by
+    ``python -m perf.fp8_psnr --save``)."""
+    from perf.fp8_gate import GateConfig, gate, kv_gate
+    from perf.fp8_psnr import latest_gates
+
+    cfg = GateConfig()
+    lin, kv = gate(cfg), kv_gate(cfg)
+    kv0 = kv_gate(GateConfig(outlier_frac=0.0))
+    video = latest_gates(psnr_rows)
+
+    def vid(name: str) -> str:
+        g = video.get(name)
+        if g is None:
+            return "not run (`python -m perf.fp8_psnr --save`)"
+        verdict = "passes" if g["passed"] else "fails"
+        return (
+            f"{g['psnr_db_min']:.1f}-{g['psnr_db_max']:.1f} dB over {g['prompts']} prompts (>= "
+            f"{g['threshold_db']:g}: {verdict}; the bf16 stream's own PSNR against fp32: >= "
+            f"{g['bf16_vs_fp32_db_min']:.1f} dB)"
+        )
+
+    e8 = [r.err_fp8 for r in lin]
+    bd = [r.bound for r in lin]
+    lin_ok = all(r.passed for r in lin)
+    return [
+        "## FP8 gates (measured; both options off by default)\n",
+        f"Rule: the FP8 path's relative error against bf16 <= {cfg.factor:g} x the bf16 path's own error "
+        f"against fp32 + {cfg.floor:.4g} (Wan2.1-1.3B block shapes, random weights, {cfg.tokens} tokens, "
+        "`perf/fp8_gate.py`), AND the decoded video of the trained demo model streamed 30 s with the option "
+        "against the bf16 stream (same prompt and noise) >= 35 dB PSNR (`python -m perf.fp8_psnr`).\n",
+        "| option | tensor gate | decoded-video gate (demo model) | default |",
+        "|---|---|---|---|",
+        f"| FP8 linears (every block linear) | {'passes' if lin_ok else 'fails'}: error {min(e8):.2%}-"
+        f"{max(e8):.2%} against bounds {min(bd):.2%}-{max(bd):.2%} ({len(lin)} linears) | "
+        f"{vid('fp8_linears')} | off |",
+        f"| FP8 KV cache | {'passes' if kv.passed else 'fails'}: error {kv.err_fp8:.2%} against "
+        f"{kv.bound:.2%} (self-attention output); without the 1 % outlier channels {kv0.err_fp8:.2%} against "
+        f"{kv0.bound:.2%} ({'passes' if kv0.passed else 'fails'}) | {vid('fp8_kv_cache')} | off: its tensor "
+        "half passes only "
+        "with outlier channels, so it waits for a measurement on the real checkpoint's activations |",
+        "",
     ]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from perf.e2e.budget import budget_lines, layer_path_lines
 from perf.e2e.chunk import ChunkModel
 from perf.e2e.components import GROUPS
-from perf.e2e.fp8 import fp8_target_lines
+from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
@@ -346,6 +346,7 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     )
     L.append("")
     L += targets_lines(r)
+    L += fp8_gate_lines()
     L.append("## Attention side by side with AWS's attention_cte (modelled, same cost model and shapes)\n")
     L.append(
         "`attention_cte` (github.com/aws-neuron/nki-library, core/attention/attention_cte.py) re-written in "

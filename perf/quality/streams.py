@@ -59,10 +59,14 @@ class StreamModel:
     the decoder can show at best (None: the model has no encoder, e.g. the preview decoder)."""
 
 
-def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0) -> StreamModel:
+def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0, weights: str | None = None) -> StreamModel:
     """The model ``name`` (one of :data:`MODELS`). ``"tiny"``: ``CausalWanModel.init_random(seed)``,
     :class:`~rolling_forcing.text.SeededTextEncoder`, :class:`~rolling_forcing.decode.PreviewDecoder`.
-    ``"demo"``: the shipped demo weights (raises ``ValueError`` if this checkout has no demo model)."""
+    ``"demo"``: the shipped demo weights, or those in the directory ``weights`` (a ``train-demo --out``
+    directory); raises ``ValueError`` if this checkout has no demo model, or for ``weights`` with
+    ``"tiny"``."""
+    if weights is not None and name != "demo":
+        raise ValueError(f"weights={weights!r} applies to model 'demo' only, got model {name!r}")
     if name == "tiny":
         cfg = get_preset("tiny")
         model = CausalWanModel(cfg).init_random(seed).eval()
@@ -79,7 +83,7 @@ def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0) -> StreamModel:
             demo: Any = importlib.import_module("rolling_forcing.demo")
         except ImportError as exc:
             raise ValueError(f"model 'demo': rolling_forcing.demo is not in this checkout ({exc})") from None
-        loaded: Any = demo.load_demo()  # (model_cfg, model, text_encoder, decoder)
+        loaded: Any = demo.load_demo(weights)  # (model_cfg, model, text_encoder, decoder)
         cfg, model, enc, dec = loaded[0], loaded[1], loaded[2], loaded[3]
 
         def reset() -> StreamingDecoder:
