@@ -53,7 +53,8 @@ def train_demo_cmd(
         rep = train_demo(out, seed, smoke=smoke, threads=threads, progress=progress, autoencoder=autoencoder)
         typer.echo(
             f"train-demo: wrote {', '.join(p.name for p in rep.files)} to {out} (measured: autoencoder "
-            f"{rep.ae_seconds:.0f} s, clips {rep.clips_seconds:.0f} s, DiT {rep.dit_seconds:.0f} s)"
+            f"{rep.ae_seconds:.0f} s, clips {rep.clips_seconds:.0f} s, DiT {rep.dit_seconds:.0f} s + stage 2 "
+            f"{rep.stage2_seconds:.0f} s)"
         )
 
 

@@ -69,7 +69,9 @@ def test_smoke_training_writes_weights_load_demo_streams(tmp_path) -> None:
             "autoencoder",
             "clips",
             "dit",
+            "stage2",
         }
+        and log["stage2"]["steps"] == 2
     )
     demo = load_demo(out)
     emb = demo.text_encoder.encode("a red circle bouncing on a gray background")

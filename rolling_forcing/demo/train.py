@@ -6,7 +6,8 @@ Steps (all seeded from ``seed``; a fixed torch thread count, restored afterwards
    ``autoencoder=PATH`` (skips step 1: the shipped DiT was trained on the shipped autoencoder);
 2. latent clips of ``max_clean_blocks + window_blocks`` blocks
    (:func:`rolling_forcing.demo.data.encode_clips`);
-3. the DiT and its text encoder (:func:`rolling_forcing.demo.train_dit.train_dit`);
+3. the DiT and its text encoder (:func:`rolling_forcing.demo.train_dit.train_dit`), then stage 2 from
+   its EMA weights (:func:`rolling_forcing.demo.train_stage2.train_stage2`: a warm restart);
 4. ``autoencoder.safetensors``, ``dit.safetensors``, ``text_encoder.safetensors``, ``losses.png`` (loss
    curves, matplotlib) and ``train_log.json`` (settings, measured wall clock per stage) in ``out_dir``.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.demo import AE_FILE
 from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
+from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
 
 __all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
 
@@ -35,6 +37,7 @@ DEFAULT_CLIPS = 1024
 
 SMOKE_AE_STEPS, SMOKE_AE_DECODER_STEPS, SMOKE_CLIPS = 3, 2, 4
 SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2)
+SMOKE_STAGE2 = Stage2Config(steps=2, warmup_steps=1)
 """``smoke=True``: a few steps of each stage on a few clips."""
 
 
@@ -49,17 +52,28 @@ class DemoTrainReport:
     dit_seconds: float
     ae_losses: list[float]
     dit_losses: list[float]
+    stage2_seconds: float = 0.0
+    stage2_losses: list[float] = field(default_factory=list)
 
 
-def plot_losses(ae_losses: list[float], dit_losses: list[float], path: str | Path) -> Path:
-    """Two panels (autoencoder loss, DiT flow-matching loss per step, with a running mean) as a PNG."""
+def plot_losses(
+    ae_losses: list[float],
+    dit_losses: list[float],
+    path: str | Path,
+    stage2_losses: list[float] | None = None,
+) -> Path:
+    """Two panels (autoencoder loss, DiT flow-matching loss per step, with a running mean; stage 2's steps
+    follow stage 1's on the same axis, a dotted line marks the restart) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, losses, title in ((axes[0], ae_losses, "autoencoder"), (axes[1], dit_losses, "DiT (flow MSE)")):
+    dit_all = [*dit_losses, *(stage2_losses or [])]
+    if stage2_losses:
+        axes[1].axvline(len(dit_losses), ls=":", color="gray", label="stage 2")
+    for ax, losses, title in ((axes[0], ae_losses, "autoencoder"), (axes[1], dit_all, "DiT (flow MSE)")):
         ax.set_title(title)
         ax.set_xlabel("step")
         if losses:
@@ -92,6 +106,7 @@ def train_demo(
     ae_steps: int | None = None,
     clips: int | None = None,
     dit: DitTrainConfig | None = None,
+    stage2: Stage2Config | None = None,
 ) -> DemoTrainReport:
     """Retrain the demo model into ``out_dir`` (module docstring); returns what it wrote and measured.
 
@@ -102,7 +117,8 @@ def train_demo(
             and one thread count).
         autoencoder: an ``autoencoder.safetensors`` to use instead of retraining one (it is copied into
             ``out_dir``).
-        ae_steps, clips, dit: override the autoencoder steps, the clip count, the DiT settings.
+        ae_steps, clips, dit, stage2: override the autoencoder steps, the clip count, the DiT's stage-1
+            and stage-2 settings.
     """
     from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
     from rolling_forcing.demo.data import encode_clips
@@ -121,6 +137,7 @@ def train_demo(
     n_clips = clips if clips is not None else (SMOKE_CLIPS if smoke else DEFAULT_CLIPS)
     dcfg: DitTrainConfig = dit if dit is not None else (SMOKE_DIT if smoke else DitTrainConfig())
     dcfg = replace(dcfg, seed=seed)
+    s2cfg: Stage2Config = stage2 if stage2 is not None else (SMOKE_STAGE2 if smoke else Stage2Config())
     model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -136,14 +153,16 @@ def train_demo(
         latent_frames = (dcfg.max_clean_blocks + pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
         lat, prompts = encode_clips(ae, n_clips, latent_frames, seed=seed + 1, layout="prompt")
         t2 = time.perf_counter()
-        res: DitTrainResult = train_dit(
-            LatentClips(lat, prompts), model_cfg, pipe_cfg, dcfg, progress=progress
-        )
+        latent_clips = LatentClips(lat, prompts)
+        res1: DitTrainResult = train_dit(latent_clips, model_cfg, pipe_cfg, dcfg, progress=progress)
         t3 = time.perf_counter()
+        res = train_stage2(res1, latent_clips, model_cfg, pipe_cfg, dcfg, s2cfg, progress=progress)
+        t4 = time.perf_counter()
     finally:
         torch.set_num_threads(saved)
     files = [out / AE_FILE, *save_dit(res, out)]
-    files.append(plot_losses(ae_losses, res.losses, out / "losses.png"))
+    s2_losses = res.losses if res is not res1 else []
+    files.append(plot_losses(ae_losses, res1.losses, out / "losses.png", s2_losses))
     log = {
         "seed": seed,
         "smoke": smoke,
@@ -154,9 +173,11 @@ def train_demo(
         else f"retrained: {n_ae} steps + {ae_cfg.decoder_steps} decoder-only steps",
         "clips": n_clips,
         "dit": asdict(dcfg),
-        "seconds_measured": {"autoencoder": t1 - t0, "clips": t2 - t1, "dit": t3 - t2},
-        "final_dit_loss_mean_last_100": sum(res.losses[-100:]) / max(1, len(res.losses[-100:])),
+        "stage2": asdict(s2cfg),
+        "seconds_measured": {"autoencoder": t1 - t0, "clips": t2 - t1, "dit": t3 - t2, "stage2": t4 - t3},
+        "final_dit_loss_mean_last_100": sum(res1.losses[-100:]) / max(1, len(res1.losses[-100:])),
+        "final_stage2_loss_mean_last_100": sum(s2_losses[-100:]) / max(1, len(s2_losses[-100:])),
     }
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     files.append(out / "train_log.json")
-    return DemoTrainReport(out, files, t1 - t0, t2 - t1, t3 - t2, ae_losses, res.losses)
+    return DemoTrainReport(out, files, t1 - t0, t2 - t1, t3 - t2, ae_losses, res1.losses, t4 - t3, s2_losses)
