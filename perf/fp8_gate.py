@@ -121,6 +121,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> to
     return y.transpose(0, 1).reshape(q.shape[0], -1)
 
 
+def _hidden(cfg: GateConfig, g: torch.Generator) -> torch.Tensor:
+    """The block's input ``[tokens, dim]``: ``N(0, 1)`` with ``outlier_frac`` of the channels (a random
+    set) scaled by ``outlier_scale``."""
+    ch = torch.ones(cfg.dim)
+    ch[torch.randperm(cfg.dim, generator=g)[: round(cfg.outlier_frac * cfg.dim)]] = cfg.outlier_scale
+    return torch.randn(cfg.tokens, cfg.dim, generator=g) * ch
+
+
 def block_linears(cfg: GateConfig) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """``[(name, x [M, K] fp32, weight_t [K, N] fp32)]`` for every linear of one Wan block, the inputs
     computed by running the block in fp32 (module docstring); biases are zero (Wan's init)."""
@@ -128,9 +136,7 @@ def block_linears(cfg: GateConfig) -> list[tuple[str, torch.Tensor, torch.Tensor
     d, f, h = cfg.dim, cfg.ffn_dim, cfg.heads
     w = {n: _xavier(d, d, g) for n in ("q", "k", "v", "o", "cq", "ck", "cv", "co")}
     w["up"], w["down"] = _xavier(d, f, g), _xavier(f, d, g)
-    ch = torch.ones(d)
-    ch[torch.randperm(d, generator=g)[: round(cfg.outlier_frac * d)]] = cfg.outlier_scale
-    hid = torch.randn(cfg.tokens, d, generator=g) * ch
+    hid = _hidden(cfg, g)
     sd = cfg.modulation_std
     scale, shift, scale_ff, shift_ff = (torch.randn(d, generator=g) * sd for _ in range(4))
     t5 = torch.randn(cfg.text_tokens, cfg.text_dim, generator=g)
@@ -186,11 +192,7 @@ def kv_gate(cfg: GateConfig = GateConfig()) -> LinearGate:
     g = torch.Generator().manual_seed(cfg.seed)
     d, h = cfg.dim, cfg.heads
     wq, wk, wv = (_xavier(d, d, g) for _ in range(3))
-    ch = torch.ones(d)
-    ch[torch.randperm(d, generator=g)[: round(cfg.outlier_frac * d)]] = cfg.outlier_scale
-    xm = _ln(torch.randn(cfg.tokens, d, generator=g) * ch) * (
-        1 + torch.randn(d, generator=g) * cfg.modulation_std
-    )
+    xm = _ln(_hidden(cfg, g)) * (1 + torch.randn(d, generator=g) * cfg.modulation_std)
     q, k, v = _rms(xm @ wq), _rms(xm @ wk), xm @ wv
     y32 = _attend(q, k, v, h)
 

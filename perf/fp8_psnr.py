@@ -107,16 +107,22 @@ def psnr_gate(
     backend: str | None = None,
     min_features: int = FP8_MIN_FEATURES,
     threshold_db: float = PSNR_THRESHOLD_DB,
+    reference: torch.Tensor | None = None,
 ) -> PsnrGate:
     """Stream ``model`` (bf16 linears, as given) and a deep copy with FP8 linears
     (:func:`rolling_forcing.fp8.use_fp8_linears`) on the same prompt and noise, decode both with
     ``decoder`` and return the PSNR of the FP8 video against the bf16 one.
 
     ``num_blocks``: blocks to stream; ``None`` = the blocks of ``seconds`` of video at the project's
-    video spec (``VideoSpec().blocks_for_seconds``).  ``model`` is not modified.
+    video spec (``VideoSpec().blocks_for_seconds``).  ``model`` is not modified.  ``reference``: the bf16
+    video if the caller already streamed it (:func:`stream_video` with the same blocks, seed, backend).
     """
     blocks = num_blocks or VideoSpec().blocks_for_seconds(seconds, pipe_cfg.frames_per_block)
-    ref = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, blocks, seed=seed, backend=backend)
+    ref = reference
+    if ref is None:
+        ref = stream_video(
+            model, model_cfg, pipe_cfg, text_embeds, decoder, blocks, seed=seed, backend=backend
+        )
     m8 = copy.deepcopy(model)
     names = use_fp8_linears(m8, backend=backend, min_features=min_features)
     out = stream_video(m8, model_cfg, pipe_cfg, text_embeds, decoder, blocks, seed=seed, backend=backend)
@@ -135,11 +141,16 @@ def kv_cache_gate(
     backend: str | None = None,
     merged: bool | None = None,
     threshold_db: float = PSNR_THRESHOLD_DB,
+    reference: torch.Tensor | None = None,
 ) -> PsnrGate:
     """The FP8 KV cache's gate: the decoded video with ``kv_dtype="float8_e4m3"`` against the same stream
-    with the cache in ``pipe_cfg.dtype`` (same model, prompt, noise), PSNR >= ``threshold_db``."""
+    with the cache in ``pipe_cfg.dtype`` (same model, prompt, noise), PSNR >= ``threshold_db``.
+    ``reference``: that plain-cache video if the caller already streamed it (:func:`stream_video` with the
+    same blocks, seed, backend and ``merged``)."""
     kw: dict[str, Any] = {"seed": seed, "backend": backend, "merged": merged}
-    ref = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, **kw)
+    ref = reference
+    if ref is None:
+        ref = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, **kw)
     out = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, kv_dtype=KV_FP8, **kw)
     return PsnrGate(psnr(out, ref), int(ref.shape[1]), num_blocks, ("kv_cache",), threshold_db)
 
@@ -183,9 +194,9 @@ def demo_rows(
         args = (m16, demo.model_cfg, p16, emb.to(torch.bfloat16), demo.decoder)
         for gate_name in GATES:
             if gate_name == "fp8_linears":
-                g = psnr_gate(*args, num_blocks=blocks, seed=seed, min_features=1)
+                g = psnr_gate(*args, num_blocks=blocks, seed=seed, min_features=1, reference=ref16)
             else:
-                g = kv_cache_gate(*args, num_blocks=blocks, seed=seed)
+                g = kv_cache_gate(*args, num_blocks=blocks, seed=seed, reference=ref16)
             cfg = {
                 "model": "demo",
                 "prompt": prompt,

@@ -36,9 +36,11 @@ __all__ = [
     "LatentClips",
     "make_batch",
     "new_models",
+    "optimizer_step",
     "sample_layout",
     "save_dit",
     "train_dit",
+    "warmup_cosine_lr",
 ]
 
 
@@ -170,11 +172,33 @@ def make_batch(
     return x, t, target, [clips.prompts[int(i)] for i in idx]
 
 
-def _lr(step: int, tcfg: DitTrainConfig) -> float:
-    if step < tcfg.warmup_steps:
-        return tcfg.lr * (step + 1) / tcfg.warmup_steps
-    frac = (step - tcfg.warmup_steps) / max(1, tcfg.steps - tcfg.warmup_steps)
-    return tcfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+def warmup_cosine_lr(step: int, lr: float, warmup_steps: int, steps: int) -> float:
+    """Learning rate at ``step``: linear warm-up over ``warmup_steps``, then cosine from ``lr`` to 10 % of
+    it at ``steps`` (both DiT stages)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    frac = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def optimizer_step(
+    loss: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    ema_params: list[torch.nn.Parameter],
+    grad_clip: float,
+    ema_decay: float,
+) -> float:
+    """One training step after the forward (both DiT stages): backward, clip, optimiser step, EMA update
+    ``ema <- lerp(ema, param, 1 - ema_decay)``; returns the loss value."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    with torch.no_grad():
+        for pe, p in zip(ema_params, params):
+            pe.lerp_(p, 1 - ema_decay)
+    return float(loss.detach())
 
 
 def train_dit(
@@ -220,19 +244,11 @@ def train_dit(
             layout = sample_layout(pipe_cfg, tcfg, gen)
             x, t, target, prompts = make_batch(clips, layout, pipe_cfg, tcfg, gen, tcfg.batch)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, tcfg)
+            g["lr"] = warmup_cosine_lr(step, tcfg.lr, tcfg.warmup_steps, tcfg.steps)
         emb = text(text.tokenize(prompts))
         flow = training_forward(model, layout, pipe_cfg, x, t, model.text_kv(emb))
-        loss = F.mse_loss(flow, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
-        opt.step()
-        with torch.no_grad():
-            decay = min(tcfg.ema, (1 + step) / (10 + step))
-            for pe, p in zip(ema_params, params):
-                pe.lerp_(p, 1 - decay)
-        val = float(loss.detach())
+        decay = min(tcfg.ema, (1 + step) / (10 + step))
+        val = optimizer_step(F.mse_loss(flow, target), opt, params, ema_params, tcfg.grad_clip, decay)
         losses.append(val)
         if on_step is not None:
             on_step(step, val)

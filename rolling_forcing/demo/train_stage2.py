@@ -29,7 +29,6 @@ Everything is seeded from ``seed + 1`` (a separate generator from stage 1's).
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +44,9 @@ from rolling_forcing.demo.train_dit import (
     DitTrainResult,
     LatentClips,
     make_batch,
+    optimizer_step,
     sample_layout,
+    warmup_cosine_lr,
 )
 from rolling_forcing.model import CausalWanModel, TextKV, add_noise
 
@@ -116,13 +117,6 @@ def rollout_batch(
     return x_new, tgt
 
 
-def _lr(step: int, rcfg: Stage2Config) -> float:
-    if step < rcfg.warmup_steps:
-        return rcfg.lr * (step + 1) / rcfg.warmup_steps
-    frac = (step - rcfg.warmup_steps) / max(1, rcfg.steps - rcfg.warmup_steps)
-    return rcfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-
-
 def train_stage2(
     start: DitTrainResult,
     clips: LatentClips,
@@ -145,7 +139,7 @@ def train_stage2(
     if rcfg.steps == 0:
         return start
     if tcfg.noise_scale != 1.0:
-        raise ValueError(f"finetune_rollout needs DitTrainConfig.noise_scale == 1, got {tcfg.noise_scale}")
+        raise ValueError(f"train_stage2 needs DitTrainConfig.noise_scale == 1, got {tcfg.noise_scale}")
     model: CausalWanModel = copy.deepcopy(start.model).train()
     text: DemoTextEncoder = copy.deepcopy(start.text_encoder).train()
     ema_m, ema_t = copy.deepcopy(start.model).eval(), copy.deepcopy(start.text_encoder).eval()
@@ -160,21 +154,14 @@ def train_stage2(
         layout = sample_layout(pipe_cfg, tcfg, gen)
         x, t, target, prompts = make_batch(clips, layout, pipe_cfg, tcfg, gen, tcfg.batch)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, rcfg)
+            g["lr"] = warmup_cosine_lr(step, rcfg.lr, rcfg.warmup_steps, rcfg.steps)
         emb = text(text.tokenize(prompts))
         text_kv = model.text_kv(emb)
         if float(torch.rand((), generator=gen)) < rcfg.rollout_fraction:
             x, target = rollout_batch(model, layout, pipe_cfg, x, t, target, text_kv, gen)
         flow = training_forward(model, layout, pipe_cfg, x, t, text_kv)
         loss = F.mse_loss(flow, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
-        opt.step()
-        with torch.no_grad():
-            for pe, p in zip(ema_params, params):
-                pe.lerp_(p, 1 - tcfg.ema)
-        losses.append(float(loss.detach()))
+        losses.append(optimizer_step(loss, opt, params, ema_params, tcfg.grad_clip, tcfg.ema))
         if on_step is not None:
             on_step(step, losses[-1])
         if progress and step % 10 == 0:
