@@ -20,8 +20,16 @@ stored next to the value so the report can print it.  Items:
   gives every core its own tensors; one copy read by all 8 cores would need cross-stack reads the cost model
   has no figure for. The line is kept as a bound, not as a modelled placement.
 * ``kv_cache``: the rolling buffer (sink + ring slots) of self-attention k and v for every layer:
-  ``buffer_tokens x dim x 2 (k, v) x layers x kv_bytes``; split over head groups (TP) and along SP, so
-  per core ``/ cores``.
+  ``buffer_tokens x dim x 2 (k, v) x layers x kv_bytes`` per chip.  ``kv_cache="sp_sharded"`` (the
+  sharded stream's default, ``sharding/kv_shard.py``): split over head groups (TP) and, within every
+  block, over the SP ranks, so per core (busiest rank) ``slots x ceil(T / sp) x (H / tp) x hd x 2 x
+  layers x kv_bytes`` (``/ cores`` when ``sp`` divides the block's ``T`` tokens).  ``"replicated"``:
+  every SP rank of a head group keeps the whole key range (per chip ``x sp``).
+* ``kv_gather_buffer`` (SP-sharded cache, ``sp > 1``): each attention layer all-gathers the layer's
+  whole key range of the local heads from the SP group before its kernel runs: ``gather_buffers x
+  buffer_tokens x (H / tp) x hd x 2 (k, v) x kv_bytes`` per core.  One buffer (the default) matches the
+  chunk model, which does not overlap that all-gather with compute; hiding it under the previous layer's
+  attention needs 2.
 * ``text_kv``: cached cross-attention k and v: ``text_len x dim x 2 x layers x act_bytes``; cross-attention
   runs token-sharded over all heads (no communication), so every core keeps all of it (per chip ``x cores``).
 * ``activations``: peak per core of the merged forward's live tensors (:func:`activation_peak_bytes`),
@@ -63,11 +71,13 @@ __all__ = [
     "activation_peak_bytes_tp_linear",
     "vae_probe",
     "footprint",
+    "KV_CACHE_LAYOUTS",
 ]
 
 GB = 1e9
 
 WEIGHT_PLACEMENTS = ("replicated", "fsdp", "tp_linear")
+KV_CACHE_LAYOUTS = ("sp_sharded", "replicated")  # the sharded stream's (sharding.kv_shard.KV_CACHE_LAYOUTS)
 
 
 def dit_block_param_count(m: ModelConfig) -> int:
@@ -151,7 +161,8 @@ def activation_peak_bytes(
     attention phase: residual ``4 n d`` + token-shard q,k,v ``3 n d b`` + regrouped local queries
     ``ceil(N / sp) (H / tp) hd b`` + gathered new keys and values ``2 N (H / tp) hd b`` + attention output
     ``ceil(N / sp) (H / tp) hd b``.  FFN phase: residual ``4 n d`` + normed input ``n d b`` + hidden
-    ``n f b`` + output ``n d b``.  Cached keys are read in place (no copy).
+    ``n f b`` + output ``n d b``.  Cached keys are not activations: they are read from the
+    ``kv_cache`` item (replicated layout) or the ``kv_gather_buffer`` item (SP-sharded).
     """
     cores = tp * sp
     n_tot = merged_tokens(m, p)
@@ -325,6 +336,8 @@ def footprint(
     weights: str = "replicated",
     vae: VaeProbe | None = None,
     label: str = "",
+    kv_cache: str = "sp_sharded",
+    gather_buffers: int = 1,
 ) -> Footprint:
     """HBM footprint per core and per chip (see the module docstring for every formula).
 
@@ -332,7 +345,8 @@ def footprint(
     copies of the weights on the chip (default ``tp x sp``: replicated per core; only with
     ``weights="replicated"``); ``weights`` one of :data:`WEIGHT_PLACEMENTS` (module docstring); ``vae``
     a :func:`vae_probe` result (omit to leave the VAE out; VAE weights are replicated per core in every
-    placement).
+    placement); ``kv_cache`` one of :data:`KV_CACHE_LAYOUTS` and ``gather_buffers`` (>= 1) the per-layer
+    gather buffers of the SP-sharded cache (module docstring).
     """
     for name, v in (("tp", tp), ("sp", sp)):
         if not isinstance(v, int) or v < 1:
@@ -343,6 +357,10 @@ def footprint(
         raise ValueError("footprint: kv_bytes and weight_bytes must be > 0")
     if weights not in WEIGHT_PLACEMENTS:
         raise ValueError(f"footprint: weights must be one of {WEIGHT_PLACEMENTS}, got {weights!r}")
+    if kv_cache not in KV_CACHE_LAYOUTS:
+        raise ValueError(f"footprint: kv_cache must be one of {KV_CACHE_LAYOUTS}, got {kv_cache!r}")
+    if isinstance(gather_buffers, bool) or not isinstance(gather_buffers, int) or gather_buffers < 1:
+        raise ValueError(f"footprint: gather_buffers must be an int >= 1, got {gather_buffers!r}")
     if weight_copies is not None and weights != "replicated":
         raise ValueError(f"footprint: weight_copies only applies to weights='replicated', not {weights!r}")
     cores = tp * sp
@@ -351,7 +369,6 @@ def footprint(
         raise ValueError(f"footprint: weight_copies must be in [1, {cores}], got {copies}")
     n_par = dit_param_count(m)
     w = int(n_par * weight_bytes)
-    kv = kv_cache_bytes(m, p, kv_bytes)
     text = int(m.text_len * m.dim * 2 * m.num_layers * act_bytes)
     text_core, text_note = text, "on every core"
     act = activation_peak_bytes(m, p, tp, sp, act_bytes)["peak"]
@@ -392,16 +409,8 @@ def footprint(
         text_core, text_note = math.ceil(text / tp), f"heads / {tp} per core (TP cross-attention)"
         act = activation_peak_bytes_tp_linear(m, p, tp, sp, act_bytes)["peak"]
         act_note = "max(attention, FFN) live tensors per core, Megatron-SP layout, x cores"
-    items = [
-        w_item,
-        *extra,
-        FootprintItem(
-            "kv_cache",
-            math.ceil(kv / cores),
-            kv,
-            f"{p.buffer_tokens(m):,} tok x {m.dim} x 2 (k,v) x {m.num_layers} layers x {kv_bytes:g} B"
-            f", / {cores} cores",
-        ),
+    items = [w_item, *extra, *_kv_items(m, p, tp, sp, kv_bytes, kv_cache, gather_buffers)]
+    items += [
         FootprintItem(
             "text_kv",
             text_core,
@@ -429,6 +438,42 @@ def footprint(
             ),
         ]
     return Footprint(label=label, cores=cores, items=tuple(items))
+
+
+def _kv_items(
+    m: ModelConfig, p: PipelineConfig, tp: int, sp: int, kv_bytes: float, layout: str, buffers: int
+) -> list[FootprintItem]:
+    """The ``kv_cache`` item and, for the SP-sharded cache with ``sp > 1``, ``kv_gather_buffer``."""
+    slots, t, hl = p.buffer_slots, p.tokens_per_block(m), m.num_heads // tp
+    row = hl * m.head_dim * 2 * kv_bytes  # one token's k and v of the local heads, one layer
+    kv = kv_cache_bytes(m, p, kv_bytes)
+    cores = tp * sp
+    if layout == "replicated" or sp == 1:
+        core = math.ceil(slots * t * row * m.num_layers)
+        where = "whole key range per head group" if sp > 1 else "heads / tp per core"
+        return [
+            FootprintItem(
+                "kv_cache",
+                core,
+                core * cores,
+                f"{slots} slots x {t:,} tok x {hl} heads x {m.head_dim} x 2 (k,v) x {m.num_layers} layers x "
+                f"{kv_bytes:g} B per core ({where})",
+            )  # fmt: skip
+        ]
+    core = math.ceil(slots * math.ceil(t / sp) * row * m.num_layers)
+    buf = math.ceil(buffers * slots * t * row)
+    return [
+        FootprintItem(
+            "kv_cache", core, kv,
+            f"{slots} slots x ceil({t:,} / sp {sp}) tok x {hl} heads x {m.head_dim} x 2 (k,v) x "
+            f"{m.num_layers} layers x {kv_bytes:g} B per core (SP-sharded; per chip the whole cache)",
+        ),
+        FootprintItem(
+            "kv_gather_buffer", buf, buf * cores,
+            f"{buffers} x one layer's whole key range: {slots * t:,} tok x {hl} heads x {m.head_dim} x 2 "
+            f"(k,v) x {kv_bytes:g} B per core (the per-layer SP all-gather)",
+        ),
+    ]  # fmt: skip
 
 
 def lower_bound_footprint(

@@ -67,11 +67,15 @@ class RollingKVCache:
         dtype: torch.dtype | None = None,
         num_heads: int | None = None,
         kv_dtype: str | None = None,
+        block_tokens: tuple[int, int] | None = None,
     ) -> None:
         """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count);
         ``pipe_cfg`` (or a sequential ``StreamMethod``) gives the block and buffer sizes.  ``kv_dtype``:
         ``None`` = K/V in ``dtype``; ``"float8_e4m3"`` = the FP8 KV cache (off by default; see
-        :mod:`rolling_forcing.fp8`)."""
+        :mod:`rolling_forcing.fp8`).  ``block_tokens=(a, b)``: a sequence-parallel rank's share of the
+        cache (``sharding.kv_shard``): every slot keeps only tokens ``[a, b)`` of its block
+        (``0 <= a < b <= T``), so each layer is ``[B, buffer_slots * (b - a), H, D]``; None: whole
+        blocks."""
         if kv_dtype not in (None, KV_FP8):
             raise ValueError(f"kv_dtype must be None or {KV_FP8!r}, got {kv_dtype!r}")
         self.kv_dtype = kv_dtype
@@ -82,9 +86,15 @@ class RollingKVCache:
         else:
             raise ValueError("dtype is required when the sizes come from a StreamMethod")
         h = model_cfg.num_heads if num_heads is None else num_heads
-        t = pipe_cfg.tokens_per_block(model_cfg)
-        s = pipe_cfg.buffer_tokens(model_cfg)
-        shape = (batch, s, h, model_cfg.head_dim)
+        t_block = pipe_cfg.tokens_per_block(model_cfg)
+        a, b = (0, t_block) if block_tokens is None else block_tokens
+        if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < b <= t_block):
+            raise ValueError(
+                f"block_tokens must be (a, b) with 0 <= a < b <= T={t_block}, got {block_tokens!r}"
+            )
+        self.block_tokens = (a, b)
+        t = b - a
+        shape = (batch, pipe_cfg.buffer_slots * t, h, model_cfg.head_dim)
         self.layers = [
             LayerKVCache(
                 torch.zeros(shape, dtype=dt, device=device),

@@ -37,14 +37,19 @@ then the cache update) separately.
   :func:`~sharding.attention.sharded_attention`'s local step running), and the head and its all-gather
   are skipped.
 
-**KV cache per head group.** Rank ``r`` keeps a :class:`~rolling_forcing.cache.RollingKVCache` of only
-its heads ``local_heads(plan, r)``: buffers ``[B, S, H/tp, D]``. Within a head group (SP > 1) every SP
-rank holds the *whole key range* of its heads. Every query attends to every cached key, so a cache
-split along SP would have to be moved every layer of every pass (an all-gather of the whole cache, the
-largest tensor of the stream) or be attended locally with queries exchanged and partial outputs merged;
-replicating it costs ``sp`` x the cache memory of an SP-split cache but no cache traffic at all: the
-only K/V collective is the all-gather of the pass's *new* tokens, which every rank of the group writes
-into its own copy (the update pass) or attends directly (the denoise pass).
+**KV cache per head group, sharded along SP** (``kv_cache="sp_sharded"``, the default). Rank ``r``
+keeps a :class:`~rolling_forcing.cache.RollingKVCache` of only its heads ``local_heads(plan, r)`` and,
+of every cached block, only its SP index's share of the block's tokens (:mod:`sharding.kv_shard`):
+buffers ``[B, slots * t_s, H/tp, D]``, ``1 / (tp sp)`` of the cache per rank. Every query attends to
+every cached key, so each attention layer all-gathers the layer's shares in the SP group into one
+transient whole-key-range buffer, runs the local step on it (writes included) and keeps its own tokens
+back: the per-layer gather of every key that the communication model prices and the footprint model's
+``kv_gather_buffer``. ``kv_cache="replicated"`` keeps the whole key range on every SP rank instead
+(``[B, S, H/tp, D]``: ``sp`` x the memory, no cache traffic; the only K/V collective is then the
+all-gather of the pass's new tokens). Both give the same stream bit for bit (same values, same
+arithmetic). Ranks report their allocations (``"kv_bytes"``, ``"text_kv_bytes"``,
+``"kv_gather_bytes"``, ``"weight_bytes"`` in :attr:`ShardedRollingForcingPipeline.last_results`);
+``perf/footprint_check.py`` compares them with ``perf.footprint``'s formulas.
 
 Use :class:`ShardedRollingForcingPipeline` to run a stream on CPU ranks spawned by
 :func:`sharding.launch.launch` (rank 0 streams each chunk back as soon as it is final); use
@@ -98,6 +103,7 @@ from sharding.attention import (
     build_groups,
     local_heads,
 )
+from sharding.kv_shard import check_kv_cache_layout
 from sharding.launch import DEFAULT_PRELOAD, LaunchError, launch
 from sharding.plan import AttentionShape, ShardingPlan
 from sharding.plan import plan as make_plan
@@ -117,6 +123,7 @@ PRELOAD: tuple[str, ...] = (
     "rolling_forcing.driver",
     "rolling_forcing.pipeline",
     "sharding.stream_checks",
+    "sharding.kv_shard",
     "sharding.rank_stream",
     "sharding.pipeline",
 )
@@ -167,6 +174,7 @@ class _Job:
     method: StreamMethod | str = "rolling-forcing"
     upfront: bool = True
     static: bool = False
+    kv_cache: str = "sp_sharded"
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -233,7 +241,7 @@ def _rank_main(
     runner = RankStream(
         job.model, job.model_cfg, job.pipe_cfg, groups,
         backend=job.backend, positions=job.positions, gather_group=gather, merged=job.merged,
-        method=job.method, static=job.static,
+        method=job.method, static=job.static, kv_cache=job.kv_cache,
     )  # fmt: skip
     gen = torch.Generator()
     gen.set_state(job.generator_state)
@@ -258,6 +266,10 @@ def _rank_main(
         "rank": rank,
         "heads": (heads.start, heads.stop),
         "cache_shape": runner.cache_shape,
+        "kv_bytes": runner.kv_bytes,
+        "text_kv_bytes": runner.text_kv_bytes,
+        "kv_gather_bytes": runner.kv_gather_bytes,
+        "weight_bytes": sum(p.nbytes for p in job.model.parameters()),
         "latents": latents,
         "forwards": dict(runner.stats.forwards),
         "signatures": dict(runner.stats.signatures),
@@ -287,6 +299,8 @@ class ShardedRollingForcingPipeline:
             stream; its prompt switches use ``window`` = the step index, a multiple of the method's
             steps (the block's first call).
         static: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` (sequential methods only).
+        kv_cache: ``"sp_sharded"`` (default) or ``"replicated"``: how a head group's SP ranks keep the
+            KV cache (module docstring; :class:`RankStream`).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
 
@@ -308,8 +322,10 @@ class ShardedRollingForcingPipeline:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         method: str | StreamMethod | None = None,
         static: bool = False,
+        kv_cache: str = "sp_sharded",
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
+        self.kv_cache = check_kv_cache_layout(kv_cache)
         self.method = get_method("rolling-forcing" if method is None else method)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -397,7 +413,7 @@ class ShardedRollingForcingPipeline:
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
             self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())), self.method,
-            upfront, self.static,
+            upfront, self.static, self.kv_cache,
         )  # fmt: skip
         self._streaming = True
         try:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from nki_kernels import ops
 from rolling_forcing import sequential
 from rolling_forcing.attend import attend_cache
-from rolling_forcing.cache import RollingKVCache
+from rolling_forcing.cache import LayerKVCache, RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.driver import (
     DriverSpec,
@@ -44,6 +44,7 @@ from sharding.attention import (
     sharded_attention,
     token_splits,
 )
+from sharding.kv_shard import SpKVCache, check_kv_cache_layout, owned_block_tokens
 from sharding.stream_checks import PromptSchedule, check_plan, check_prompts
 
 __all__ = ["RankStream"]
@@ -62,13 +63,20 @@ class RankStream:
         merged: True: one merged forward per window (the update of window w-1 + the denoise of window w,
             18 frames, static shapes; :mod:`rolling_forcing.merged`'s plan and ops on this rank's heads);
             False: the two passes separately. Every rank must pass the same value.
+        kv_cache: ``"sp_sharded"`` (default): within a head group every SP rank keeps only its share of
+            every cached block and each attention layer all-gathers the layer's whole key range
+            (:mod:`sharding.kv_shard`); ``"replicated"``: every SP rank keeps the whole key range of its
+            heads (``sp`` x the memory, no cache traffic). Same stream either way. Every rank must pass
+            the same value.
 
     The stream runs on the one driver of every stream (:class:`rolling_forcing.driver.StreamDriver`);
     this class supplies its forwards (:class:`~rolling_forcing.driver.StreamPasses`:
     :meth:`denoise_pass`, :meth:`merged_pass`, :meth:`update_pass`, :meth:`recache_pass`), each a
-    token-sharded :meth:`forward`. The KV cache holds only this rank's heads (``[B, S, H/tp, D]`` per
-    layer and k/v; its text k/v holds all heads: cross-attention is token-sharded); see the module
-    docstring. Every rank yields the same chunks.
+    token-sharded :meth:`forward`. The KV cache holds only this rank's heads and, SP-sharded, only its
+    tokens of every block (``[B, slots * t_s, H/tp, D]`` per layer and k/v; replicated ``[B, S, H/tp,
+    D]``; its text k/v holds all heads: cross-attention is token-sharded); see the module docstring.
+    Every rank yields the same chunks. After a stream, :attr:`cache_shape`, :attr:`kv_bytes`,
+    :attr:`text_kv_bytes` and :attr:`kv_gather_bytes` give the sizes of what it allocated (measured).
     """
 
     def __init__(
@@ -84,9 +92,11 @@ class RankStream:
         merged: bool = False,
         method: str | StreamMethod | None = None,
         static: bool = False,
+        kv_cache: str = "sp_sharded",
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         check_plan(groups.plan, model_cfg, pipe_cfg)
+        self.kv_cache = check_kv_cache_layout(kv_cache)
         if not isinstance(merged, bool):
             raise TypeError(f"merged must be a bool, got {type(merged).__name__}")
         meth = self.method = get_method("rolling-forcing" if method is None else method)
@@ -104,7 +114,11 @@ class RankStream:
         self._spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, frames)
         self._driver = StreamDriver(model, self._spec, self)
         self.cache: RollingKVCache | None = None
-        self.cache_shape: tuple[int, ...] | None = None  # [B, S, H/tp, D] of the last stream's buffers
+        self._kv: SpKVCache | None = None  # the SP-sharded cache's gather / keep (None: replicated or sp 1)
+        # measured, the last stream's allocations on this rank: one layer's k buffer shape, the bytes of
+        # every layer's k and v, of the text k/v, and of the largest gathered layer (k + v; 0: no gather)
+        self.cache_shape: tuple[int, ...] | None = None
+        self.kv_bytes = self.text_kv_bytes = self.kv_gather_bytes = 0
         self.stats = ForwardStats()  # measured: the last stream's forwards by kind and input signature
 
     # ---- the stream (the driver of RollingForcingPipeline.stream) ------------------------------------
@@ -132,13 +146,23 @@ class RankStream:
         check_prompts(self.model, cfg, sched, text_embeds.shape[0], num_blocks, self.method)
         self.stats = ForwardStats()
         hpc = self.plan.heads_per_core  # the cache: this rank's heads; its text k/v: all heads
+        t = self._spec.timing.tokens_per_block(self.model_cfg)
+        sp_sharded = self.kv_cache == "sp_sharded" and self.plan.sp > 1
+        own = owned_block_tokens(self.plan, t, self.rank) if sp_sharded else None
         st = self._driver.start(
-            self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise, num_heads=hpc
-        )
+            self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise, num_heads=hpc,
+            block_tokens=own,
+        )  # fmt: skip
         self.cache = st.cache
+        self._kv = SpKVCache(st.cache, self.plan, self.rank, t, self.groups.sp_group) if sp_sharded else None
         self.cache_shape = tuple(st.cache.layers[0].k.shape)
-        yield from self._driver.run(st, lambda plan: sched.get(plan.index))
-        self.cache = None
+        self.kv_bytes = st.cache.nbytes
+        try:
+            yield from self._driver.run(st, lambda plan: sched.get(plan.index))
+        finally:
+            self.text_kv_bytes = sum(k.nbytes + v.nbytes for k, v in st.cache.text_kv())
+            self.kv_gather_bytes = self._kv.gather_bytes if self._kv is not None else 0
+            self.cache, self._kv = None, None
 
     # ---- the passes the driver runs (rolling_forcing.driver.StreamPasses) --------------------------------
     def denoise_pass(self, st: StreamState, plan: Plan, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -279,6 +303,17 @@ class RankStream:
         dist.all_gather(bufs, x.contiguous(), group=self.gather_group)
         return torch.cat([buf[:, :n] for buf, n in zip(bufs, sizes)], dim=1)
 
+    # ---- the cache of one attention layer -------------------------------------------------------------
+    def _layer(self, cache: RollingKVCache, layer: int) -> LayerKVCache:
+        """Layer ``layer`` with the whole key range of this rank's heads: the SP group's shares gathered
+        (collective: every rank calls it for every attention layer) or the replicated layer itself."""
+        return cache.layers[layer] if self._kv is None else self._kv.gather(layer)
+
+    def _keep(self, layer: int, lc: LayerKVCache) -> None:
+        """After a layer that wrote ``lc`` (from :meth:`_layer`): keep this rank's share of it."""
+        if self._kv is not None:
+            self._kv.keep(layer, lc)
+
     # ---- self-attention of the two passes ------------------------------------------------------------
     def _rope(
         self, q_s: torch.Tensor, k_all: torch.Tensor, grid: Grid, position: int
@@ -311,7 +346,7 @@ class RankStream:
         """
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            lc = cache.layers[layer]
+            lc = self._layer(cache, layer)
             n_tok = grid[0] * grid[1] * grid[2]
             write_only = q.shape[1] == 0
             if write_only and write is None:
@@ -346,6 +381,8 @@ class RankStream:
                 num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
+            if write is not None:
+                self._keep(layer, lc)
             return q if write_only else out
 
         return attn
@@ -375,7 +412,7 @@ class RankStream:
             n_tok = grid[0] * grid[1] * grid[2]
             t = n_tok // 2
             gb: Grid = (grid[0] // 2, grid[1], grid[2])
-            lc = cache.layers[layer]
+            lc = self._layer(cache, layer)
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
                 q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
@@ -417,6 +454,7 @@ class RankStream:
                 num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
+            self._keep(layer, lc)
             return out[:, drop:]
 
         return attn
@@ -447,7 +485,8 @@ class RankStream:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             _, hp, wp = grid
             n_tok = grid[0] * hp * wp
-            ck, cv = cache.layers[layer].k, cache.layers[layer].v
+            lc = self._layer(cache, layer)
+            ck, cv = lc.k, lc.v
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
                 q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
@@ -500,6 +539,7 @@ class RankStream:
                 num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
+            self._keep(layer, lc)
             return out[:, drop:]
 
         return attn

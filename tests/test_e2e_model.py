@@ -5,6 +5,7 @@ All figures under test are *modelled* (arithmetic), so the references are hand c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -79,9 +80,38 @@ def test_footprint_items_sum_and_sharding():
     shared = footprint(WAN, PIPE, tp=4, sp=2, kv_bytes=2, weight_copies=1)
     assert fp.per_chip - shared.per_chip == 7 * w.per_core
     fp8 = footprint(WAN, PIPE, tp=4, sp=2, kv_bytes=1)
-    assert fp.per_chip - fp8.per_chip == kv.per_chip // 2
+    gather = fp.item("kv_gather_buffer").per_chip
+    assert fp.per_chip - fp8.per_chip == kv.per_chip // 2 + gather // 2
     with pytest.raises(ValueError, match="tp"):
         footprint(WAN, PIPE, tp=5, sp=1)
+
+
+# one layer's whole key range of 3 local heads (TP4): 8 slots x 4,680 tokens x 3 x 128 x 2 (k, v) x 2 B
+GATHER_TP4 = 37_440 * 3 * 128 * 2 * 2
+
+
+def test_kv_cache_layouts_hand_calculation():
+    """SP-sharded cache (the sharded stream's default) vs replicated within the head group, and the
+    per-layer gather buffer, by hand for Wan TP4xSP2 and for a block that SP does not divide."""
+    fp = footprint(WAN, PIPE, tp=4, sp=2)
+    assert fp.item("kv_cache").per_core == 8 * 2_340 * 3 * 128 * 2 * 30 * 2  # ceil(4,680 / 2) tokens per slot
+    g = fp.item("kv_gather_buffer")
+    assert (g.per_core, g.per_chip) == (GATHER_TP4, 8 * GATHER_TP4)
+    assert (
+        footprint(WAN, PIPE, tp=4, sp=2, gather_buffers=2).item("kv_gather_buffer").per_core == 2 * GATHER_TP4
+    )
+    rep = footprint(WAN, PIPE, tp=4, sp=2, kv_cache="replicated")
+    assert rep.item("kv_cache").per_core == 37_440 * 3 * 128 * 2 * 30 * 2
+    assert rep.item("kv_cache").per_chip == 2 * kv_cache_bytes(WAN, PIPE, 2)  # x sp
+    assert "kv_gather_buffer" not in {i.name for i in rep.items}
+    assert "kv_gather_buffer" not in {i.name for i in footprint(WAN, PIPE, tp=4, sp=1).items}
+    odd = dataclasses.replace(WAN, latent_height=6, latent_width=10)  # 15 tokens per frame, T = 45
+    o = footprint(odd, PIPE, tp=4, sp=2).item("kv_cache")
+    assert o.per_core == 8 * 23 * 3 * 128 * 2 * 30 * 2  # the busiest SP rank keeps 23 of 45 tokens
+    assert o.per_chip == 8 * 45 * 1536 * 2 * 30 * 2
+    for bad in ({"kv_cache": "sharded"}, {"gather_buffers": 0}, {"gather_buffers": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            footprint(WAN, PIPE, tp=4, sp=2, **bad)  # type: ignore[arg-type]
 
 
 def test_activation_peak_hand_calculation():
@@ -201,9 +231,10 @@ def test_fsdp_footprint_hand_calculation():
     kv = 37_440 * 1_536 * 2 * 30 * 2
     text = 512 * 1536 * 2 * 30 * 2
     act = activation_peak_bytes(WAN, PIPE, 4, 2)["peak"]
-    assert fp.per_chip == 8 * math.ceil(2 * n_par / 8) + 16 * unit + kv + 8 * text + 8 * act
+    gather = 8 * GATHER_TP4
+    assert fp.per_chip == 8 * math.ceil(2 * n_par / 8) + 16 * unit + kv + gather + 8 * text + 8 * act
     fp8 = footprint(WAN, PIPE, tp=4, sp=2, kv_bytes=1, weights="fsdp")
-    assert fp.per_chip - fp8.per_chip == kv // 2
+    assert fp.per_chip - fp8.per_chip == kv // 2 + gather // 2
     with pytest.raises(ValueError, match="weight_copies"):
         footprint(WAN, PIPE, tp=4, sp=2, weights="fsdp", weight_copies=1)
     with pytest.raises(ValueError, match="weights"):
@@ -229,7 +260,8 @@ def test_tp_linear_footprint_hand_calculation():
     assert a["ffn"] == ffn
     assert fp.item("activations").per_core == max(a["ffn"], a["attention"])
     kv = 37_440 * d * 2 * L * 2
-    assert fp.per_chip == 8 * per_core + kv + 8 * fp.item("text_kv").per_core + 8 * a["peak"]
+    gather = 8 * GATHER_TP4
+    assert fp.per_chip == 8 * per_core + kv + gather + 8 * fp.item("text_kv").per_core + 8 * a["peak"]
 
 
 def test_lower_bound_is_kv_plus_one_weight_copy():

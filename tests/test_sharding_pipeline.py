@@ -92,11 +92,14 @@ def _check_equal(sharded: ShardedRollingForcingPipeline, chunks: list, ref: list
     for r in results:
         # every rank ends with the same (all-gathered) latents
         assert float((r["latents"] - want).abs().max()) < TOL, f"rank {r['rank']}"
-        # its KV cache holds only its head group: [B, S, H/tp, D]
-        g = r["rank"] % p.tp
+        # its KV cache holds only its head group and (SP-sharded) its SP index's tokens of every block:
+        # [B, slots * t_s, H/tp, D], t_s = the near-equal split of the block's T tokens over sp
+        g, s = r["rank"] % p.tp, r["rank"] // p.tp
         assert r["heads"] == (g * p.heads_per_core, (g + 1) * p.heads_per_core)
         cfg = sharded.model_cfg
-        assert r["cache_shape"] == (1, P.buffer_tokens(cfg), cfg.num_heads // p.tp, cfg.head_dim)
+        t = P.tokens_per_block(cfg)
+        t_s = t // p.sp + (s < t % p.sp) if sharded.kv_cache == "sp_sharded" else t
+        assert r["cache_shape"] == (1, P.buffer_slots * t_s, cfg.num_heads // p.tp, cfg.head_dim)
     return err, float(want.abs().max())
 
 
