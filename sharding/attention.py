@@ -17,7 +17,8 @@ Per call: one all-to-all in the TP group (q, k, v fused) regroups token shards i
 heads, attention runs through ``nki_kernels.ops.attention`` on local heads and local queries, and one
 inverse all-to-all (plus one for the lse if requested) restores token shards.
 
-The rolling KV cache is the pipeline's concern: keep it per head group with :func:`local_heads`.
+The rolling KV cache is the pipeline's concern: per head group (:func:`local_heads`), sharded along SP by
+:mod:`sharding.kv_shard`.
 """
 
 from __future__ import annotations

@@ -466,8 +466,8 @@ class RankStream:
         gathers every new key of the local heads; the local step then does what the unsharded merged
         forward does, on this rank's heads and query shard: rope all frames at ``idx.frame_positions``
         (the query shard placed in a full-length zero tensor), write the update block's clean k/v into its
-        ring slot of this rank's cache (every rank of a head group writes its own copy), rope the copies
-        (sink / relative-mode keys) from the cache, then one ``ops.attention_block_table`` launch over
+        ring slot of the layer from :meth:`_layer` (SP-sharded: each rank then keeps its share), rope the
+        copies (sink / relative-mode keys) from the cache, then one ``ops.attention_block_table`` launch over
         [ring in place, new keys, copies] with the block table ``idx.table``. The query shard's tokens
         ``[a, b)`` are split at the update block's end ``T``: its local query groups are the non-empty
         ones of ``(min(b, T) - a, b - max(a, T))`` with the matching table rows (static per rank).

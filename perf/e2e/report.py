@@ -42,6 +42,28 @@ _VARIANT_TEXT = {
 }
 
 
+def _footprint_check_lines() -> list[str]:
+    """The footprint formulas against the sharded CPU stream's allocations (the newest saved run)."""
+    from perf.footprint_check import latest_rows, table_lines
+
+    rows = latest_rows()
+    head = "### The formulas against the sharded CPU stream's allocations (measured)\n"
+    if not rows:
+        return [head, "Not run: `python -m perf.footprint_check --save`.\n"]
+    same = sum(r.exact for r in rows)
+    return [
+        head,
+        "Bytes of the tensors every rank of the TP x SP sharded stream holds (gloo ranks on this CPU, "
+        "reported by the ranks) next to `perf.footprint` at the same model, plan, dtype and KV-cache "
+        "layout (one gather buffer: the CPU stream does not overlap the gather); per core = the busiest "
+        f"rank, per chip = the sum over ranks. {same} of {len(rows)} items equal to the byte "
+        "(`python -m perf.footprint_check --save`; activations and the VAE are not compared: the CPU "
+        "reference ops allocate temporaries the device kernels never materialise).\n",
+        *table_lines(rows),
+        "",
+    ]
+
+
 def _pair(r: E2EResult, variant: str) -> tuple[ChunkModel, ChunkModel]:
     return r.chunk(variant, "pessimistic"), r.chunk(variant, "optimistic")
 
@@ -517,6 +539,7 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         "Not counted: the umT5-XXL text encoder (once per prompt; unload or run on the host), runtime "
         "reservations, instruction buffers.\n"
     )
+    L += _footprint_check_lines()
     L.append("## Assumptions (all modelled)\n")
     L.append(
         "- components run back to back (no overlap between kernels or with communication; the one exception "

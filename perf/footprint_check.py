@@ -1,0 +1,193 @@
+"""The HBM footprint model checked against what the sharded CPU stream allocates.
+
+``perf.footprint`` is arithmetic (*modelled*); this runs the TP x SP sharded stream
+(:class:`sharding.pipeline.ShardedRollingForcingPipeline`, gloo ranks on this CPU) at small presets and
+compares, item by item, the bytes every rank actually holds (*measured*: ``nbytes`` of the tensors the
+rank allocated, reported by :class:`sharding.rank_stream.RankStream`) with :func:`perf.footprint.footprint`
+at the same model, plan, dtype and KV-cache layout:
+
+* ``dit_weights``: the rank's model parameters (replicated on every rank);
+* ``kv_cache``: its self-attention k/v buffers, all layers (SP-sharded: its share of every block);
+* ``kv_gather_buffer``: the largest whole-key-range layer it gathered (SP-sharded cache only);
+* ``text_kv``: its cross-attention k/v (all heads, the prompt padded to ``text_len``).
+
+Per core is the busiest rank; per chip the sum over ranks. Not checked: ``activations`` (the CPU
+reference ops allocate temporaries, e.g. whole score matrices, that the device kernels never
+materialise, so CPU peak memory says nothing about HBM) and the VAE items.
+
+Run: ``python -m perf.footprint_check`` (tiny and mid presets, TP4xSP2 on 8 ranks = the Wan plan, both
+layouts; about a minute on 2 cores); ``--save`` appends the rows to ``perf/results/footprint_check.jsonl``,
+which ``python -m perf.e2e`` prints in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from perf.footprint import footprint
+from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
+from rolling_forcing.model import CausalWanModel
+
+__all__ = ["CheckRow", "measure", "check", "latest_rows", "RESULTS"]
+
+RESULTS = Path(__file__).resolve().parent / "results" / "footprint_check.jsonl"
+ITEMS = ("dit_weights", "kv_cache", "kv_gather_buffer", "text_kv")
+_MEASURED_KEY = {
+    "dit_weights": "weight_bytes",
+    "kv_cache": "kv_bytes",
+    "kv_gather_buffer": "kv_gather_bytes",
+    "text_kv": "text_kv_bytes",
+}
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One footprint item at one configuration: measured (CPU allocations) vs modelled (formula) bytes."""
+
+    preset: str
+    plan: str
+    dtype: str
+    kv_cache: str
+    item: str
+    measured_per_core: int
+    modelled_per_core: int
+    measured_per_chip: int
+    modelled_per_chip: int
+
+    @property
+    def exact(self) -> bool:
+        return (self.measured_per_core, self.measured_per_chip) == (
+            self.modelled_per_core,
+            self.modelled_per_chip,
+        )
+
+
+def _model_cfg(preset: str | ModelConfig) -> ModelConfig:
+    return preset if isinstance(preset, ModelConfig) else get_preset(preset)
+
+
+def measure(
+    preset: str | ModelConfig,
+    *,
+    cores: int,
+    tp: int | None = None,
+    kv_cache: str = "sp_sharded",
+    dtype: str = "bfloat16",
+    num_blocks: int | None = None,
+    seed: int = 0,
+) -> tuple[str, list[dict[str, int]]]:
+    """Run a ``num_blocks`` sharded stream of ``preset`` (random weights in ``dtype``) on ``cores`` gloo
+    ranks (None: ``window_blocks + 1``, the shortest stream that fills and rolls the ring); return the plan
+    name and every rank's allocation report (bytes, *measured*)."""
+    from sharding.pipeline import ShardedRollingForcingPipeline  # on use: spawns ranks, imports gloo
+
+    m = _model_cfg(preset)
+    pipe = PipelineConfig(dtype=dtype)
+    model = CausalWanModel(m).init_random(seed).eval().to(pipe.torch_dtype)
+    sharded = ShardedRollingForcingPipeline(model, m, pipe, cores=cores, tp=tp, kv_cache=kv_cache)
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randn(1, m.text_len, m.text_dim, generator=g).to(pipe.torch_dtype)
+    nb = pipe.window_blocks + 1 if num_blocks is None else num_blocks
+    for _ in sharded.stream(text, nb, generator=g):
+        pass
+    assert sharded.last_results is not None
+    return sharded.plan.name, [{k: int(r[v]) for k, v in _MEASURED_KEY.items()} for r in sharded.last_results]
+
+
+def check(
+    preset: str | ModelConfig,
+    *,
+    cores: int,
+    tp: int | None = None,
+    kv_cache: str = "sp_sharded",
+    dtype: str = "bfloat16",
+) -> list[CheckRow]:
+    """Measured vs modelled bytes of every item of :data:`ITEMS` at ``preset`` (a preset name or a
+    :class:`~rolling_forcing.config.ModelConfig`); an item the model does not have (no gather buffer for
+    a replicated cache) is modelled as 0."""
+    plan_name, ranks = measure(preset, cores=cores, tp=tp, kv_cache=kv_cache, dtype=dtype)
+    from sharding.pipeline import pipeline_plan
+
+    m, pipe = _model_cfg(preset), PipelineConfig(dtype=dtype)
+    plan = pipeline_plan(m, pipe, cores, tp=tp)
+    b = pipe.torch_dtype.itemsize
+    fp = footprint(
+        m, pipe, tp=plan.tp, sp=plan.sp, kv_bytes=b, weight_bytes=b, act_bytes=b, kv_cache=kv_cache,
+        gather_buffers=1,
+    )  # fmt: skip
+    names = {i.name for i in fp.items}
+    rows = []
+    for item in ITEMS:
+        got = [r[item] for r in ranks]
+        # an item the model lacks (no gather buffer for a replicated cache): the ranks must hold nothing
+        core, chip = (fp.item(item).per_core, fp.item(item).per_chip) if item in names else (0, 0)
+        rows.append(CheckRow(m.name, plan_name, dtype, kv_cache, item, max(got), core, sum(got), chip))
+    return rows
+
+
+def latest_rows(path: Path = RESULTS) -> list[CheckRow]:
+    """The rows of the newest run saved in ``path`` (empty if none)."""
+    if not path.exists():
+        return []
+    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not runs:
+        return []
+    return [CheckRow(**r) for r in runs[-1]["rows"]]
+
+
+def table_lines(rows: list[CheckRow]) -> list[str]:
+    """Markdown table of ``rows`` (bytes as MB with 3 decimals; exact = measured equals modelled)."""
+    out = [
+        "| preset | plan | dtype | KV cache | item | measured per core MB | modelled per core MB "
+        "| measured per chip MB | modelled per chip MB | equal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r.preset} | {r.plan} | {r.dtype} | {r.kv_cache} | {r.item} "
+            f"| {r.measured_per_core / 1e6:.3f} | {r.modelled_per_core / 1e6:.3f} "
+            f"| {r.measured_per_chip / 1e6:.3f} | {r.modelled_per_chip / 1e6:.3f} "
+            f"| {'yes' if r.exact else 'NO'} |"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "mid"])
+    ap.add_argument("--cores", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--save", action="store_true", help=f"append the rows to {RESULTS}")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = [
+        r
+        for preset in a.presets
+        for layout in ("sp_sharded", "replicated")
+        for r in check(preset, cores=a.cores, tp=a.tp, kv_cache=layout, dtype=a.dtype)
+    ]
+    wall = time.perf_counter() - t0
+    print("\n".join(table_lines(rows)))
+    bad = [r for r in rows if not r.exact]
+    print(f"{len(rows) - len(bad)} of {len(rows)} items equal (measured {wall:.1f} s wall)")
+    if a.save:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        run = {
+            "cmd": "python -m perf.footprint_check",
+            "wall_s": round(wall, 1),
+            "rows": [asdict(r) for r in rows],
+        }
+        with RESULTS.open("a") as f:
+            f.write(json.dumps(run) + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""The HBM footprint model (``perf.footprint``, arithmetic) against the allocations of the sharded CPU
+stream (``perf.footprint_check``): bytes of the tensors every rank holds, reported by the ranks.
+
+Tolerance: none (byte counts are exact). The configuration is chosen so rounding matters: 45-token blocks
+(15 tokens per frame) split over SP2 as 23 + 22, so the busiest rank's share is ``ceil(T / sp)`` and the
+chip total is the whole cache; TP2 x SP2 on 4 gloo ranks, fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from perf.footprint_check import ITEMS, check, table_lines
+from rolling_forcing.config import PipelineConfig
+from tests.pipeline_helpers import TINY
+
+ODD = dataclasses.replace(TINY, name="tiny-odd", latent_height=6, latent_width=10)
+
+
+@pytest.mark.distributed
+def test_footprint_items_equal_the_sharded_streams_allocations() -> None:
+    p = PipelineConfig()
+    t = p.tokens_per_block(ODD)
+    assert t % 2 == 1  # the SP split is uneven
+    rows = {
+        layout: {r.item: r for r in check(ODD, cores=4, tp=2, kv_cache=layout, dtype="float32")}
+        for layout in ("sp_sharded", "replicated")
+    }
+    print("\n" + "\n".join(table_lines([r for by in rows.values() for r in by.values()])))
+    for layout, by in rows.items():
+        assert set(by) == set(ITEMS)
+        for r in by.values():
+            assert r.exact, (layout, r)
+            assert r.plan == "TP2xSP2"
+    sh, rep = rows["sp_sharded"], rows["replicated"]
+    # independent hand figures: one layer's k and v of 6 local heads x 16 dims in fp32 per token
+    row = 6 * ODD.head_dim * 2 * 4
+    assert sh["kv_cache"].measured_per_core == p.buffer_slots * (t // 2 + 1) * row * ODD.num_layers
+    assert sh["kv_cache"].measured_per_chip == p.buffer_slots * t * 2 * row * ODD.num_layers  # whole cache
+    assert rep["kv_cache"].measured_per_chip == 2 * sh["kv_cache"].measured_per_chip  # x sp
+    assert sh["kv_gather_buffer"].measured_per_core == p.buffer_slots * t * row  # one whole layer
+    assert rep["kv_gather_buffer"].measured_per_chip == 0
