@@ -67,6 +67,7 @@ from nki_kernels.attention_tiles import (
     KC_FP32,
     KC_TWO_BYTE,
     VECTOR_EVICT,
+    VECTOR_EVICT_STATIC,
     _dma_chunks,
     _dma_group,
     _flash_buffers,
@@ -94,6 +95,14 @@ def _chunks(total: int, kc: int) -> list[tuple[int, int]]:
         c0 += n
     return out
 
+
+GUARD_L_MAX = 1e30
+"""The static softmax offset's guard (``static=True``: each query tile's offset is the scaled row max of its
+first key chunk, fixed for the other chunks): a row whose softmax denominator ``l`` exceeds this (or is NaN)
+is recomputed with the running max. Below it, ``o = sum P v`` stays finite for ``|v| < 3e8``. A row trips it
+only if later keys' scaled scores exceed the first chunk's maximum by about ``ln(1e30) - ln(count)`` =
+69 nats minus the log of how many do (docs/kernels/attention.md); the terms that underflow are, as with the
+running max, those more than ~87 nats below the offset."""
 
 L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator l (the PV matmul's column D, :func:`_flash_rows`) before the
@@ -128,7 +137,9 @@ class _Tail:
         self.q0, self.qr, self.o_acc, self.nm, self.nchunks = q0, qr, o_acc, nm, nchunks
 
 
-def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse):
+def _flash_rows(
+    w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse, static=False
+):
     """Flash attention of queries ``[q_lo, q_hi)`` of (b, h) over the resident ``kT_sb`` ``[D, Lk]`` /
     ``v_sb`` ``[128, Lk/128, D + 1]`` (key chunks ``chunks``), one 128-query tile at a time (steps 1-5 of the
     module docstring); stores ``out[b, q, h, :]`` (and ``lse[b, q, h]`` if ``return_lse``). ``w`` from
@@ -137,6 +148,11 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
     V's column D is 1 for keys that count and 0 for keys that must not, so the PV matmul's last column is the
     softmax denominator l (summed from the same rounded P as the numerator), clamped at :data:`L_FLOOR` before
     the reciprocal. ``n_grp`` (P^T groups seen, dealt to the DMA by ``dma_chunks``) is returned advanced.
+
+    ``static``: the softmax offset of each query tile is fixed after its first key chunk (that chunk's
+    scaled row max) instead of the running max: no row max, running max or alpha after the first chunk (``w["alpha"]`` must hold 1.0), more P^T evictions on VectorE
+    (:data:`VECTOR_EVICT_STATIC`), and each row ANDs ``l <= GUARD_L_MAX`` into ``w["good"]`` for
+    :func:`_guarded_rows`' check.
     """
     D = q.shape[3]
     dv = v_sb.shape[2]
@@ -149,7 +165,7 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
     rl, lse_t = w["rl"], w["lse_t"]
 
     def nv_of(nb: int, n: int) -> int:
-        return vector_evict_blocks(nb, n, VECTOR_EVICT)
+        return vector_evict_blocks(nb, n, VECTOR_EVICT_STATIC if static else VECTOR_EVICT)
 
     def load_q(q0: int) -> None:
         qr = min(PMAX, q_hi - q0)
@@ -174,6 +190,12 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
         nisa.reciprocal(rl[:qr], rl[:qr])
         nisa.tensor_scalar(o_out[:qr], o_acc[:qr, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
         nisa.dma_copy(dst=out[b, t.q0 : t.q0 + qr, h, :], src=o_out[:qr, :D])
+        if static:  # the guard: a row whose l overflowed (or is NaN) clears its "good" flag
+            good = w["good"][:qr]
+            nisa.tensor_scalar(
+                good, l_col, nl.less_equal, GUARD_L_MAX, op1=nl.minimum, operand1=good,
+                engine=nisa.vector_engine,
+            )  # fmt: skip
         if return_lse:
             nisa.activation(lse_t[:qr], nl.log, l_col)
             nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
@@ -235,17 +257,18 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 done = []
             for qu in queues:
                 qu.flush_alpha(aset)  # this chunk's alpha column is free
-            # row max: ONE VectorE reduce straight from PSUM (fp32, exact)
-            nisa.tensor_reduce(bmax[:qr], nl.maximum, s_view, axis=(1, 2))
+            # row max: ONE VectorE reduce straight from PSUM (fp32, exact); a static offset: first chunk only
+            if not static or ci == 0:
+                nisa.tensor_reduce(bmax[:qr], nl.maximum, s_view, axis=(1, 2))
             if dma:
                 p_dst = p_sb[:qr, slot * KC : slot * KC + kc]
             else:
                 p_dst = p_pe[npe % len(p_pe)][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
             a_col = alpha[:qr, col : col + 1]
-            if ci == 0:
+            if ci == 0:  # static: this offset stays for the tile's other chunks
                 nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
-            else:
+            elif not static:
                 nisa.tensor_scalar(
                     nm_new[:qr],
                     bmax[:qr],
@@ -259,7 +282,8 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)
             queue.issue_deferred()  # VectorE: the previous unit's o update after this chunk's max
             # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
-            nisa.activation(p_view, nl.exp, s_view, bias=nm_new[:qr], scale=scale)
+            nm_b = nm_old if static and ci > 0 else nm_new  # static: the first chunk's offset
+            nisa.activation(p_view, nl.exp, s_view, bias=nm_b[:qr], scale=scale)
             if tail is not None and finish(tail, [queue], ci):
                 tail = None
             if done:
@@ -286,7 +310,8 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
                 done = [(ci, c0, kc, -1 - npe, col)]
                 npe += 1
                 unit += 1
-            nm_old, nm_new = nm_new, nm_old
+            if not static or ci == 0:
+                nm_old, nm_new = nm_new, nm_old
         if tail is not None:  # fewer chunks than the tail needed: drain it before this tile's
             finish(tail, [queue], None)
         tail = _Tail(queue, done, (unit - 1) % ALPHA_SETS, q0, qr, o_acc, nm_old, len(chunks))
@@ -295,7 +320,40 @@ def _flash_rows(w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dm
     return n_grp
 
 
-def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_group):
+def _guarded_rows(
+    w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse, static
+):
+    """:func:`_flash_rows` of queries ``[q_lo, q_hi)`` of (b, h); with ``static`` the static-offset pass,
+    then its guard: the rows whose ``l`` stayed ``<= GUARD_L_MAX`` are counted on TensorE (``w["good"]``
+    against a ones column) and, if any row of any tile failed, the same queries are recomputed with the
+    running max inside a runtime loop of 0 or 1 iterations (``nl.fori_loop`` bounded by a register loaded
+    from that count), overwriting ``out`` / ``lse``. The recompute runs only when the guard trips, so the
+    static pass's cost is the fast path's; the instruction stream carries both."""
+    args = (w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks)
+    if not static:
+        return _flash_rows(*args, n_grp, dma_chunks, scale, return_lse)
+    good, flag = w["good"], w["flag"]
+    nisa.memset(good, 1.0, engine=nisa.vector_engine)
+    nisa.memset(w["alpha"], 1.0, engine=nisa.vector_engine)  # the o update becomes o + PV
+    n_next = _flash_rows(*args, n_grp, dma_chunks, scale, return_lse, static=True)
+    cnt = w["pv_ps"][0][:1, :1]  # the PV buffers are drained here
+    nisa.nc_matmul(cnt, stationary=good[:, 0:1], moving=w["ones"][:, 0:1], accumulate=False)
+    # failed rows = 128 - good rows; the loop bound is min(failed, 1)
+    nisa.tensor_scalar(
+        flag, cnt, nl.multiply, -1.0, op1=nl.add, operand1=float(PMAX), engine=nisa.vector_engine
+    )
+    nisa.tensor_scalar(flag, flag, nl.minimum, 1.0, engine=nisa.vector_engine)
+    reg = nisa.register_alloc()
+    nisa.register_load(reg, flag)
+
+    def recompute(_i: Any) -> None:
+        _flash_rows(*args, n_grp, dma_chunks, scale, return_lse)
+
+    nl.fori_loop(0, reg, recompute)
+    return n_next
+
+
+def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_group, static=False):
     B, Lq, H, D = q.shape
     Lk = sum(n for _, n in segments)
     dt = q.dtype
@@ -321,13 +379,13 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
             2 * (nkt * PMAX + nkt * (D + 1)) + flash_sbuf_bytes(D, KC, 0, 2) + 4 * ALPHA_SETS * 2 * dma_group
         )
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 1024, 2 * KC * 2)
-    w = _flash_buffers(D, D + 1, KC, gmax, dt)
+    w = _flash_buffers(D, D + 1, KC, gmax, dt, static)
 
     n_grp = 0  # P^T groups seen by this program: the DMA-transposed ones are dealt by this counter
     for b, h in owned_pairs(B, H, pid, nprog):
         _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte)
-        n_grp = _flash_rows(
-            w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse
+        n_grp = _guarded_rows(
+            w, kT_sb, v_sb, q, out, lse, b, h, 0, Lq, chunks, n_grp, dma_chunks, scale, return_lse, static
         )
     if return_lse:
         return out, lse
@@ -335,13 +393,14 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
 
 
 @nki.jit
-def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_group=None):
+def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_group=None, static=True):
     """Flash attention ``[B, Lq, H, D] x [B, Lk, H, D]`` -> out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]``).
 
     ``scale`` (float) and ``return_lse`` (bool) are compile-time constants; ``dma_transpose_chunks``
     (``(num, den)``, default :data:`DMA_TRANSPOSE_CHUNKS`) is the fraction of full 2048-key chunks whose P is
     transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either
-    way.
+    way. ``static`` (default): the guarded static softmax offset (:func:`_guarded_rows`,
+    :data:`GUARD_L_MAX`); False: the running max.
     """
     return _attention_body(
         q,
@@ -352,15 +411,17 @@ def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_
         return_lse,
         _dma_chunks(dma_transpose_chunks),
         _dma_group(dma_group),
+        bool(static),
     )
 
 
 @nki.jit
 def attention_segments_kernel(
-    q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None, dma_group=None
+    q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None, dma_group=None, static=True
 ):
     """Attention over keys/values read in place from ordered ``(start, length)`` segments of ``[B, S, H, D]``
-    buffers (compile-time tuple of int pairs); ``dma_transpose_chunks`` as :func:`attention_kernel`."""
+    buffers (compile-time tuple of int pairs); ``dma_transpose_chunks``, ``static`` as
+    :func:`attention_kernel`."""
     return _attention_body(
         q,
         kv_k,
@@ -370,6 +431,7 @@ def attention_segments_kernel(
         return_lse,
         _dma_chunks(dma_transpose_chunks),
         _dma_group(dma_group),
+        bool(static),
     )
 
 
@@ -395,6 +457,12 @@ def _validate(q: Any, k: Any, v: Any, kname: str, vname: str) -> None:
         raise ValueError(f"head_dim D={q.shape[3]} must be <= {PMAX} (D lives on the partitions)")
 
 
+def _check_static(static: object) -> bool:
+    if not isinstance(static, bool):
+        raise TypeError(f"static must be a bool, got {type(static).__name__}")
+    return static
+
+
 def _finish(res: Any, q: Any, return_lse: bool) -> Any:
     import torch
 
@@ -407,7 +475,13 @@ def _finish(res: Any, q: Any, return_lse: bool) -> Any:
 
 
 def attention_emulated(
-    q: Any, k: Any, v: Any, scale: float | None = None, return_lse: bool = False, lnc: int = 1
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: float | None = None,
+    return_lse: bool = False,
+    lnc: int = 1,
+    static: bool = True,
 ) -> Any:
     """Attention through :func:`attention_kernel` on the emulator.
 
@@ -416,6 +490,8 @@ def attention_emulated(
         scale: softmax scale (default ``1/sqrt(D)``).
         return_lse: also return lse ``[B, Lq, H]`` fp32.
         lnc: logical cores (1 or 2).
+        static: the guarded static softmax offset instead of the running max (same results within bf16
+            rounding; any row that would overflow is recomputed exactly, see :func:`_guarded_rows`).
 
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``.
@@ -427,8 +503,9 @@ def attention_emulated(
         raise ValueError("k must hold at least one key (Lk >= 1)")
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     res, _ = launch(
-        attention_kernel, q.contiguous(), k.contiguous(), v.contiguous(), sc, bool(return_lse), lnc=lnc
-    )
+        attention_kernel, q.contiguous(), k.contiguous(), v.contiguous(), sc, bool(return_lse),
+        static=_check_static(static), lnc=lnc,
+    )  # fmt: skip
     return _finish(res, q, return_lse)
 
 
@@ -440,6 +517,7 @@ def attention_segments_emulated(
     scale: float | None = None,
     return_lse: bool = False,
     lnc: int = 1,
+    static: bool = True,
 ) -> Any:
     """Attention over ordered ``(start, length)`` segments of KV buffers ``[B, S, H, D]``, read in place.
 
@@ -470,6 +548,7 @@ def attention_segments_emulated(
         tuple(segs),
         sc,
         bool(return_lse),
+        static=_check_static(static),
         lnc=lnc,
     )
     return _finish(res, q, return_lse)

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.attention import _chunks, _flash_rows, _validate
+from nki_kernels.attention import _check_static, _chunks, _guarded_rows, _validate
 from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.attention_tiles import (
     KC_FP32,
@@ -268,7 +268,9 @@ def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D
                 )
 
 
-def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks, dma_group):
+def _block_table_body(
+    q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks, dma_group, static=False
+):
     B, Lq, H, D = q.shape
     G, NB, _ = table.shape
     n_src = len(k_sources)
@@ -308,7 +310,7 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         fixed += 4 * ALPHA_SETS * 2 * dma_group + 4 * 16 * NB * (G + 1)
         fixed += nkt * G  # V's valid column of each group (vcol, uint8)
         gmax = fit_group(dma_group, nl.tile_size.sbuf_fmax_bytes, fixed + 4096, 2 * KC * 2)
-    w = _flash_buffers(D, Dv, KC, gmax, dt)
+    w = _flash_buffers(D, Dv, KC, gmax, dt, static)
 
     n_grp = 0
     for b, h in owned_pairs(B, H, pid, nprog):
@@ -316,9 +318,10 @@ def _block_table_body(q, k_sources, v_sources, table, q_groups, T, scale, return
         for g in range(G):
             nq = q_groups[g]
             _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs[g], b, h, T, D, two_byte)
-            n_grp = _flash_rows(
-                w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale, return_lse
-            )
+            n_grp = _guarded_rows(
+                w, kT_sb, v_sb, q, out, lse, b, h, lo, lo + nq, chunks, n_grp, dma_chunks, scale, return_lse,
+                static,
+            )  # fmt: skip
             lo += nq
     if return_lse:
         return out, lse
@@ -337,6 +340,7 @@ def attention_block_table_kernel(
     return_lse,
     dma_transpose_chunks=None,
     dma_group=None,
+    static=True,
 ):
     """Grouped flash attention over key blocks picked at runtime from ``k_sources``/``v_sources``.
 
@@ -344,7 +348,8 @@ def attention_block_table_kernel(
     ``block_tokens``); block_table ``[G, NB, 2]`` int32 HBM tensor (runtime values: ``(source, block)``,
     source -1 = empty). Compile-time: ``q_groups`` (tuple of G ints summing to Lq), ``block_tokens`` (T),
     ``scale``, ``return_lse``, ``dma_transpose_chunks`` (as :func:`nki_kernels.attention.attention_kernel`;
-    default :data:`DMA_TRANSPOSE_CHUNKS`).
+    default :data:`DMA_TRANSPOSE_CHUNKS`), ``static`` (the guarded static softmax offset,
+    :func:`nki_kernels.attention._guarded_rows`; per (b, h, group)).
     Returns out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]`` fp32).
     """
     return _block_table_body(
@@ -358,6 +363,7 @@ def attention_block_table_kernel(
         return_lse,
         _dma_chunks(DMA_TRANSPOSE_CHUNKS if dma_transpose_chunks is None else dma_transpose_chunks),
         _dma_group(DMA_GROUP_CHUNKS if dma_group is None else dma_group),
+        bool(static),
     )
 
 
@@ -422,6 +428,7 @@ def attention_block_table_emulated(
     return_lse: bool = False,
     lnc: int = 1,
     dma_transpose_chunks: tuple[int, int] | None = None,
+    static: bool = True,
 ) -> Any:
     """:func:`nki_kernels.ops.attention_block_table` through :func:`attention_block_table_kernel` (emulator).
 
@@ -436,6 +443,7 @@ def attention_block_table_emulated(
         block_tokens: T, tokens per block.
         scale: softmax scale (default ``1/sqrt(D)``). return_lse: also return lse ``[B, Lq, H]`` fp32.
         lnc: logical cores (1 or 2). dma_transpose_chunks: see :func:`attention_block_table_kernel`.
+        static: the guarded static softmax offset (:func:`nki_kernels.attention.attention_emulated`).
 
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``; a group without keys gives zeros / -inf.
@@ -456,6 +464,7 @@ def attention_block_table_emulated(
         sc,
         bool(return_lse),
         dma_transpose_chunks,
+        static=_check_static(static),
         lnc=lnc,
     )
     return _finish(res, q, return_lse)

@@ -46,6 +46,11 @@ running max and the o update, ScalarE the exp (~0.97 us) and alpha; a bf16 block
 PSUM source, 2x mode) and ScalarE ~107 ns, plus ~147 / ~114 ns per eviction instruction (PSUM access)."""
 
 
+VECTOR_EVICT_STATIC = (14, 16)
+"""The VectorE share of the P^T evictions with a static softmax offset (``_flash_rows(static=True)``): VectorE
+no longer reduces a row max per chunk, so it takes more of the evictions from ScalarE, which keeps the exp."""
+
+
 def vector_evict_blocks(nb: int, n: int, split: tuple[int, int] = VECTOR_EVICT) -> int:
     """P^T blocks (of ``nb``) of the ``n``-th TensorE-transposed chunk evicted by VectorE: the running dealer
     ``floor((n + 1) * nb * num / den) - floor(n * nb * num / den)`` (``nb * num / den`` on average)."""
@@ -219,7 +224,7 @@ def flash_sbuf_bytes(D: int, KC: int, gmax: int, isz: int) -> int:
     return isz * (2 * PMAX + 2 * KC + 3 * KC + group + D) + 4 * (2 * (D + 1) + ALPHA_SETS * slots + 7)
 
 
-def _flash_buffers(D, dv, KC, gmax, dt):
+def _flash_buffers(D, dv, KC, gmax, dt, static=False):
     """SBUF/PSUM tiles of :func:`nki_kernels.attention._flash_rows` (a dict with string keys).
 
     PSUM (8 banks of 2 KiB per partition): ``s_ps`` two ``[128, KC/512, 512]`` fp32 score buffers (2 banks
@@ -253,4 +258,11 @@ def _flash_buffers(D, dv, KC, gmax, dt):
     }
     for name in ("bmax", "rl", "lse_t"):
         w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
+    if not static:
+        return w
+    # the static offset's guard (nki_kernels.attention._guarded_rows): per-row flags, a ones column, the count
+    w["good"] = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
+    w["ones"] = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
+    nisa.memset(w["ones"], 1.0, engine=nisa.vector_engine)
+    w["flag"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     return w

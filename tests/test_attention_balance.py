@@ -13,6 +13,7 @@ from nki_kernels.attention import _chunks, attention_kernel
 from nki_kernels.attention_tiles import (
     KC_TWO_BYTE,
     VECTOR_EVICT,
+    VECTOR_EVICT_STATIC,
     merge_remainder,
     owned_pairs,
     pair_plan,
@@ -27,9 +28,10 @@ def _spec(n: int, h: int = 1, d: int = 128) -> TensorSpec:
     return TensorSpec((1, n, h, d), "bfloat16")
 
 
-def _mix(lq: int, lk: int) -> Counter:
+def _mix(lq: int, lk: int, static: bool = False) -> Counter:
     """Compute instructions of a trace-only launch, keyed by (engine, op, first source buffer, function)."""
-    _, tr = run(attention_kernel, _spec(lq), _spec(lk), _spec(lk), 0.1, False, trace_only=True)
+    args = (_spec(lq), _spec(lk), _spec(lk), 0.1, False, None, None, static)
+    _, tr = run(attention_kernel, *args, trace_only=True)
     mix: Counter = Counter()
     for r, n in tr.entries():
         if r.engine == "dma":
@@ -49,12 +51,13 @@ def _mix(lq: int, lk: int) -> Counter:
 
 
 def test_instruction_mix_per_chunk_matches_the_design() -> None:
-    """One 128-query tile over 4 full 1024-key chunks: per chunk 2 QK^T matmuls, ONE VectorE max reduce
+    """Running max (``static=False``). One 128-query tile over 4 full 1024-key chunks: per chunk 2 QK^T
+    matmuls, ONE VectorE max reduce
     straight from PSUM, ONE ScalarE exp straight from PSUM, 8 TensorE transposes, 8 PV matmuls; the P^T
     evictions split VectorE / ScalarE by the running dealer; no fp32 copy of S and no GpSimdE work (only
     the one-time memset of V's ones column)."""
     chunks = 4
-    m = _mix(128, chunks * KC_TWO_BYTE)
+    m = _mix(128, chunks * KC_TWO_BYTE, static=False)
     assert m[("tensor", "nc_matmul", "sbuf", "None")] == chunks * (2 + 8)  # QK^T + PV
     assert m[("tensor", "nc_transpose", "sbuf", "None")] == chunks * 8
     assert m[("vector", "tensor_reduce", "psum", "maximum")] == chunks
@@ -72,6 +75,30 @@ def test_instruction_mix_per_chunk_matches_the_design() -> None:
     assert (
         m[("vector", "tensor_copy", "psum", "None")] == chunks + 1
     )  # one VectorE eviction per chunk + o = PV
+
+
+def test_static_offset_instruction_mix_drops_the_per_chunk_max() -> None:
+    """Static offset (the default): the same tile has ONE row max (its first chunk), no alpha exp, the o
+    update from the second chunk on with alpha = 1, VectorE evicting VECTOR_EVICT_STATIC of the P^T blocks;
+    the guard adds per (b, h) two memsets (flags, alpha), one 1x1 count matmul over the flags, two
+    tensor_scalar on it (and one flag update per tile); TensorE work is unchanged."""
+    chunks = 4
+    m = _mix(128, chunks * KC_TWO_BYTE, static=True)
+    r = _mix(128, chunks * KC_TWO_BYTE, static=False)
+    assert m[("vector", "tensor_reduce", "psum", "maximum")] == 1
+    assert m[("scalar", "activation", "psum", "exp")] == chunks
+    assert m[("scalar", "activation", "sbuf", "exp")] == 0  # no alpha
+    assert m[("tensor", "nc_matmul", "sbuf", "None")] == chunks * (2 + 8) + 1  # + the guard's count
+    assert m[("tensor", "nc_transpose", "sbuf", "None")] == r[("tensor", "nc_transpose", "sbuf", "None")]
+    nv = sum(vector_evict_blocks(8, n, VECTOR_EVICT_STATIC) for n in range(chunks))
+    assert nv == 28  # 14/16 of 8 blocks: 7 per chunk
+    assert m[("vector", "evicted_blocks")] == nv
+    assert m[("scalar", "evicted_blocks")] == chunks * 8 - nv
+    assert (
+        m[("vector", "tensor_scalar", "sbuf", "('less_equal', 'minimum')")] == 1
+    )  # the guard's flag, per tile
+    assert m[("vector", "tensor_scalar", "sbuf", "('multiply', 'minimum')")] == 0  # no running max
+    assert m[("vector", "memset", "sbuf", "None")] == r[("vector", "memset", "sbuf", "None")] + 3
 
 
 @pytest.mark.parametrize(
@@ -138,9 +165,11 @@ def test_wan_key_length_fits_and_keeps_partition_rules(share: tuple[int, int] | 
     """Lk = 32,760 (Wan's key budget) with one short query tile: K^T, V (+ ones column), the flash tiles and,
     with a DMA share, the P / P^T group tiles fit SBUF, S / P^T / PV fit the 8 PSUM banks; the emulator raises
     on any overflow or start-partition violation while tracing."""
-    args = (_spec(40), _spec(32_760), _spec(32_760), 0.1, False) + ((share,) if share else ())
+    args = (_spec(40), _spec(32_760), _spec(32_760), 0.1, False, share, None, False)
     _, tr = run(attention_kernel, *args, trace_only=True)
     assert tr.count(op="tensor_reduce") == 32  # 31 full chunks and the 1016-key remainder (2 banks of 508)
+    _, tr = run(attention_kernel, *args[:-1], True, trace_only=True)  # static: the first chunk's max only
+    assert tr.count(op="tensor_reduce") == 1
 
 
 def test_row_max_covers_both_psum_banks_of_a_chunk() -> None:

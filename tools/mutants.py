@@ -43,8 +43,17 @@ _E2E = ("tests/test_perf_models.py", "tests/test_e2e_model.py")
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- nki_kernels: kernels
-    Mutant("att-running-max", "nki_kernels/attention.py", "op1=nl.minimum,", "op1=nl.maximum,", _ATT,
+    Mutant("att-running-max", "nki_kernels/attention.py",
+           "op1=nl.minimum,\n                    operand1=nm_old[:qr],",
+           "op1=nl.maximum,\n                    operand1=nm_old[:qr],", (*_ATT, "tests/test_attention_static_offset.py"),
            "online softmax keeps the smaller running max: exp overflows across key chunks at large scores"),
+    Mutant("att-static-guard", "nki_kernels/attention.py", "good, l_col, nl.less_equal, GUARD_L_MAX,",
+           "good, l_col, nl.greater_equal, 0.0,", ("tests/test_attention_static_offset.py",),
+           "the static offset's guard never flags a row: overflowing rows come back inf / NaN"),
+    Mutant("att-static-offset-kept", "nki_kernels/attention.py",
+           "nm_b = nm_old if static and ci > 0 else nm_new",
+           "nm_b = nm_new", (*_ATT, "tests/test_attention_static_offset.py"),
+           "the static pass uses a stale offset tile after the first chunk"),
     Mutant("att-alpha-sign", "nki_kernels/attention.py",
            "nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=-1.0)",
            "nisa.activation(a_col, nl.exp, nm_old[:qr], bias=nm_new[:qr], scale=1.0)", _ATT,

@@ -107,21 +107,29 @@ def cases() -> list[Case]:
         tab = s(length, d // 2, dtype=f32)
         return Case(name, ("rope3d", kern), (qk, qk, tab, tab), lnc)
 
-    def att(name: str, lq: int, lk: int, dt: str, lse: bool, lnc: int, *extra: Any) -> Case:
+    # attention cases: (dma_transpose_chunks, dma_group, static); "_static" names trace the default guarded
+    # static softmax offset, the others the running max (the static pass's fallback)
+    def att(
+        name: str, lq: int, lk: int, dt: str, lse: bool, lnc: int, dma: Any = None, grp: Any = None,
+        static: bool = False,
+    ) -> Case:  # fmt: skip
         q, kv = s(1, lq, 2, 64, dtype=dt), s(1, lk, 2, 64, dtype=dt)
-        return Case(name, ("attention", "attention_kernel"), (q, kv, kv, 0.125, lse, *extra), lnc)
+        return Case(name, ("attention", "attention_kernel"), (q, kv, kv, 0.125, lse, dma, grp, static), lnc)
 
-    def seg(name: str, dt: str, lse: bool, lnc: int, segments: tuple[tuple[int, int], ...]) -> Case:
+    def seg(
+        name: str, dt: str, lse: bool, lnc: int, segments: tuple[tuple[int, int], ...], static: bool = False
+    ) -> Case:
         q, kv = s(1, 130, 2, 64, dtype=dt), s(1, 900, 2, 64, dtype=dt)
-        args = (q, kv, kv, segments, 0.125, lse)
+        args = (q, kv, kv, segments, 0.125, lse, None, None, static)
         return Case(name, ("attention", "attention_segments_kernel"), args, lnc)
 
     def blk(
-        name: str, dt: str, lse: bool, lnc: int, srcs: Sequence[int], groups: tuple[int, ...], t: int, nb: int
-    ) -> Case:
+        name: str, dt: str, lse: bool, lnc: int, srcs: Sequence[int], groups: tuple[int, ...], t: int, nb: int,
+        static: bool = False,
+    ) -> Case:  # fmt: skip
         q = s(1, sum(groups), 2, 64, dtype=dt)
         kv = [s(1, n, 2, 64, dtype=dt) for n in srcs]
-        args = (q, kv, kv, s(len(groups), nb, 2, dtype=i32), groups, t, 0.125, lse)
+        args = (q, kv, kv, s(len(groups), nb, 2, dtype=i32), groups, t, 0.125, lse, None, None, static)
         return Case(name, ("attention_block_table", "attention_block_table_kernel"), args, lnc)
 
     def kvw(name: str, dt: str, lnc: int) -> Case:
@@ -180,6 +188,12 @@ def cases() -> list[Case]:
         blk("attention_block_table_bf16_lse_lnc2", bf, True, 2, (256, 96), (32, 64), 32, 3),
         blk("attention_block_table_bf16_lnc1_tail", bf, False, 1, (120,), (40, 50), 40, 2),
         blk("attention_block_table_fp32_lse_lnc1", f32, True, 1, (128, 64, 64), (64, 70), 64, 3),
+        att("attention_bf16_lse_lnc2_static", 200, 1100, bf, True, 2, static=True),
+        att("attention_fp32_lse_lnc1_static", 130, 600, f32, True, 1, static=True),
+        att("attention_bf16_dma_transpose_lnc2_static", 140, 4200, bf, True, 2, (1, 1), 1, static=True),
+        seg("attention_segments_bf16_lse_lnc2_static", bf, True, 2, ((0, 64), (200, 300), (770, 130)), True),
+        blk("attention_block_table_bf16_lse_lnc2_static", bf, True, 2, (256, 96), (32, 64), 32, 3, True),
+        blk("attention_block_table_fp32_lse_lnc1_static", f32, True, 1, (128, 64, 64), (64, 70), 64, 3, True),
         kvw("kv_cache_write_bf16_lnc1", bf, 1),
         kvw("kv_cache_write_bf16_lnc2", bf, 2),
         kvw("kv_cache_write_fp32_lnc1", f32, 1),

@@ -1,0 +1,102 @@
+"""The guarded static softmax offset of the attention kernels (``nki_kernels.attention._guarded_rows``, the
+default) and the running-max path it falls back to, on the emulator against ``reference.attention``.
+
+Data that trips the guard: for the first 40 queries one key in a LATER key chunk (key 1,500; chunks are
+512 keys in fp32, 1,024 in bf16) scores ~110 nats above everything in the first chunk, so ``exp`` against
+the first chunk's offset overflows (``l`` = inf); the other queries see ordinary scores. Baseline and
+tolerance: the rule of ``tests/numerics.py`` (float64 reference of the rounded inputs, 2x the reference's
+own error in the dtype + the dtype's floor). The same data with the guard disabled (``GUARD_L_MAX`` = inf)
+gives non-finite rows, which shows the data exercises the guard.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nki_kernels.attention as att
+from nki_kernels.attention import attention_emulated, attention_segments_emulated
+from nki_kernels.attention_block_table import attention_block_table_emulated
+from reference.attention import attention, attention_block_table, attention_segments
+from tests.numerics import assert_within, reference_error
+
+pytestmark = pytest.mark.emulator
+
+LQ, LK, H, D, SPIKE, SCALE = 160, 2600, 2, 16, 1500, 0.25
+
+
+def _spiked(seed: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, n, H, D, generator=g) for n in (LQ, LK, LK))
+    q[:, :40, :, 0] = 8.0
+    q[:, 40:, :, 0] = 0.0  # the other queries score the spike key 0: their logits stay O(1)
+    k[:, SPIKE, :, :] = 0.0
+    k[:, SPIKE, :, 0] = 60.0  # scaled score 8 * 60 * 0.25 = 120 for queries 0..39; the rest are O(1)
+    return q, k, v
+
+
+def _run(kind: str, q, k, v, dtype, static: bool):
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    kw = {"scale": SCALE, "return_lse": True, "static": static}
+    if kind == "attention":
+        return attention_emulated(q, k, v, **kw)
+    if kind == "segments":  # the keys as two segments of a buffer with a gap
+        buf_k = torch.cat([k[:, :1300], torch.zeros_like(k[:, :200]), k[:, 1300:]], dim=1)
+        buf_v = torch.cat([v[:, :1300], torch.zeros_like(v[:, :200]), v[:, 1300:]], dim=1)
+        return attention_segments_emulated(q, buf_k, buf_v, [(0, 1300), (1500, LK - 1300)], **kw)
+    t = LK // 4  # 650-token blocks: the spike sits in block 2; group 0 = queries 0..79 over blocks 0..3
+    table = torch.tensor([[[0, 0], [0, 1], [0, 2], [0, 3]], [[0, 0], [0, 1], [-1, 0], [0, 3]]])
+    return attention_block_table_emulated(q, [k], [v], table, [80, LQ - 80], t, **kw)
+
+
+def _reference(kind: str, q, k, v, dtype):
+    kw = {"scale": SCALE, "return_lse": True}
+    if kind == "attention":
+        return reference_error(attention, [q, k, v], dtype, **kw)
+    if kind == "segments":
+        return reference_error(lambda a, b, c: attention_segments(a, b, c, [(0, LK)], **kw), [q, k, v], dtype)
+    t = LK // 4
+    table = torch.tensor([[[0, 0], [0, 1], [0, 2], [0, 3]], [[0, 0], [0, 1], [-1, 0], [0, 3]]])
+    return reference_error(
+        lambda a, b, c: attention_block_table(a, [b], [c], table, [80, LQ - 80], t, **kw), [q, k, v], dtype
+    )
+
+
+@pytest.mark.parametrize("kind", ["attention", "segments", "block_table"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_guard_recomputes_rows_whose_later_keys_overflow(kind: str, dtype: torch.dtype) -> None:
+    q, k, v = _spiked()
+    x = SCALE * torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())
+    kc = 512 if dtype == torch.float32 else 1024
+    assert (x[..., :40, SPIKE] - x[..., :40, :kc].amax(-1) > 100).all(), "the data must overflow exp"
+    ref_err, (base_o, base_l) = _reference(kind, q, k, v, dtype)
+    for static in (True, False):  # guarded static offset, and the running max it falls back to
+        out, lse = _run(kind, q, k, v, dtype, static)
+        what = f"{kind} {dtype} static={static}"
+        assert_within(out, base_o, dtype, ref_err, what=what + " out")
+        assert_within(lse, base_l, dtype, ref_err, what=what + " lse")
+
+
+def test_without_the_guard_the_same_data_overflows(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _spiked()
+    monkeypatch.setattr(att, "GUARD_L_MAX", float("inf"))
+    out, lse = _run("attention", q, k, v, torch.bfloat16, True)
+    assert not torch.isfinite(out.float()[:, :40]).all()  # the spiked rows overflow
+    assert torch.isfinite(out.float()[:, 40:]).all()  # the others do not need the guard
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_running_max_path_matches_reference_on_ordinary_data(dtype: torch.dtype) -> None:
+    """The fallback path alone (``static=False``) over several key chunks and a query tail."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, n, H, D, generator=g) for n in (150, 2300, 2300))
+    ref_err, (base_o, base_l) = reference_error(attention, [q, k, v], dtype, return_lse=True)
+    out, lse = attention_emulated(q.to(dtype), k.to(dtype), v.to(dtype), return_lse=True, static=False)
+    assert_within(out, base_o, dtype, ref_err, what=f"running max {dtype} out")
+    assert_within(lse, base_l, dtype, ref_err, what=f"running max {dtype} lse")
+
+
+def test_static_must_be_a_bool() -> None:
+    q = torch.zeros(1, 4, 1, 16)
+    with pytest.raises(TypeError, match="static must be a bool"):
+        attention_emulated(q, q, q, static=1)  # type: ignore[arg-type]
