@@ -45,7 +45,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- nki_kernels: kernels
     Mutant("att-running-max", "nki_kernels/attention.py",
            "op1=nl.minimum,\n                    operand1=nm_old[:qr],",
-           "op1=nl.maximum,\n                    operand1=nm_old[:qr],", (*_ATT, "tests/test_attention_static_offset.py"),
+           "op1=nl.maximum,\n                    operand1=nm_old[:qr],",
+           (*_ATT, "tests/test_attention_static_offset.py"),
            "online softmax keeps the smaller running max: exp overflows across key chunks at large scores"),
     Mutant("att-static-guard", "nki_kernels/attention.py", "good, l_col, nl.less_equal, GUARD_L_MAX,",
            "good, l_col, nl.greater_equal, 0.0,", ("tests/test_attention_static_offset.py",),

@@ -124,8 +124,8 @@ def cases() -> list[Case]:
         return Case(name, ("attention", "attention_segments_kernel"), args, lnc)
 
     def blk(
-        name: str, dt: str, lse: bool, lnc: int, srcs: Sequence[int], groups: tuple[int, ...], t: int, nb: int,
-        static: bool = False,
+        name: str, dt: str, lse: bool, lnc: int, srcs: Sequence[int], groups: tuple[int, ...], t: int,
+        nb: int, static: bool = False,
     ) -> Case:  # fmt: skip
         q = s(1, sum(groups), 2, 64, dtype=dt)
         kv = [s(1, n, 2, 64, dtype=dt) for n in srcs]
