@@ -151,8 +151,8 @@ def _flash_rows(
 
     ``static``: the softmax offset of each query tile is fixed after its first key chunk (that chunk's
     scaled row max) instead of the running max: no row max, running max or alpha after the first chunk
-    (``w["alpha"]`` must hold 1.0), more P^T evictions on VectorE (:data:`VECTOR_EVICT_STATIC`), and each row ANDs ``l <= GUARD_L_MAX`` into ``w["good"]`` for
-    :func:`_guarded_rows`' check.
+    (``w["alpha"]`` must hold 1.0), more P^T evictions on VectorE (:data:`VECTOR_EVICT_STATIC`), and each
+    row ANDs ``l <= GUARD_L_MAX`` into ``w["good"]`` for :func:`_guarded_rows`' check.
     """
     D = q.shape[3]
     dv = v_sb.shape[2]
