@@ -37,10 +37,18 @@ PSUM banks of S; 512 for fp32), S double-buffered in PSUM:
 Software pipeline (cost model v2 prices the dependencies between in-order engines; docs/kernels/attention.md,
 "Engine balance"): per chunk c the program issues the max / exp of c, the P^T of c-1 with its evictions, the
 QK^T of c+1, the PV of c-3 (:data:`~nki_kernels.attention_pv.PE_PV_DELAY`; a DMA group's
-:data:`DMA_PV_DELAY` chunks after its transposes), and a TensorE chunk's o update after the next chunk's max;
-o updates stay in chunk order (:class:`~nki_kernels.attention_pv.PvQueue`), so out and lse do not depend on
-the transpose path. A tile's tail (its last P^T, PVs, o updates and store) is interleaved with the next
-tile's first chunks; the next tile's q^T is prefetched.
+:data:`~nki_kernels.attention_pv.DMA_PV_DELAY` chunks after its transposes), and a TensorE chunk's o
+update after the next chunk's max; o updates stay in chunk order (:class:`~nki_kernels.attention_pv.PvQueue`),
+so out and lse do not depend on the transpose path. A tile's tail (its last P^T, PVs, o updates and store)
+is interleaved with the next tile's first chunks; the next tile's q^T is prefetched.
+
+The default (``static=True``, :func:`_guarded_rows`) fixes the softmax offset after a tile's first chunk,
+so the later chunks skip steps 2-3's max, running max and alpha (alpha = 1). With 2-byte dtypes and every
+P^T on TensorE the offset is ONE value per tile (the largest first-chunk score of its rows), and every later
+full chunk computes ``S^T`` with the keys on the partitions, so ONE ScalarE exp writes the P^T the PV reads:
+no transposes and no evictions (:func:`~nki_kernels.attention_pv.qk_transposed`,
+:func:`~nki_kernels.attention_pv.exp_transposed`). A per-(b, h) guard recomputes with the running max if any
+row's ``l`` leaves ``[GUARD_L_MIN, GUARD_L_MAX]`` (docs/kernels/attention.md, "Static softmax offset").
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
 ``lse = log(l) - nm``. Tails (Lq or Lk not multiples of 128 or 512) are handled by slicing with ``min``.
@@ -56,10 +64,13 @@ from typing import Any
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
-    DMA_PV_DELAY,
     PE_PV_DELAY,
     PvQueue,
-    _issue_p_transpose,
+    _Tail,
+    _transpose_unit,
+    exp_transposed,
+    qk_transposed,
+    tile_offset,
 )
 from nki_kernels.attention_tiles import (
     DMA_GROUP_CHUNKS,
@@ -104,37 +115,16 @@ only if later keys' scaled scores exceed the first chunk's maximum by about ``ln
 69 nats minus the log of how many do (docs/kernels/attention.md); the terms that underflow are, as with the
 running max, those more than ~87 nats below the offset."""
 
+GUARD_L_MIN = 1e-18
+"""With one offset per query tile (the tile's largest first-chunk score, 2-byte dtypes), a row whose own
+scores sit far below it could lose its terms to underflow: a row whose ``l`` falls below this (its largest
+term ~41 nats under the offset) is recomputed too. A block-table group with no valid key (``l = 0``) trips
+it and is recomputed into the same zeros."""
+
 L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator l (the PV matmul's column D, :func:`_flash_rows`) before the
 reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid
 key contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
-
-
-def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
-    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at
-    chunk ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit
-    queued on any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued
-    first."""
-    slot = unit[0][3]
-    npt = len(w["pT_pe"])
-
-    def same_tile(st: int, u: list) -> bool:
-        s = u[0][3]
-        return (s < 0 and (-1 - s) % npt == (-1 - slot) % npt) if slot < 0 else s >= 0
-
-    for qu in queues:
-        qu.flush_until(same_tile)
-    _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc, nv_of)
-    queues[0].push(ci + (PE_PV_DELAY if slot < 0 else DMA_PV_DELAY), alpha_set, list(unit))
-
-
-class _Tail:
-    """A finished query tile whose last P^T / PV / o updates and store are still to issue: they are
-    interleaved with the next tile's first chunks (the in-order engines do not drain at tile boundaries)."""
-
-    def __init__(self, queue, done, aset, q0, qr, o_acc, nm, nchunks):
-        self.queue, self.done, self.aset = queue, done, aset
-        self.q0, self.qr, self.o_acc, self.nm, self.nchunks = q0, qr, o_acc, nm, nchunks
 
 
 def _flash_rows(
@@ -150,9 +140,11 @@ def _flash_rows(
     the reciprocal. ``n_grp`` (P^T groups seen, dealt to the DMA by ``dma_chunks``) is returned advanced.
 
     ``static``: the softmax offset of each query tile is fixed after its first key chunk (that chunk's
-    scaled row max) instead of the running max: no row max, running max or alpha after the first chunk
-    (``w["alpha"]`` must hold 1.0), more P^T evictions on VectorE (:data:`VECTOR_EVICT_STATIC`), and each
-    row ANDs ``l <= GUARD_L_MAX`` into ``w["good"]`` for :func:`_guarded_rows`' check.
+    scaled row max; with 2-byte dtypes and no DMA share the tile's largest, and the later full chunks in
+    the transposed orientation, see the module docstring) instead of the running max: no row max, running
+    max or alpha after the first chunk (``w["alpha"]`` must hold 1.0), more P^T evictions on VectorE
+    (:data:`VECTOR_EVICT_STATIC`), and each row ANDs ``GUARD_L_MIN <= l <= GUARD_L_MAX`` into ``w["good"]``
+    for :func:`_guarded_rows`' check.
     """
     D = q.shape[3]
     dv = v_sb.shape[2]
@@ -163,6 +155,13 @@ def _flash_rows(
     s_ps, p_sb, p_pe = w["s_ps"], w["p_sb"], w["p_pe"]
     o_out, alpha, bmax = w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
+
+    # static + 2-byte + every P^T on TensorE: ONE offset per query tile, and every full chunk after the
+    # first computes its scores with the keys on the partitions, so its exp writes P^T directly
+    tile_scalar = static and two_byte and not dma_chunks[0]
+
+    def transposed(ci: int) -> bool:
+        return tile_scalar and ci > 0 and chunks[ci][1] == KC
 
     def nv_of(nb: int, n: int) -> int:
         return vector_evict_blocks(nb, n, VECTOR_EVICT_STATIC if static else VECTOR_EVICT)
@@ -196,6 +195,11 @@ def _flash_rows(
                 good, l_col, nl.less_equal, GUARD_L_MAX, op1=nl.minimum, operand1=good,
                 engine=nisa.vector_engine,
             )  # fmt: skip
+            if tile_scalar:  # one offset per tile: a row far below the tile's max may underflow
+                nisa.tensor_scalar(
+                    good, l_col, nl.greater_equal, GUARD_L_MIN, op1=nl.minimum, operand1=good,
+                    engine=nisa.vector_engine,
+                )  # fmt: skip
         if return_lse:
             nisa.activation(lse_t[:qr], nl.log, l_col)
             nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
@@ -208,6 +212,9 @@ def _flash_rows(
         qr = min(PMAX, q_hi - q0)
         qT = w["qT_b"] if ti % 2 else w["qT_a"]
         c0, kc = chunks[ci]
+        if transposed(ci):
+            qk_transposed(s_ps[g % 2], kT_sb, qT, c0, kc, D, qr)
+            return
         nsub = (kc + PSUM_BANK_FMAX - 1) // PSUM_BANK_FMAX
         wd = kc // nsub  # equal banks (merge_remainder keeps kc % nsub == 0)
         for j in range(nsub):
@@ -266,7 +273,9 @@ def _flash_rows(
                 p_dst = p_pe[npe % len(p_pe)][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
             a_col = alpha[:qr, col : col + 1]
-            if ci == 0:  # static: this offset stays for the tile's other chunks
+            if ci == 0 and tile_scalar:  # one offset for the tile (its chunk-1 S buffer is free here)
+                tile_offset(nm_new, bmax, qr, s_ps[(g + 1) % 2], w["mx"], w["ones_row"], scale)
+            elif ci == 0:  # static: this offset stays for the tile's other chunks
                 nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
             elif not static:
                 nisa.tensor_scalar(
@@ -283,7 +292,16 @@ def _flash_rows(
             queue.issue_deferred()  # VectorE: the previous unit's o update after this chunk's max
             # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
             nm_b = nm_old if static and ci > 0 else nm_new  # static: the first chunk's offset
-            nisa.activation(p_view, nl.exp, s_view, bias=nm_b[:qr], scale=scale)
+            t_now = transposed(ci)
+            if t_now:  # P^T straight from S^T into the next P^T tile; units still reading it go first
+                npt, cur = len(w["pT_pe"]), npe % len(w["pT_pe"])
+                for qu in queues:
+                    qu.flush_until(
+                        lambda st, u, npt=npt, cur=cur: u[0][3] < 0 and (-1 - u[0][3]) % npt == cur
+                    )
+                exp_transposed(w["pT_pe"][cur], s, kc, qr, nm_b, scale)
+            else:
+                nisa.activation(p_view, nl.exp, s_view, bias=nm_b[:qr], scale=scale)
             if tail is not None and finish(tail, [queue], ci):
                 tail = None
             if done:
@@ -306,6 +324,10 @@ def _flash_rows(
                 if flush:
                     done, pending = pending, []
                     unit += 1
+            elif t_now:  # its P^T exists: queue its PV like a transposed TensorE chunk's
+                queue.push(ci + PE_PV_DELAY, aset, [(ci, c0, kc, -1 - npe, col)])
+                npe += 1
+                unit += 1
             else:
                 done = [(ci, c0, kc, -1 - npe, col)]
                 npe += 1

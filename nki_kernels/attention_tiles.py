@@ -265,4 +265,8 @@ def _flash_buffers(D, dv, KC, gmax, dt, static=False):
     w["ones"] = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
     nisa.memset(w["ones"], 1.0, engine=nisa.vector_engine)
     w["flag"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    # the tile offset (nki_kernels.attention_pv.tile_offset): the cross-partition max and its broadcast
+    w["mx"] = nl.ndarray((1, 1), dtype=f32, buffer=nl.sbuf)
+    w["ones_row"] = nl.ndarray((1, PMAX), dtype=f32, buffer=nl.sbuf)
+    nisa.memset(w["ones_row"], 1.0, engine=nisa.vector_engine)
     return w

@@ -100,3 +100,29 @@ def test_static_must_be_a_bool() -> None:
     q = torch.zeros(1, 4, 1, 16)
     with pytest.raises(TypeError, match="static must be a bool"):
         attention_emulated(q, q, q, static=1)  # type: ignore[arg-type]
+
+
+def _tall_first_chunk(seed: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries 0..39 score key 5 (first chunk) at 8 * 50 * 0.25 = 100; the other queries score everything
+    O(1): with one offset per 128-query tile their terms sit ~100 nats below it and underflow."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, n, H, D, generator=g) for n in (LQ, LK, LK))
+    q[:, :40, :, 0] = 8.0
+    q[:, 40:, :, 0] = 0.0
+    k[:, 5, :, :] = 0.0
+    k[:, 5, :, 0] = 50.0
+    return q, k, v
+
+
+@pytest.mark.parametrize("kind", ["attention", "block_table"])
+def test_guard_recomputes_rows_far_below_the_tile_offset(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16, every P^T on TensorE: the offset is one per query tile, so rows far below the tile's maximum
+    underflow (l < GUARD_L_MIN) and the guard recomputes them; without that bound they come back wrong."""
+    q, k, v = _tall_first_chunk()
+    ref_err, (base_o, base_l) = _reference(kind, q, k, v, torch.bfloat16)
+    out, lse = _run(kind, q, k, v, torch.bfloat16, True)
+    assert_within(out, base_o, torch.bfloat16, ref_err, what=f"{kind} tile offset out")
+    assert_within(lse, base_l, torch.bfloat16, ref_err, what=f"{kind} tile offset lse")
+    monkeypatch.setattr(att, "GUARD_L_MIN", 0.0)
+    bad, bad_lse = _run(kind, q, k, v, torch.bfloat16, True)
+    assert not torch.isfinite(bad_lse[:, 40:128]).all() or (bad.float() - base_o).abs().max() > 0.1

@@ -72,7 +72,7 @@ def test_attention_dma_and_pe_transposes_agree_bitwise() -> None:
     loads = h * (2 + 1 + 2)
     cases = [((0, 1), 1), ((1, 1), 1), ((1, 2), 1), ((2, 3), 1), ((1, 1), 2), ((1, 2), 2), ((2, 3), 3)]
     for frac, group in cases:
-        (o, lse), tr = run(attention_kernel, qb, kb, vb, 0.15, True, frac, group)
+        (o, lse), tr = run(attention_kernel, qb, kb, vb, 0.15, True, frac, group, False)  # running max
         outs[(frac, group)] = (o, lse)
         # groups of `group` consecutive full chunks per query tile, dealt in order by a running counter
         sizes = [min(group, n_full - g0) for g0 in range(0, n_full, group)]
