@@ -13,7 +13,10 @@ DiT on an ``N x N`` latent grid (off its training distribution, but with its tra
 pass has several chunks. The reference-backend run also records, for every self-attention call of the
 two-pass stream, the guard's own quantity per query row, ``log l = logsumexp(scale S) - m0`` with ``m0`` the
 row max over the kernel's first key chunk (512 keys in fp32, 1,024 in bf16): the guard trips when it
-exceeds ``ln 1e30 = 69.08``; the largest value seen is the stream's headroom.
+exceeds ``ln 1e30 = 69.08``; the largest value seen is the stream's headroom. With 2-byte dtypes the
+offset is one per 128-query tile, and a row trips the guard when its ``log l`` against the tile's maximum
+falls below ``ln 1e-18 = -41.4``: the smallest value seen is recorded too (``--dtype bfloat16`` runs the
+kernels on that path).
 
 Run: ``python -m perf.attention_guard [--model demo|tiny] [--blocks 5] [--merged]`` (a few minutes on one
 thread); ``--save`` appends the row to ``perf/results/attention_guard.jsonl``.
@@ -40,18 +43,28 @@ def _db(v: float) -> float | str:
     return "identical" if v == float("inf") else round(v, 2)
 
 
-def _log_l(q: torch.Tensor, keys: torch.Tensor, scale: float, chunk: int) -> tuple[float, int]:
-    """Largest ``logsumexp(scale q.k) - max over the first ``chunk`` keys`` over the rows of one call, and
-    the number of key chunks of the call."""
-    worst = float("-inf")
+def _log_l(q: torch.Tensor, keys: torch.Tensor, scale: float, chunk: int) -> tuple[float, float, int]:
+    """The guard's quantity ``log l`` over the rows of one call: its largest value against each row's own
+    first-chunk maximum (the per-row offset), its smallest against the maximum over the row's 128-query
+    tile (the per-tile offset of 2-byte dtypes), and the number of key chunks of the call."""
+    high, low = float("-inf"), float("inf")
     for h in range(q.shape[2]):
         s = scale * torch.einsum("bqd,bkd->bqk", q[:, :, h].double(), keys[:, :, h].double())
-        worst = max(worst, float((torch.logsumexp(s, -1) - s[..., :chunk].amax(-1)).max()))
-    return worst, -(-keys.shape[1] // chunk)
+        lse, first = torch.logsumexp(s, -1), s[..., :chunk].amax(-1)  # [B, Lq]
+        high = max(high, float((lse - first).max()))
+        for t0 in range(0, q.shape[1], 128):
+            tile = first[:, t0 : t0 + 128].amax(-1, keepdim=True)
+            low = min(low, float((lse[:, t0 : t0 + 128] - tile).min()))
+    return high, low, -(-keys.shape[1] // chunk)
 
 
 def measure(
-    model: str = "demo", blocks: int = 5, merged: bool = False, seed: int = 0, latent: int | None = None
+    model: str = "demo",
+    blocks: int = 5,
+    merged: bool = False,
+    seed: int = 0,
+    latent: int | None = None,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Stream ``blocks`` blocks on the emulator and reference backends; guard counts, the guard quantity
     (reference run, two-pass only) and PSNR."""
@@ -68,7 +81,7 @@ def measure(
         # the trained decoder has a fixed grid: the video compared is the preview decoder's
         sm = replace(sm, model_cfg=cfg, make_decoder=lambda: PreviewDecoder(cfg.in_channels))
         sm.model.cfg = cfg
-    spec = StreamSpec(PROMPT, blocks, seed=seed, merged=merged)
+    spec = StreamSpec(PROMPT, blocks, seed=seed, merged=merged, dtype=dtype)
     counts: Counter = Counter()
     inner = att._flash_rows
 
@@ -83,14 +96,15 @@ def measure(
         wall = time.perf_counter() - t0
     finally:
         att._flash_rows = inner
-    stats = {"log_l_max": float("-inf"), "calls": 0, "max_chunks": 0}
+    stats = {"log_l_max": float("-inf"), "log_l_min_tile": float("inf"), "calls": 0, "max_chunks": 0}
     ref_segments, ref_plain = ref_att.attention_segments, ref_att.attention
 
     def watch(q: torch.Tensor, keys: torch.Tensor, kw: dict[str, Any]) -> None:
         chunk = 512 if q.dtype == torch.float32 else 1024
         scale = kw.get("scale") or q.shape[-1] ** -0.5
-        worst, nchunks = _log_l(q, keys, scale, chunk)
-        stats["log_l_max"] = max(stats["log_l_max"], worst)
+        high, low, nchunks = _log_l(q, keys, scale, chunk)
+        stats["log_l_max"] = max(stats["log_l_max"], high)
+        stats["log_l_min_tile"] = min(stats["log_l_min_tile"], low)
         stats["calls"] += 1
         stats["max_chunks"] = max(stats["max_chunks"], nchunks)
 
@@ -113,7 +127,9 @@ def measure(
     return {
         "command": f"python -m perf.attention_guard --model {model} --blocks {blocks}"
         + (" --merged" if merged else "")
-        + (f" --latent {latent}" if latent else ""),
+        + (f" --latent {latent}" if latent else "")
+        + (f" --dtype {dtype}" if dtype != "float32" else ""),
+        "dtype": dtype,
         "kind": "measured",
         "model": sm.name,
         "blocks": blocks,
@@ -124,6 +140,8 @@ def measure(
         "psnr_db_vs_reference": _db(psnr(emu.frames, ref.frames)),
         "guard_log_l_max": round(stats["log_l_max"], 2) if stats["calls"] else None,
         "guard_log_l_limit": round(math.log(att.GUARD_L_MAX), 2),
+        "tile_log_l_min": round(stats["log_l_min_tile"], 2) if stats["calls"] else None,
+        "tile_log_l_limit": round(math.log(att.GUARD_L_MIN), 2),
         "attention_calls_watched": stats["calls"],
         "max_key_chunks_per_call": stats["max_chunks"],
         "frames": int(emu.frames.shape[0]),
@@ -139,13 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--latent", type=int, default=None, help="run on an N x N latent grid (several key chunks)"
     )
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--save", action="store_true", help=f"append the row to {RESULTS}")
     a = ap.parse_args(argv)
     if a.blocks < 5:
         raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {a.blocks}")
     torch.set_num_threads(a.threads)
-    row = measure(a.model, a.blocks, a.merged, latent=a.latent)
+    row = measure(a.model, a.blocks, a.merged, latent=a.latent, dtype=a.dtype)
     print(json.dumps(row))
     if a.save:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

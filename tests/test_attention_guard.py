@@ -15,11 +15,18 @@ def test_log_l_is_the_guards_quantity() -> None:
     # one query, one head, D = 1, scale 1: scores = k; first chunk (2 keys) max 1.0
     q = torch.ones(1, 1, 1, 1)
     k = torch.tensor([0.0, 1.0, 3.0, -2.0]).view(1, 4, 1, 1)
-    worst, chunks = _log_l(q, k, 1.0, 2)
+    high, low, chunks = _log_l(q, k, 1.0, 2)
     want = math.log(math.exp(0 - 1) + math.exp(0) + math.exp(3 - 1) + math.exp(-3))
-    assert worst == pytest.approx(want, rel=1e-12) and chunks == 2
+    assert high == pytest.approx(want, rel=1e-12) and low == pytest.approx(want, rel=1e-12) and chunks == 2
     k[0, 3, 0, 0] = 80.0  # a later key 79 nats above the first chunk's max: past ln(1e30) = 69.08
     assert _log_l(q, k, 1.0, 2)[0] > 69.08
+    # two queries in one tile: the second's scores are 50 below the first's, so against the tile's
+    # maximum its log l is about -50 (below ln(1e-18) = -41.4)
+    q2 = torch.tensor([1.0, -1.0]).view(1, 2, 1, 1)
+    k2 = torch.tensor([50.0, 0.0, 0.0, 0.0]).view(1, 4, 1, 1)
+    low2 = _log_l(q2, k2, 1.0, 2)[1]
+    want2 = math.log(math.exp(-50) + 3.0) - 50.0
+    assert low2 == pytest.approx(want2, rel=1e-9) and low2 < -41.4
 
 
 @pytest.mark.emulator
