@@ -156,9 +156,10 @@ def _flash_rows(
     o_out, alpha, bmax = w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
 
-    # static + 2-byte + every P^T on TensorE: ONE offset per query tile, and every full chunk after the
-    # first computes its scores with the keys on the partitions, so its exp writes P^T directly
-    tile_scalar = static and two_byte and not dma_chunks[0]
+    # static + 2-byte + every P^T on TensorE + a full chunk after the first: ONE offset per query tile, and
+    # every full chunk after the first computes its scores with the keys on the partitions, so its exp
+    # writes P^T directly (a call of one chunk keeps the per-row offset: the tile max would buy nothing)
+    tile_scalar = static and two_byte and not dma_chunks[0] and any(n == KC for _, n in chunks[1:])
 
     def transposed(ci: int) -> bool:
         return tile_scalar and ci > 0 and chunks[ci][1] == KC
