@@ -92,14 +92,13 @@ def kernel_pricing_lines(r: E2EResult) -> list[str]:
         "each core** (optimistic-pessimistic end; the update and denoise self-attention of one merged "
         f"forward at this plan's per-core shapes), {share['p']:.0%}-{share['o']:.0%} of the chunk "
         "(pessimistic-optimistic). " + _attention_row_text() + " Its design (`docs/kernels/attention.md`): "
-        "a static softmax offset per query tile (the first 1,024-key chunk's row max, kept for the other "
-        "chunks; a guard recomputes a head with the running max if any row's denominator overflows), so "
-        "after the first chunk no row max, running max or rescale; exp by one ScalarE pass straight from "
-        "PSUM, every P^T transposed on TensorE (no figure rests on the unmeasured SBUF->SBUF DMA-transpose "
-        "price) and evicted mostly by VectorE, S / P^T / PV double-buffered in PSUM, a software pipeline "
-        "across chunks; the chunk is TensorE-bound (~1.4 us per 1,024-key chunk; it was VectorE/ScalarE "
-        "co-bound at ~1.9 us with the running max). The figures assume the guard does not trip (the fast "
-        "path); a head that trips pays the running-max kernel on top.\n",
+        "a static softmax offset per query tile (the largest score of its first 1,024-key chunk, kept for "
+        "the other chunks; a guard recomputes a head with the running max if any row's denominator leaves "
+        "[1e-18, 1e30]), and every later chunk computes S^T (keys on the partitions), so ONE ScalarE exp "
+        "straight from PSUM writes the P^T the PV matmuls read: no row max, rescale, transposes or "
+        "evictions after the first chunk; ScalarE's exp and TensorE are balanced at ~1 us per 1,024-key "
+        "chunk (1.91 us VectorE/ScalarE-bound with the running max). The figures assume the guard does not "
+        "trip (the fast path); a head that trips pays the running-max kernel on top.\n",
     ]
 
 
