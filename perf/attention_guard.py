@@ -16,7 +16,8 @@ row max over the kernel's first key chunk (512 keys in fp32, 1,024 in bf16): the
 exceeds ``ln 1e30 = 69.08``; the largest value seen is the stream's headroom. With 2-byte dtypes the
 offset is one per 128-query tile, and a row trips the guard when its ``log l`` against the tile's maximum
 falls below ``ln 1e-18 = -41.4``: the smallest value seen is recorded too (``--dtype bfloat16`` runs the
-kernels on that path).
+kernels on that path). ``--running`` forces the running max in the attention and segments kernels
+(two-pass streams), the baseline for the PSNR.
 
 Run: ``python -m perf.attention_guard [--model demo|tiny] [--blocks 5] [--merged]`` (a few minutes on one
 thread); ``--save`` appends the row to ``perf/results/attention_guard.jsonl``.
@@ -65,6 +66,7 @@ def measure(
     seed: int = 0,
     latent: int | None = None,
     dtype: str = "float32",
+    running: bool = False,
 ) -> dict[str, Any]:
     """Stream ``blocks`` blocks on the emulator and reference backends; guard counts, the guard quantity
     (reference run, two-pass only) and PSNR."""
@@ -89,13 +91,20 @@ def measure(
         counts["static_pass" if kw.get("static") else "running_max_pass"] += 1
         return inner(*args, **kw)
 
+    guarded: Any = att._guarded_rows
+
+    def forced_running(*args: Any) -> Any:  # the same kernels with the running max (the baseline)
+        return guarded(*args[:-1], False)
+
     att._flash_rows = counting  # measurement instrumentation for this run only
+    if running:
+        att._guarded_rows = forced_running
     try:
         t0 = time.perf_counter()
         emu = run_stream(sm, replace(spec, backend="emulator"))
         wall = time.perf_counter() - t0
     finally:
-        att._flash_rows = inner
+        att._flash_rows, att._guarded_rows = inner, guarded
     stats = {"log_l_max": float("-inf"), "log_l_min_tile": float("inf"), "calls": 0, "max_chunks": 0}
     ref_segments, ref_plain = ref_att.attention_segments, ref_att.attention
 
@@ -128,7 +137,9 @@ def measure(
         "command": f"python -m perf.attention_guard --model {model} --blocks {blocks}"
         + (" --merged" if merged else "")
         + (f" --latent {latent}" if latent else "")
-        + (f" --dtype {dtype}" if dtype != "float32" else ""),
+        + (f" --dtype {dtype}" if dtype != "float32" else "")
+        + (" --running" if running else ""),
+        "attention": "running max" if running else "static offset (default)",
         "dtype": dtype,
         "kind": "measured",
         "model": sm.name,
@@ -158,13 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         "--latent", type=int, default=None, help="run on an N x N latent grid (several key chunks)"
     )
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument(
+        "--running",
+        action="store_true",
+        help="force the running max in the attention / segments kernels (the baseline; two-pass streams)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--save", action="store_true", help=f"append the row to {RESULTS}")
     a = ap.parse_args(argv)
     if a.blocks < 5:
         raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {a.blocks}")
     torch.set_num_threads(a.threads)
-    row = measure(a.model, a.blocks, a.merged, latent=a.latent, dtype=a.dtype)
+    row = measure(a.model, a.blocks, a.merged, latent=a.latent, dtype=a.dtype, running=a.running)
     print(json.dumps(row))
     if a.save:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
