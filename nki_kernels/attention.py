@@ -123,8 +123,9 @@ it and is recomputed into the same zeros."""
 
 L_FLOOR = 1e-30
 """Lower clamp of the softmax denominator l (the PV matmul's column D, :func:`_flash_rows`) before the
-reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (any valid
-key contributes exp(0) = 1 via its maximum), so ``out = 0 * 1e30 = 0`` there."""
+reciprocal: only a query tile without any valid key (l = 0 exactly, block-table kernel) reaches it (with the
+running max any valid key contributes exp(0) = 1; with the static offset the guard recomputes any row whose
+l is below :data:`GUARD_L_MIN`), so ``out = 0 * 1e30 = 0`` there."""
 
 
 def _flash_rows(
