@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nki_kernels.attention as att
 from nki_kernels.attention import attention_emulated, attention_segments_emulated
@@ -149,3 +151,22 @@ def test_rows_below_the_tile_offset_stay_on_the_fast_path(kind: str, monkeypatch
     assert passes and all(passes), "a guard tripped: the data must stay on the fast path"
     assert_within(out, base_o, torch.bfloat16, ref_err, what=f"{kind} rows below the tile offset out")
     assert_within(lse, base_l, torch.bfloat16, ref_err, what=f"{kind} rows below the tile offset lse")
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    lq=st.integers(1, 300),
+    lk=st.integers(1025, 3600),
+    h=st.integers(1, 2),
+    lnc=st.sampled_from([1, 2]),
+)
+def test_static_offset_with_transposed_chunks_matches_reference(lq: int, lk: int, h: int, lnc: int) -> None:
+    """bf16 over more than one 1,024-key chunk (so the later full chunks take the transposed path), any
+    query tail, remainder chunks, one or two logical cores: within the reference tolerance."""
+    g = torch.Generator().manual_seed(lq * 7 + lk)
+    q, k, v = (torch.randn(1, n, h, 32, generator=g) for n in (lq, lk, lk))
+    ref_err, (base_o, base_l) = reference_error(attention, [q, k, v], torch.bfloat16, return_lse=True)
+    out, lse = attention_emulated(q.bfloat16(), k.bfloat16(), v.bfloat16(), return_lse=True, lnc=lnc)
+    what = f"static bf16 lq={lq} lk={lk} h={h} lnc={lnc}"
+    assert_within(out, base_o, torch.bfloat16, ref_err, what=what + " out")
+    assert_within(lse, base_l, torch.bfloat16, ref_err, what=what + " lse")
