@@ -170,3 +170,32 @@ def test_static_offset_with_transposed_chunks_matches_reference(lq: int, lk: int
     what = f"static bf16 lq={lq} lk={lk} h={h} lnc={lnc}"
     assert_within(out, base_o, torch.bfloat16, ref_err, what=what + " out")
     assert_within(lse, base_l, torch.bfloat16, ref_err, what=what + " lse")
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 10_000), nb=st.integers(3, 6), g1=st.integers(1, 150))
+def test_block_table_static_offset_over_several_chunks(seed: int, nb: int, g1: int) -> None:
+    """The block-table kernel (the merged forward's attention) with random tables over 512-token blocks,
+    so each group reads 1,536-3,072 keys (the transposed path), one entry per group possibly empty."""
+    t = 512
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, g1 + 60, 1, 32, generator=g)
+    k, v = (torch.randn(1, 8 * t, 1, 32, generator=g) for _ in range(2))
+    rows = []
+    for _ in range(2):
+        blocks = torch.randperm(8, generator=g)[:nb]
+        row = torch.stack([torch.zeros_like(blocks), blocks], dim=-1)
+        row[int(torch.randint(nb, (1,), generator=g))] = torch.tensor([-1, 0])
+        rows.append(row)
+    table = torch.stack(rows).to(torch.int32)
+    groups = [g1, 60]
+    kw = {"return_lse": True}
+    ref_err, (base_o, base_l) = reference_error(
+        lambda a, b, c: attention_block_table(a, [b], [c], table, groups, t, **kw), [q, k, v], torch.bfloat16
+    )
+    out, lse = attention_block_table_emulated(
+        q.bfloat16(), [k.bfloat16()], [v.bfloat16()], table, groups, t, **kw
+    )
+    what = f"block table static seed={seed} nb={nb} groups={groups}"
+    assert_within(out, base_o, torch.bfloat16, ref_err, what=what + " out")
+    assert_within(lse, base_l, torch.bfloat16, ref_err, what=what + " lse")
