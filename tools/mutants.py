@@ -71,7 +71,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, L_FLOOR, engine=nisa.vector_engine)",
            "nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, 1.0, engine=nisa.vector_engine)",
            (*_BT, "tests/test_attention_static_offset.py", "tests/test_kernel_attention.py"),
-           "denominator clamped at 1 instead of L_FLOOR (wrong once a per-tile offset puts a row's l below 1)"),
+           "denominator clamped at 1, not L_FLOOR (wrong once a per-tile offset puts a row's l below 1)"),
     Mutant("bt-stand-in", "nki_kernels/attention_block_table.py",
            "nisa.tensor_scalar(fb1, fb1, nl.add, 1.0", "nisa.tensor_scalar(fb1, fb1, nl.add, 2.0", _BT,
            "an empty entry's stand-in keys come from the block after the largest listed one (unlisted)"),
