@@ -69,6 +69,7 @@ from nki_kernels.attention_pv import (
     _Tail,
     _transpose_unit,
     exp_transposed,
+    free_p_tile,
     qk_transposed,
     tile_offset,
 )
@@ -296,12 +297,8 @@ def _flash_rows(
             nm_b = nm_old if static and ci > 0 else nm_new  # static: the first chunk's offset
             t_now = transposed(ci)
             if t_now:  # P^T straight from S^T into the next P^T tile; units still reading it go first
-                npt, cur = len(w["pT_pe"]), npe % len(w["pT_pe"])
-                for qu in queues:
-                    qu.flush_until(
-                        lambda st, u, npt=npt, cur=cur: u[0][3] < 0 and (-1 - u[0][3]) % npt == cur
-                    )
-                exp_transposed(w["pT_pe"][cur], s, kc, qr, nm_b, scale)
+                free_p_tile(queues, -1 - npe, len(w["pT_pe"]))
+                exp_transposed(w["pT_pe"][npe % len(w["pT_pe"])], s, kc, qr, nm_b, scale)
             else:
                 nisa.activation(p_view, nl.exp, s_view, bias=nm_b[:qr], scale=scale)
             if tail is not None and finish(tail, [queue], ci):
@@ -348,7 +345,8 @@ def _guarded_rows(
     w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks, n_grp, dma_chunks, scale, return_lse, static
 ):
     """:func:`_flash_rows` of queries ``[q_lo, q_hi)`` of (b, h); with ``static`` the static-offset pass,
-    then its guard: the rows whose ``l`` stayed ``<= GUARD_L_MAX`` are counted on TensorE (``w["good"]``
+    then its guard: the rows whose ``l`` stayed within ``[GUARD_L_MIN, GUARD_L_MAX]`` (the lower bound only
+    with a per-tile offset) are counted on TensorE (``w["good"]``
     against a ones column) and, if any row of any tile failed, the same queries are recomputed with the
     running max inside a runtime loop of 0 or 1 iterations (``nl.fori_loop`` bounded by a register loaded
     from that count), overwriting ``out`` / ``lse``. The recompute runs only when the guard trips, so the

@@ -193,13 +193,10 @@ class PvQueue:
         _flush_deferred(self._deferred, lambda e: e[1] == aset)
 
 
-def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
-    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at
-    chunk ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit
-    queued on any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued
-    first."""
-    slot = unit[0][3]
-    npt = len(w["pT_pe"])
+def free_p_tile(queues, slot, npt):
+    """Before the P^T tile of ``slot`` is rewritten (``-1 - n``: the n-th TensorE chunk's ``pT_pe[n % npt]``;
+    ``>= 0``: the DMA group tile ``pT_sb``): issue, on every queue of ``queues``, the queued units up to the
+    last one still reading that tile."""
 
     def same_tile(st: int, u: list) -> bool:
         s = u[0][3]
@@ -207,6 +204,15 @@ def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
 
     for qu in queues:
         qu.flush_until(same_tile)
+
+
+def _transpose_unit(unit, queues, ci, alpha_set, w, qr, nbc, nv_of):
+    """Issue the P^T of ``unit`` (completed by chunk ``ci - 1``) and queue its PV on ``queues[0]``: due at
+    chunk ``ci`` + :data:`PE_PV_DELAY` for a TensorE chunk, + :data:`DMA_PV_DELAY` for a DMA group. A unit
+    queued on any of ``queues`` still reading the same P^T tile (``pT_pe[n % 3]`` or ``pT_sb``) is issued
+    first."""
+    slot = unit[0][3]
+    free_p_tile(queues, slot, len(w["pT_pe"]))
     _issue_p_transpose(unit, w["pT_sb"], w["pT_pe"], w["pT_ps"], w["p_sb"], w["p_pe"], qr, nbc, nv_of)
     queues[0].push(ci + (PE_PV_DELAY if slot < 0 else DMA_PV_DELAY), alpha_set, list(unit))
 
