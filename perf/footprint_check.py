@@ -16,27 +16,30 @@ reference ops allocate temporaries, e.g. whole score matrices, that the device k
 materialise, so CPU peak memory says nothing about HBM) and the VAE items.
 
 Run: ``python -m perf.footprint_check`` (tiny and mid presets, TP4xSP2 on 8 ranks = the Wan plan, both
-layouts; about a minute on 2 cores); ``--save`` appends the rows to ``perf/results/footprint_check.jsonl``,
-which ``python -m perf.e2e`` prints in the report.
+layouts; about a minute on 2 cores); ``--save`` appends the rows (:class:`perf.runner.BenchRow`, one per item
+and configuration, sharing a ``run_id``) to ``perf/results/footprint_check.jsonl``, whose newest run
+``python -m perf.e2e`` prints in the report.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from perf.footprint import footprint
+from perf.runner import BenchRow, append_rows, read_rows, results_path
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 
-__all__ = ["CheckRow", "measure", "check", "latest_rows", "RESULTS"]
+__all__ = ["CheckRow", "measure", "check", "latest_rows", "ROWS_NAME"]
 
-RESULTS = Path(__file__).resolve().parent / "results" / "footprint_check.jsonl"
+ROWS_NAME = "footprint_check"
+"""``perf/results/footprint_check.jsonl``: one :class:`~perf.runner.BenchRow` per item and configuration."""
 ITEMS = ("dit_weights", "kv_cache", "kv_gather_buffer", "text_kv")
 _MEASURED_KEY = {
     "dit_weights": "weight_bytes",
@@ -66,6 +69,29 @@ class CheckRow:
             self.modelled_per_core,
             self.modelled_per_chip,
         )
+
+    def bench_row(self, run_id: str) -> BenchRow:
+        """As a measured :class:`~perf.runner.BenchRow` (``memory_bytes`` = measured per core)."""
+        cfg = {"preset": self.preset, "plan": self.plan, "dtype": self.dtype, "kv_cache": self.kv_cache}
+        extra = {
+            "modelled_per_core": self.modelled_per_core,
+            "measured_per_chip": self.measured_per_chip,
+            "modelled_per_chip": self.modelled_per_chip,
+            "equal": self.exact,
+            "run_id": run_id,
+        }
+        return BenchRow(
+            ROWS_NAME, self.item, cfg, "measured", memory_bytes=self.measured_per_core, extra=extra
+        )
+
+    @classmethod
+    def from_bench_row(cls, r: BenchRow) -> CheckRow:
+        c, e = r.config, r.extra
+        assert r.memory_bytes is not None
+        return cls(
+            c["preset"], c["plan"], c["dtype"], c["kv_cache"], r.variant, int(r.memory_bytes),
+            int(e["modelled_per_core"]), int(e["measured_per_chip"]), int(e["modelled_per_chip"]),
+        )  # fmt: skip
 
 
 def _model_cfg(preset: str | ModelConfig) -> ModelConfig:
@@ -131,14 +157,17 @@ def check(
     return rows
 
 
-def latest_rows(path: Path = RESULTS) -> list[CheckRow]:
-    """The rows of the newest run saved in ``path`` (empty if none)."""
-    if not path.exists():
+def latest_rows(path: str | Path | None = None) -> list[CheckRow]:
+    """The rows of the newest run (largest ``run_id``) saved in ``path`` (default
+    ``perf/results/footprint_check.jsonl``); empty if none."""
+    p = Path(path) if path is not None else results_path(ROWS_NAME)
+    if not p.exists():
         return []
-    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not runs:
+    rows = [r for r in read_rows(p) if r.op == ROWS_NAME and r.status == "ok"]
+    if not rows:
         return []
-    return [CheckRow(**r) for r in runs[-1]["rows"]]
+    last = max(str(r.extra["run_id"]) for r in rows)
+    return [CheckRow.from_bench_row(r) for r in rows if r.extra["run_id"] == last]
 
 
 def table_lines(rows: list[CheckRow]) -> list[str]:
@@ -164,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=8)
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--save", action="store_true", help=f"append the rows to {RESULTS}")
+    ap.add_argument("--save", action="store_true", help=f"append the rows to perf/results/{ROWS_NAME}.jsonl")
     a = ap.parse_args(argv)
+    run_id = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     rows = [
         r
@@ -178,14 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in rows if not r.exact]
     print(f"{len(rows) - len(bad)} of {len(rows)} items equal (measured {wall:.1f} s wall)")
     if a.save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        run = {
-            "cmd": "python -m perf.footprint_check",
-            "wall_s": round(wall, 1),
-            "rows": [asdict(r) for r in rows],
-        }
-        with RESULTS.open("a") as f:
-            f.write(json.dumps(run) + "\n")
+        print(f"rows appended to {append_rows([r.bench_row(run_id) for r in rows], ROWS_NAME)}")
     return 1 if bad else 0
 
 

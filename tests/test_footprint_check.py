@@ -42,3 +42,21 @@ def test_footprint_items_equal_the_sharded_streams_allocations() -> None:
     assert rep["kv_cache"].measured_per_chip == 2 * sh["kv_cache"].measured_per_chip  # x sp
     assert sh["kv_gather_buffer"].measured_per_core == p.buffer_slots * t * row  # one whole layer
     assert rep["kv_gather_buffer"].measured_per_chip == 0
+
+
+def test_saved_rows_read_back_as_the_newest_run(tmp_path) -> None:
+    """Rows saved as perf.runner BenchRows come back unchanged, and only the newest run_id's."""
+    from perf.footprint_check import CheckRow, latest_rows
+    from perf.runner import append_rows
+
+    old = CheckRow("tiny", "TP2xSP2", "float32", "sp_sharded", "kv_cache", 10, 10, 40, 40)
+    new = [
+        CheckRow("mid", "TP4xSP2", "bfloat16", "replicated", "text_kv", 7, 7, 56, 56),
+        CheckRow("mid", "TP4xSP2", "bfloat16", "replicated", "kv_cache", 9, 8, 72, 64),
+    ]
+    path = tmp_path / "footprint_check.jsonl"
+    append_rows([old.bench_row("2026-12-01T00:00:00+00:00")], path)
+    append_rows([r.bench_row("2026-12-02T00:00:00+00:00") for r in new], path)
+    assert latest_rows(path) == new
+    assert [r.exact for r in latest_rows(path)] == [True, False]
+    assert latest_rows(tmp_path / "missing.jsonl") == []
