@@ -20,23 +20,25 @@ kernels on that path). ``--running`` forces the running max in the attention and
 (two-pass streams), the baseline for the PSNR.
 
 Run: ``python -m perf.attention_guard [--model demo|tiny] [--blocks 5] [--merged]`` (a few minutes on one
-thread); ``--save`` appends the row to ``perf/results/attention_guard.jsonl``.
+thread); ``--save`` appends the row (a :class:`perf.runner.BenchRow`) to
+``perf/results/attention_guard.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results" / "attention_guard.jsonl"
+from perf.runner import BenchRow, append_rows
+
+ROWS_NAME = "attention_guard"
+"""``perf/results/attention_guard.jsonl``: one :class:`~perf.runner.BenchRow` per run."""
 PROMPT = "a red circle and a blue square bouncing on a gray background"
 
 
@@ -67,9 +69,10 @@ def measure(
     latent: int | None = None,
     dtype: str = "float32",
     running: bool = False,
-) -> dict[str, Any]:
-    """Stream ``blocks`` blocks on the emulator and reference backends; guard counts, the guard quantity
-    (reference run, two-pass only) and PSNR."""
+) -> BenchRow:
+    """Stream ``blocks`` blocks on the emulator and reference backends; the measured row: guard counts
+    (``running_max_passes`` = guard trips with the static offset), the guard quantity (reference run,
+    two-pass only) and PSNR in ``extra``."""
     import nki_kernels.attention as att
     import reference.attention as ref_att
     from perf.quality.compare import psnr
@@ -133,21 +136,16 @@ def measure(
     finally:
         setattr(ref_att, "attention_segments", ref_segments)  # noqa: B010
         setattr(ref_att, "attention", ref_plain)  # noqa: B010
-    return {
-        "command": f"python -m perf.attention_guard --model {model} --blocks {blocks}"
-        + (" --merged" if merged else "")
-        + (f" --latent {latent}" if latent else "")
-        + (f" --dtype {dtype}" if dtype != "float32" else "")
-        + (" --running" if running else ""),
-        "attention": "running max" if running else "static offset (default)",
-        "dtype": dtype,
-        "kind": "measured",
+    config = {
         "model": sm.name,
         "blocks": blocks,
         "merged": merged,
         "latent": f"{sm.model_cfg.latent_height}x{sm.model_cfg.latent_width}",
+        "dtype": dtype,
+    }
+    extra = {
         "static_passes": counts["static_pass"],
-        "guard_trips": counts["running_max_pass"],
+        "running_max_passes": counts["running_max_pass"],
         "psnr_db_vs_reference": _db(psnr(emu.frames, ref.frames)),
         "guard_log_l_max": round(stats["log_l_max"], 2) if stats["calls"] else None,
         "guard_log_l_limit": round(math.log(att.GUARD_L_MAX), 2),
@@ -158,6 +156,8 @@ def measure(
         "frames": int(emu.frames.shape[0]),
         "emulator_wall_s": round(wall, 1),
     }
+    variant = "running_max" if running else "static_offset"
+    return BenchRow(ROWS_NAME, variant, config, "measured", extra=extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,17 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         help="force the running max in the attention / segments kernels (the baseline; two-pass streams)",
     )
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--save", action="store_true", help=f"append the row to {RESULTS}")
+    ap.add_argument("--save", action="store_true", help=f"append the row to perf/results/{ROWS_NAME}.jsonl")
     a = ap.parse_args(argv)
     if a.blocks < 5:
         raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {a.blocks}")
     torch.set_num_threads(a.threads)
     row = measure(a.model, a.blocks, a.merged, latent=a.latent, dtype=a.dtype, running=a.running)
-    print(json.dumps(row))
+    print(row.to_json())
     if a.save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        print(f"row appended to {append_rows([row], ROWS_NAME)}")
     return 0
 
 
