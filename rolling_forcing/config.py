@@ -20,6 +20,12 @@ PositionMode = Literal["absolute", "relative"]
 
 POSITION_MODES: tuple[PositionMode, ...] = ("absolute", "relative")
 
+ORIGINAL_ATTENTION_FRAMES = 21
+"""Latent frames of keys per denoising pass in the original Rolling Forcing code, for every step list:
+``max_attention_size = 21 * frame_length`` is a constant of ``CausalWanSelfAttention`` (the teacher's
+81-frame context; github.com/TencentARC/RollingForcing @ a1477d0, ``wan/modules/causal_model.py``). The
+working cache gets what the sink and the window leave of it."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -182,12 +188,19 @@ class PipelineConfig:
     staggered noise levels (one per denoising step); the first ``sink_blocks`` block(s) stay in the cache
     for the whole stream (the attention sink); ``context_blocks`` recent clean blocks are attended in
     steady state (the working cache). The per-pass key budget is sink + context + window.
+
+    ``context_blocks=None`` (default) derives it as the original does for any step list: what its fixed
+    :data:`ORIGINAL_ATTENTION_FRAMES` (21-frame) budget leaves after the sink and the window, i.e.
+    ``21 // frames_per_block - sink_blocks - window_blocks`` blocks (1 for the released 5 steps, 2 for 4
+    steps, 0 for 6). A step list whose window and sink alone exceed the budget (7 or more steps of 3
+    frames) is refused: the original then attends beyond the 21-frame context its model was trained on.
+    An explicit ``context_blocks`` (>= 0) is taken as given (a larger budget than the original's).
     """
 
     frames_per_block: int = 3
     window_blocks: int = 5
     sink_blocks: int = 1
-    context_blocks: int = 1
+    context_blocks: int | None = None
     denoising_steps: tuple[int, ...] = (1000, 800, 600, 400, 200)
     timestep_shift: float = 5.0
     num_train_timesteps: int = 1000
@@ -197,9 +210,18 @@ class PipelineConfig:
     rope_table_size: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("frames_per_block", "window_blocks", "context_blocks", "num_train_timesteps"):
+        for name in ("frames_per_block", "window_blocks", "num_train_timesteps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.context_blocks is not None and (
+            isinstance(self.context_blocks, bool)
+            or not isinstance(self.context_blocks, int)
+            or self.context_blocks < 0
+        ):
+            raise ValueError(
+                f"PipelineConfig.context_blocks must be an int >= 0 or None (derived from the original's "
+                f"{ORIGINAL_ATTENTION_FRAMES}-frame attention budget), got {self.context_blocks!r}"
+            )
         if self.sink_blocks != 1:
             raise ValueError(
                 f"PipelineConfig.sink_blocks must be 1 (the original keeps exactly the first block), "
@@ -219,6 +241,8 @@ class PipelineConfig:
             )
         if len(set(self.denoising_steps)) != len(self.denoising_steps):
             raise ValueError(f"denoising_steps must be distinct, got {self.denoising_steps}")
+        if self.context_blocks is None:
+            object.__setattr__(self, "context_blocks", self._original_context_blocks())
         if self.dtype not in _DTYPES:
             raise ValueError(f"PipelineConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.positions not in POSITION_MODES:
@@ -230,6 +254,21 @@ class PipelineConfig:
                 f"rope_table_size={self.rope_table_size} is smaller than the key budget "
                 f"({self.key_budget_frames} frames)"
             )
+
+    def _original_context_blocks(self) -> int:
+        """The working cache the original's fixed 21-frame budget leaves (see the class docstring)."""
+        budget, fpb = ORIGINAL_ATTENTION_FRAMES, self.frames_per_block
+        need = (self.sink_blocks + self.window_blocks) * fpb
+        if budget % fpb or need > budget:
+            raise ValueError(
+                f"context_blocks=None derives the working cache from the original's {budget}-frame "
+                f"attention budget, which {len(self.denoising_steps)} denoising steps of {fpb} frames cannot "
+                f"follow: the sink and the window alone take {need} frames"
+                + (f" (> {budget})" if need > budget else f" and {budget} is not a whole number of blocks")
+                + "; the original then attends beyond the context its model was trained on. Use at most "
+                f"{budget // fpb - self.sink_blocks} steps, or pass context_blocks explicitly"
+            )
+        return budget // fpb - self.sink_blocks - self.window_blocks
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -248,6 +287,7 @@ class PipelineConfig:
     @property
     def key_budget_blocks(self) -> int:
         """Blocks of keys per pass: sink + working cache + window (7)."""
+        assert self.context_blocks is not None  # set by __post_init__
         return self.sink_blocks + self.context_blocks + self.window_blocks
 
     @property

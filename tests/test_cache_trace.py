@@ -100,19 +100,22 @@ def test_relative_positions_have_the_same_offsets_and_stay_small() -> None:
             assert top <= P.key_budget_frames
 
 
-def _original_trace(nb: int) -> list[tuple[list[tuple[int, int]] | None, list[tuple[int, int]]]]:
+def _original_trace(
+    nb: int, steps: int = 5
+) -> list[tuple[list[tuple[int, int]] | None, list[tuple[int, int]]]]:
     """The original's bookkeeping in frame units: per window (denoise keys or None, update keys).
 
     Transliterated from the description of CausalWanSelfAttention.forward (kv-cache branch): buffer of
-    24 frames, max attention 21 frames, sink = first 3 frames, placeholder write + index advance in the
-    denoise pass, overwrite without advance in the update pass, eviction by shifting left.
+    24 frames, max attention 21 frames (constants of the original, whatever the step list), sink = first
+    3 frames, placeholder write + index advance in the denoise pass, overwrite without advance in the
+    update pass, eviction by shifting left; a window of ``steps`` blocks.
     """
     fpb, buf, max_att, sink = 3, 24, 21, 3
     content: list[int | None] = [None] * (buf // fpb)  # block id stored per 3-frame slot
     g_end = l_end = 0
     out = []
-    for w in range(nb + 4):
-        s, e = max(0, w - 4), min(nb - 1, w)
+    for w in range(nb + steps - 1):
+        s, e = max(0, w - steps + 1), min(nb - 1, w)
         start, qf = s * fpb, (e - s + 1) * fpb
         results = []
         for updating in (False, True):
@@ -159,6 +162,21 @@ def test_schedule_equals_original_bookkeeping(nb: int) -> None:
         ring[plan.write_slot] = window_range(P, nb, w)[0]
         for k in plan.update.cache_keys:
             assert ring[k.slot] == k.block
+
+
+STEP_LISTS = {3: (1000, 666, 333), 4: (1000, 750, 500, 250), 6: (1000, 833, 666, 500, 333, 166)}
+
+
+@given(st.sampled_from(sorted(STEP_LISTS)), st.integers(0, 30))
+def test_other_step_lists_follow_the_original_bookkeeping(steps: int, extra: int) -> None:
+    """With 3, 4 or 6 steps the default config keeps the original's 21-frame budget: every window's keys
+    (denoise and update) are the original's (a working cache of 3, 2 or 0 blocks in steady state)."""
+    p = PipelineConfig(window_blocks=steps, denoising_steps=STEP_LISTS[steps])
+    nb = steps + extra
+    for w, (den, upd) in enumerate(_original_trace(nb, steps)):
+        plan = window_plan(p, nb, w)
+        assert [(k.block, k.position) for k in plan.denoise.cache_keys] == (den or []), (w, den)
+        assert [(k.block, k.position) for k in plan.update.cache_keys] == upd, (w, upd)
 
 
 def test_rolling_kv_cache_slots_views_and_reset() -> None:

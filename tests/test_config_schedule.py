@@ -64,6 +64,45 @@ def test_bad_configs_raise() -> None:
         get_preset("wan-14b")
 
 
+STEP_LISTS = {
+    3: (1000, 666, 333),
+    4: (1000, 750, 500, 250),
+    5: (1000, 800, 600, 400, 200),
+    6: (1000, 833, 666, 500, 333, 166),
+}
+"""Step lists of 3..6 steps (the released 5, Self-Forcing's 4, two more) for the budget tests."""
+
+
+@pytest.mark.parametrize("steps", sorted(STEP_LISTS))
+def test_default_context_follows_the_original_21_frame_budget(steps: int) -> None:
+    """The original's denoise pass attends max_attention_size = 21 frames for every step list: the working
+    cache is what the 3-frame sink and the window leave (3, 2, 1, 0 blocks for 3, 4, 5, 6 steps)."""
+    p = PipelineConfig(window_blocks=steps, denoising_steps=STEP_LISTS[steps])
+    assert p.context_blocks == 21 // 3 - 1 - steps
+    assert p.key_budget_frames == 21 and p.buffer_slots == 8  # the original's 21 / 24 frames
+    assert (
+        PipelineConfig(
+            window_blocks=steps, denoising_steps=STEP_LISTS[steps], context_blocks=1
+        ).context_blocks
+        == 1
+    )
+
+
+def test_step_lists_beyond_the_budget_and_bad_context_refused() -> None:
+    seven = (1000, 857, 714, 571, 428, 285, 142)
+    with pytest.raises(
+        ValueError, match=r"sink and the window alone take 24 frames \(> 21\).*at most 6 steps"
+    ):
+        PipelineConfig(window_blocks=7, denoising_steps=seven)
+    assert PipelineConfig(window_blocks=7, denoising_steps=seven, context_blocks=0).key_budget_frames == 24
+    with pytest.raises(ValueError, match="21 is not a whole number of blocks"):
+        PipelineConfig(frames_per_block=2)
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError, match="context_blocks must be an int >= 0 or None"):
+            PipelineConfig(context_blocks=bad)  # type: ignore[arg-type]
+    assert PipelineConfig() == PipelineConfig(context_blocks=1)  # the derived value is the field's value
+
+
 def test_too_few_blocks_raise() -> None:
     with pytest.raises(ValueError, match="num_blocks=4 is too short"):
         window_plan(PipelineConfig(), 4, 0)

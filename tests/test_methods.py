@@ -226,4 +226,22 @@ def test_bad_method_input(model: CausalWanModel) -> None:
         RollingForcingPipeline(model, M, P, method="causvid").set_prompt(text_embeds(9), recache=True)
     with pytest.raises(ValueError, match="sink_positions"):
         StreamMethod("x", 3, (1000,), 5.0, True, 1, 1, "none", 4)
+
+
+@pytest.mark.parametrize("sink", [0, 1])
+def test_sequential_method_needs_a_ring_slot(sink: int) -> None:
+    """The edge exactly: a budget of the sink alone (no ring slot for the pass's own block; slot_of would
+    divide by 0) is refused at construction; one block more is the smallest method that runs."""
+    pos = "fixed" if sink else "none"
+    if sink:
+        with pytest.raises(
+            ValueError, match=r"attention_blocks=1 must hold the sink \(1\) and the pass's own block"
+        ):
+            StreamMethod("x", 3, (1000,), 5.0, True, 1, sink, pos, sink)
+    else:
+        with pytest.raises(ValueError, match="attention_blocks must be >= 1, got 0"):
+            StreamMethod("x", 3, (1000,), 5.0, True, 1, sink, pos, sink)
+    m = StreamMethod("x", 3, (1000,), 5.0, True, 1, sink, pos, sink + 1)
+    assert m.ring_slots == 1 and m.buffer_slots == sink + 1
+    assert sequential.key_blocks(m, 5) == (*range(sink), 5)  # the sink (if any) and the block itself
     assert set(METHOD_NAMES) == {"rolling-forcing", "self-forcing", "causvid", "longlive"}
