@@ -23,6 +23,7 @@ from rolling_forcing.text import (
     validate_prompt_embeds,
 )
 from rolling_forcing.video import VideoWriter, read_video
+from tests.numerics import FP32_ISSUE_BOUND  # fp32 stream equivalence (1e-5)
 
 try:  # the `test` extra installs diffusers and transformers: without them these tests fail, never skip
     import diffusers
@@ -58,8 +59,11 @@ def test_streamed_decode_equals_full_decode_tiny_wan_vae() -> None:
     assert streamed.shape == full.shape == (1, 3, 25, 32, 48)
     # Non-trivial output: a good share of pixels is not clamped.
     assert (full.abs() < 0.99).float().mean() > 0.1
-    # Same per-frame computation in the same order: exact equality is expected.
-    assert torch.equal(streamed, full)
+    # Same per-frame computation in the same order, but on chunks of other lengths: the conv kernels torch
+    # picks by shape and CPU may sum in another order (measured max |streamed - full|: 0 on the recording
+    # machine, 2.3e-06 under MKL_CBWR=COMPATIBLE; output in [-1, 1]), so the fp32 stream-equivalence bound.
+    # A wrong or missing cache errs by > 1e-2 (test_streamed_decode_without_cache_differs).
+    assert float((streamed - full).abs().max()) <= FP32_ISSUE_BOUND
     # A reset starts a new stream: the first chunk again decodes to 9 frames and equals the first part.
     dec.reset()
     assert torch.equal(dec.decode(latents[:, :3]), parts[0])
@@ -75,7 +79,7 @@ def test_streamed_decode_without_cache_differs() -> None:
     dec.decode(latents[:, :1])  # different history
     other = dec.decode(latents[:, 3:])
     assert second.shape == other.shape
-    assert not torch.allclose(second, other)
+    assert float((second - other).abs().max()) > 1e-2  # far above the equality test's FP32_ISSUE_BOUND
 
 
 def test_decoders_reject_wrong_latent_shape() -> None:
