@@ -111,6 +111,29 @@ def _signals_deferred(raise_pending: bool = True) -> Iterator[None]:
                 raise Interrupted(signum)
 
 
+def _stop_signal(exc: BaseException, got: _Received) -> int | None:
+    """The signal that stopped the run, or None when ``exc`` is a failure.
+
+    The handler's record first; else an :class:`Interrupted` (its signal) or a ``KeyboardInterrupt``
+    (SIGINT) that ``exc`` is or wraps anywhere in its ``__cause__`` / ``__context__`` chain (a library may
+    turn a stop into its own exception, e.g. an ``OSError`` from a pipe write)."""
+    if got.signum is not None:
+        return got.signum
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, Interrupted):
+            return e.signum
+        if isinstance(e, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        todo += [e.__context__, e.__cause__]
+    return None
+
+
 def _in_main_thread() -> bool:
     import threading
 
@@ -469,10 +492,10 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                     "generate", f"wrote {writer.frames_written} frames, expected {total_frames}", exit_code=1
                 )
     except BaseException as exc:
-        if not isinstance(exc, (Interrupted, KeyboardInterrupt)) and got.signum is None:
+        signum = _stop_signal(exc, got)
+        if signum is None:
             finish({"interrupted": False, "signal": None, "error": f"{type(exc).__name__}: {exc}"})
             raise
-        signum = got.signum or (exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT))
         done = finish({"interrupted": True, "signal": signal.Signals(signum).name, "error": None})
         kept = done["data"].get("partial_video")
         where = (

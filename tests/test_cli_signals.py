@@ -63,3 +63,96 @@ def test_outside_a_section_the_signal_raises_at_once() -> None:
         for _ in range(10_000_000):
             pass
         pytest.fail("the signal did not interrupt the loop")
+
+
+# ---------------------------------------------------------------- a signal that surfaces as an OSError
+# A library between the signal and the run can wrap it: imageio's ffmpeg pipe turns any Exception raised
+# inside its write (our handler's Interrupted is one) into an OSError, chaining the original as the
+# cause or the context; a library that handles SIGINT itself leaves a KeyboardInterrupt in the chain.
+# Either way the user stopped the run: the frames so far must be kept, not deleted as after a failure.
+
+STOP_AT_CHUNK = 2  # chunks 0 and 1 (9 + 12 video frames) are written before the stop
+
+
+def _wrapped_stop(monkeypatch: pytest.MonkeyPatch, sig: signal.Signals, how: str) -> None:
+    """Make the tiny run's decoder, at chunk STOP_AT_CHUNK (outside the critical sections), stop with an
+    OSError. ``how``: ``cause`` / ``context`` / ``no-chain``: ``sig`` is sent for real (os.kill), our
+    handler raises and the OSError chains that as its cause, its context or not at all; ``keyboard-*`` /
+    ``interrupted-cause``: no signal reaches our handler, the OSError wraps a KeyboardInterrupt (SIGINT)
+    or an :class:`Interrupted` raised by other code."""
+    import errno
+
+    from rolling_forcing.decode import PreviewDecoder
+
+    real = PreviewDecoder.decode
+    calls: list[int] = []
+
+    def decode(self: PreviewDecoder, latents):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) != STOP_AT_CHUNK + 1:
+            return real(self, latents)
+        if how in ("keyboard-cause", "interrupted-cause"):  # our handler sees no signal: only the chain
+            stop = KeyboardInterrupt() if how == "keyboard-cause" else Interrupted(sig)
+            raise OSError(errno.EINTR, "write interrupted") from stop
+        if how == "keyboard-context":
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise OSError(errno.EPIPE, "broken pipe")  # noqa: B904
+        stopped = False
+        try:
+            os.kill(os.getpid(), sig)
+            for _ in range(10_000_000):  # the handler raises at the next bytecode boundary
+                pass
+        except Interrupted as exc:
+            if how == "cause":
+                raise OSError(errno.EINTR, "write interrupted") from exc
+            if how == "context":  # raised while handling it: the Interrupted is the implicit __context__
+                raise OSError(errno.EPIPE, "broken pipe")  # noqa: B904
+            stopped = True
+        if stopped:  # raised afterwards, no chain at all: only the handler's record tells
+            raise OSError(errno.EPIPE, "broken pipe")
+        raise AssertionError("the signal did not interrupt the decoder")
+
+    monkeypatch.setattr(PreviewDecoder, "decode", decode)
+
+
+@pytest.mark.parametrize(
+    ("sig", "how"),
+    [
+        (signal.SIGINT, "cause"),
+        (signal.SIGTERM, "context"),
+        (signal.SIGTERM, "no-chain"),
+        (signal.SIGINT, "keyboard-cause"),
+        (signal.SIGINT, "keyboard-context"),
+        (signal.SIGTERM, "interrupted-cause"),
+    ],
+)
+def test_a_signal_wrapped_in_an_oserror_keeps_the_partial_video(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals, how: str
+) -> None:
+    import json
+    from pathlib import Path
+
+    from nki_ardiff.cli_options import GenerateOptions
+    from nki_ardiff.cli_run import run_generate
+    from rolling_forcing.video import VideoSpec, read_video
+
+    _wrapped_stop(monkeypatch, sig, how)
+    out, rep = Path(tmp_path / "demo.mp4"), Path(tmp_path / "demo.json")
+    opts = GenerateOptions(
+        out=out, preset="tiny", blocks=5, report_json=rep, warmup=False, quiet=True, progress=False
+    )
+    with pytest.raises(Interrupted) as info:
+        run_generate(opts)
+    assert info.value.signum == sig and info.value.exit_code == 128 + sig
+    partial = tmp_path / "demo.partial.mp4"
+    assert f"interrupted by {sig.name}: the 21 frames written so far are in {partial}" in str(info.value)
+    frames = VideoSpec().video_frames(STOP_AT_CHUNK, 3)  # 9 + 12 = 21, independent of the run
+    assert frames == 21
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json", "demo.partial.mp4"]
+    data = json.loads(rep.read_text())
+    assert data["interrupted"] is True and data["signal"] == sig.name and data["error"] is None
+    assert data["partial_video"] == str(partial)
+    assert data["summary"]["chunks"] == STOP_AT_CHUNK and data["summary"]["video_frames"] == frames
+    assert read_video(partial).shape == (frames, 64, 64, 3)  # playable, every chunk the report lists

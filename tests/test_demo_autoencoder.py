@@ -165,6 +165,52 @@ def test_shipped_weights_reconstruct_heldout_clips() -> None:
     assert ((per_c.std(dim=1) > 0.75) & (per_c.std(dim=1) < 1.33)).all()
 
 
+def _shipped_state() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The shipped file's tensors and metadata, read with safetensors directly (not the loader)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(WEIGHTS_PATH), "pt") as f:
+        meta = f.metadata()
+    return load_file(str(WEIGHTS_PATH)), meta
+
+
+def test_shipped_weights_load_as_stored() -> None:
+    state, meta = _shipped_state()
+    ae = load_autoencoder()
+    assert not ae.training and ae.config == AutoencoderConfig.from_json(meta["config"])
+    got = ae.state_dict()
+    assert sorted(got) == sorted(state)
+    for k, v in state.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path) -> None:
+    """Every floating tensor of the file (decoder, encoder, latent statistics) is checked: one NaN, +inf or
+    -inf in any of them is a ValueError naming that tensor and the count, never a blank decode."""
+    import re
+
+    from safetensors.torch import save_file
+
+    state, meta = _shipped_state()
+    decoder = {"conv_in", "res1", "res2", "up", "dec_out"}
+    assert decoder <= {k.split(".")[0] for k in state}  # the decoder's tensors are all in the loop below
+    path = tmp_path / "ae.safetensors"
+    for i, key in enumerate(sorted(state)):
+        bad = (math.nan, math.inf, -math.inf)[i % 3]
+        t = state[key].clone()
+        t.view(-1)[t.numel() // 2] = bad
+        save_file({**state, key: t}, str(path), metadata=meta)
+        want = f"autoencoder weights tensor {key!r} has 1 non-finite values (NaN/inf)"
+        with pytest.raises(ValueError, match=re.escape(want)):
+            load_autoencoder(path)
+    t = state["dec_out.weight"].clone()  # the decoder's last conv, three at once: the count is exact
+    t.view(-1)[:3] = torch.tensor([math.nan, math.inf, -math.inf])
+    save_file({**state, "dec_out.weight": t}, str(path), metadata=meta)
+    with pytest.raises(ValueError, match=re.escape("tensor 'dec_out.weight' has 3 non-finite values")):
+        load_autoencoder(path)
+
+
 # ---------------------------------------------------------------- data
 
 

@@ -91,3 +91,26 @@ def test_worst_of_counts_nan_as_infinite() -> None:
 def test_tolerance_rejects_non_finite_or_negative_reference_error(bad: float) -> None:
     with pytest.raises(ValueError, match="ref_err must be a finite non-negative number"):
         tolerance(F32, bad)
+
+
+def test_nan_in_the_baseline_alone_is_an_infinite_elementwise_error() -> None:
+    """abs_err itself (not only the fold in max_abs_err) marks a baseline NaN as inf, at that place only."""
+    out, ref = _good()
+    d = abs_err(out, _with(ref, math.nan))
+    assert d[2, 7].item() == math.inf
+    assert int(torch.isinf(d).sum()) == 1 and not bool(torch.isnan(d).any())
+    assert d[0, 0].item() == pytest.approx(FLOORS[F32] / 4, rel=1e-6)  # elsewhere the finite error
+
+
+@pytest.mark.parametrize(("n_actual", "n_expected"), [(1, 2), (2, 1), (0, 1), (1, 0)])
+def test_tensor_count_mismatch_is_an_error_either_way(n_actual: int, n_expected: int) -> None:
+    """(out,) against (out, lse) must not compare only the common prefix: lse would go unchecked."""
+    out, ref = _good()
+    lse = torch.full((4,), math.nan)  # would be an infinite error if it were compared
+    actual, expected = (out, lse)[:n_actual], (ref, lse)[:n_expected]
+    msg = f"got {n_actual} tensors, expected {n_expected}"
+    with pytest.raises(ValueError, match=msg):
+        max_abs_err(actual, expected)
+    with pytest.raises(ValueError, match=msg):
+        assert_within(actual, expected, F32, 0.0)
+    assert max_abs_err((out, lse[:0]), (ref, lse[:0])) == pytest.approx(FLOORS[F32] / 4, rel=1e-6)

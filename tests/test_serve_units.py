@@ -1,9 +1,11 @@
-"""rolling_forcing.serve's pure parts: playout buffer and clock, start threshold, admission rule,
-Prometheus rendering (parsed by prometheus_client, an independent parser), config and prompt rules."""
+"""rolling_forcing.serve's pure parts: playout buffer and clock, start threshold, admission rule, the
+reaper (on a fake clock), Prometheus rendering (parsed by prometheus_client, an independent parser),
+config and prompt rules."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -81,6 +83,58 @@ def test_admission_rule_sums_session_costs_against_the_deadline_budget() -> None
     assert reason is not None and "610.0 ms > budget 600.0 ms" in reason and "3 session(s)" in reason
     assert admission_refusal([], 0.7, 0.75, 0.0, 1) is None
     assert "max_sessions=2" in (admission_refusal([0.01, 0.01], 0.01, 0.75, 0.2, 2) or "")
+
+
+class _Clock:
+    """A settable ``time.monotonic`` (the reaper's clock); ``perf_counter`` stays real."""
+
+    perf_counter = staticmethod(time.perf_counter)
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def test_reaper_closes_sessions_without_a_viewer_and_never_a_watched_one(monkeypatch) -> None:
+    """connect_timeout_s counts while no viewer is connected (since admission, or since the viewer left);
+    a session whose viewer is connected stays open however long it runs. Edge: exactly the timeout is
+    not over it. A fake clock stands in for time.monotonic in the manager and the session modules."""
+    from rolling_forcing.serve import manager as manager_mod
+    from rolling_forcing.serve import session as session_mod
+    from rolling_forcing.serve.engine import Engine
+    from rolling_forcing.serve.manager import SessionManager
+
+    clock = _Clock(1000.0)
+    monkeypatch.setattr(manager_mod, "time", clock)
+    monkeypatch.setattr(session_mod, "time", clock)
+    timeout = 10.0
+    engine = Engine(ServeConfig(session_interval_s=0.0, connect_timeout_s=timeout))
+    engine.costs.add(0.01)  # stands in for calibrate(): admission needs a measured cost
+    mgr = SessionManager(engine)
+    watched, absent = mgr.admit("a cat", 1), mgr.admit("a dog", 2)
+    watched.connected = True  # what the viewer's WebSocket handler sets (serve/app.py)
+    clock.t = 1000.0 + timeout  # exactly the timeout since admission: not yet over it
+    mgr._reap()
+    assert set(mgr.sessions) == {watched.id, absent.id}
+    clock.t = 1000.0 + timeout + 0.5
+    mgr._reap()
+    assert set(mgr.sessions) == {watched.id}
+    assert absent.closed and absent.stream is None and not watched.closed
+    assert mgr.reports[absent.id]["serve"]["close_reason"] == "viewer absent: no connection for 10 s"
+    clock.t = 1000.0 + 100 * timeout  # watched for 100 timeouts: still open
+    mgr._reap()
+    assert set(mgr.sessions) == {watched.id} and watched.stream is not None
+    watched.connected, watched.last_seen = False, clock.t  # the viewer leaves (as serve/app.py records it)
+    clock.t += timeout
+    mgr._reap()
+    assert set(mgr.sessions) == {watched.id}
+    clock.t += 0.5
+    mgr._reap()
+    assert mgr.sessions == {} and watched.closed
+    assert dict(mgr.closed_by) == {"viewer absent": 2}
+    mgr.stop()
 
 
 def test_metrics_text_parses_with_prometheus_client() -> None:
