@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sharding.collectives import all_gather, all_to_all
 from sharding.plan import ShardingPlan
 
 __all__ = [
@@ -147,10 +148,7 @@ def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
 
 def _tp_all_to_all(chunks: list[torch.Tensor], group: Any) -> list[torch.Tensor]:
     """Send ``chunks[i]`` to the i-th rank of the TP group; return what each peer sent (same shapes)."""
-    send = torch.stack(chunks).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    return list(recv.unbind(0))
+    return list(all_to_all(torch.stack(chunks), group).unbind(0))
 
 
 def _default_attention(
@@ -251,9 +249,8 @@ def sharded_attention(
     if plan.sp > 1:
         shard_len = [sum(k_splits[t * tp : (t + 1) * tp]) for t in range(plan.sp)]
         smax = max(shard_len)
-        kv = torch.stack([_pad_tokens(k_s, smax), _pad_tokens(v_s, smax)]).contiguous()
-        gathered = [torch.empty_like(kv) for _ in range(plan.sp)]
-        dist.all_gather(gathered, kv, group=groups.sp_group)
+        kv = torch.stack([_pad_tokens(k_s, smax), _pad_tokens(v_s, smax)])
+        gathered = all_gather(kv, plan.sp, groups.sp_group)
         k_all = torch.cat([gathered[t][0][:, : shard_len[t]] for t in range(plan.sp)], dim=1)
         v_all = torch.cat([gathered[t][1][:, : shard_len[t]] for t in range(plan.sp)], dim=1)
     else:

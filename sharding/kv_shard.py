@@ -30,10 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from rolling_forcing.cache import LayerKVCache, RollingKVCache
 from sharding.attention import token_splits
+from sharding.collectives import all_gather
 from sharding.plan import ShardingPlan
 
 __all__ = ["KV_CACHE_LAYOUTS", "owned_block_tokens", "SpKVCache", "check_kv_cache_layout"]
@@ -97,8 +97,7 @@ class SpKVCache:
         if lc.tokens_per_block < tmax:
             pad = kv.new_zeros((2, b, slots, tmax - lc.tokens_per_block, h, d))
             kv = torch.cat([kv, pad], dim=3)
-        parts = [torch.empty_like(kv) for _ in range(self.plan.sp)]
-        dist.all_gather(parts, kv.contiguous(), group=self.sp_group)
+        parts = all_gather(kv, self.plan.sp, self.sp_group)
         full = torch.cat([p[:, :, :, :n] for p, n in zip(parts, self.splits)], dim=3)
         full = full.reshape(2, b, slots * t, h, d)
         self.gather_bytes = max(self.gather_bytes, full.numel() * full.element_size())

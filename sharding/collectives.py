@@ -1,0 +1,34 @@
+"""The sharded stream's collectives, traceable: ``torch.compile(fullgraph=True)`` captures them in the graph.
+
+Every collective of a sharded forward (the TP all-to-alls and SP K/V all-gathers of
+:func:`sharding.attention.sharded_attention`, the SP cache gather of :mod:`sharding.kv_shard`, the head
+all-gather of :class:`sharding.rank_stream.RankStream`) goes through these two functions. They use
+torch's *functional* collectives (``torch.distributed._functional_collectives``: ``_c10d_functional``
+ops that return a new tensor, then ``wait_tensor``), not the in-place ``torch.distributed`` calls: an
+in-place host collective cuts a compiled graph in two, a functional one is an op of the graph (the form
+Dynamo traces and an XLA backend lowers to a device collective). In eager mode they run the same
+collective on the same process group (and its timeout) and move the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed._functional_collectives as funcol
+
+__all__ = ["all_gather", "all_to_all"]
+
+
+def all_to_all(send: torch.Tensor, group: Any) -> torch.Tensor:
+    """``send`` ``[n, ...]`` (n = the group's size): row ``i`` goes to the group's ``i``-th rank; returns
+    ``[n, ...]`` whose row ``j`` came from the ``j``-th rank. Collective over ``group``."""
+    out = funcol.all_to_all_single(send.contiguous(), None, None, group)
+    return funcol.wait_tensor(out)
+
+
+def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
+    """``[n, *x.shape]``: every rank's ``x`` (same shape on every rank) in group-rank order. Collective over
+    ``group`` of ``n`` ranks."""
+    out = funcol.wait_tensor(funcol.all_gather_single(x.contiguous(), 0, group))
+    return out.view(n, *x.shape)
