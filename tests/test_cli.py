@@ -458,7 +458,7 @@ def test_threads_and_cores_below_one_are_one_error_line_before_any_build(
     built: list[int] = []
 
     class Spy(model_mod.CausalWanModel):
-        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        def __init__(self, *args, **kwargs) -> None:
             built.append(1)
             super().__init__(*args, **kwargs)
 
@@ -480,3 +480,32 @@ def test_one_thread_and_one_core_are_accepted(tmp_path, capsys) -> None:
     opts = GenerateOptions(out=Path(tmp_path / "a.mp4"), preset="tiny", blocks=5, threads=1, cores=1)
     plan = check_generate(opts)
     assert plan.num_blocks == 5 and capsys.readouterr().err == ""  # no warning either: 1 <= cpu_count
+
+
+def test_numeric_bounds_of_generate_are_exact_at_their_edges(tmp_path) -> None:
+    """--seconds (0, 24 h], --blocks [1, the 24 h count], --seed [0, 2**63 - 2]: each edge accepted, the
+    next value refused with the option and its rule."""
+    import math
+    from pathlib import Path
+
+    from nki_ardiff.cli_checks import CliError, check_generate
+    from nki_ardiff.cli_options import GenerateOptions
+
+    o = {"out": Path(tmp_path / "a.mp4"), "preset": "tiny", "positions": "relative"}  # no table bound
+    top = 1 + math.ceil((86_400 * 16 - 9) / 12)  # 24 h at 16 fps: 9 frames in the first block, 12 after
+    assert check_generate(GenerateOptions(seconds=86_400.0, **o)).num_blocks == top
+    assert check_generate(GenerateOptions(blocks=top, **o)).num_blocks == top
+    for seed in (0, 2**63 - 2):
+        assert check_generate(GenerateOptions(blocks=5, seed=seed, **o)).num_blocks == 5
+    refused = [
+        ({"seconds": math.nextafter(86_400.0, math.inf)}, "--seconds", "at most 86400 (24 h of video)"),
+        ({"seconds": 0.0}, "--seconds", "must be a finite number > 0, got 0.0"),
+        ({"blocks": top + 1}, "--blocks", f"must be in [1, {top}]"),
+        ({"blocks": 0}, "--blocks", f"must be in [1, {top}]"),
+        ({"blocks": 5, "seed": 2**63 - 1}, "--seed", f"must be in [0, 2**63 - 2], got {2**63 - 1}"),
+        ({"blocks": 5, "seed": -1}, "--seed", "must be in [0, 2**63 - 2], got -1"),
+    ]
+    for kw, flag, rule in refused:
+        with pytest.raises(CliError) as info:
+            check_generate(GenerateOptions(**kw, **o))
+        assert info.value.argument == flag and rule in info.value.rule and info.value.exit_code == 2, kw

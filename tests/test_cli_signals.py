@@ -82,12 +82,14 @@ def _wrapped_stop(monkeypatch: pytest.MonkeyPatch, sig: signal.Signals, how: str
     or an :class:`Interrupted` raised by other code."""
     import errno
 
+    import torch
+
     from rolling_forcing.decode import PreviewDecoder
 
     real = PreviewDecoder.decode
     calls: list[int] = []
 
-    def decode(self: PreviewDecoder, latents):  # type: ignore[no-untyped-def]
+    def decode(self: PreviewDecoder, latents: torch.Tensor) -> torch.Tensor:
         calls.append(1)
         if len(calls) != STOP_AT_CHUNK + 1:
             return real(self, latents)

@@ -211,6 +211,31 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path) -> None:
         load_autoencoder(path)
 
 
+@pytest.mark.parametrize("change", ["missing", "unexpected", "shape"])
+def test_weights_that_do_not_fit_the_config_are_a_value_error_naming_file_and_tensor(
+    tmp_path, change: str
+) -> None:
+    """strict loading: a missing tensor would otherwise keep its random initialisation (a silently wrong
+    decoder); the error is the loader's ValueError (what load_demo promises), not torch's RuntimeError."""
+    import re
+
+    from safetensors.torch import save_file
+
+    state, meta = _shipped_state()
+    if change == "missing":
+        del state["dec_out.bias"]
+    elif change == "unexpected":
+        state["dec_out.extra"] = torch.zeros(3)
+    else:
+        state["dec_out.bias"] = state["dec_out.bias"][:5].clone()
+    path = tmp_path / "ae.safetensors"
+    save_file(state, str(path), metadata=meta)
+    name = "dec_out.extra" if change == "unexpected" else "dec_out.bias"
+    want = f"{str(path)!r}: weights do not fit the autoencoder config in its metadata"
+    with pytest.raises(ValueError, match=re.escape(want) + f".*{re.escape(name)}"):
+        load_autoencoder(path)
+
+
 # ---------------------------------------------------------------- data
 
 

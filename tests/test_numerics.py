@@ -114,3 +114,12 @@ def test_tensor_count_mismatch_is_an_error_either_way(n_actual: int, n_expected:
     with pytest.raises(ValueError, match=msg):
         assert_within(actual, expected, F32, 0.0)
     assert max_abs_err((out, lse[:0]), (ref, lse[:0])) == pytest.approx(FLOORS[F32] / 4, rel=1e-6)
+
+
+def test_tolerance_is_k_times_the_reference_error_plus_the_floor() -> None:
+    """The documented rule with its documented constants (K = 2; floors 2**-19 fp32, 2**-7 bf16)."""
+    assert tolerance(torch.bfloat16, 0.01) == 2 * 0.01 + 2.0**-7
+    assert tolerance(F32, 3e-6) == 2 * 3e-6 + 2.0**-19
+    assert tolerance(F32, 0.0) == 2.0**-19
+    with pytest.raises(ValueError, match="has no recorded floor"):
+        tolerance(torch.float16, 0.0)

@@ -308,7 +308,11 @@ def save_autoencoder(
 
 def load_autoencoder(path: str | Path | None = None) -> DemoAutoencoder:
     """Load a :class:`DemoAutoencoder` (eval mode) from safetensors written by :func:`save_autoencoder`;
-    ``None`` = the shipped :data:`WEIGHTS_PATH`."""
+    ``None`` = the shipped :data:`WEIGHTS_PATH`.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file (and the tensor)
+    for a corrupt file, no config metadata, a NaN/inf in any floating tensor, or tensors that do not fit
+    the config (missing, unexpected or wrongly shaped)."""
     from rolling_forcing.tensor_io import check_finite, read_safetensors
 
     p = Path(path) if path is not None else WEIGHTS_PATH
@@ -321,5 +325,11 @@ def load_autoencoder(path: str | Path | None = None) -> DemoAutoencoder:
         if t.is_floating_point():
             check_finite(t, f"autoencoder weights tensor {k!r}", ValueError)
     model = DemoAutoencoder(AutoencoderConfig.from_json(meta["config"]))
-    model.load_state_dict(state, strict=True)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # torch's message names the missing / unexpected / misshaped tensors
+        why = " ".join(str(exc).split())  # one line
+        raise ValueError(
+            f"{str(p)!r}: weights do not fit the autoencoder config in its metadata: {why}"
+        ) from None
     return model.eval()
