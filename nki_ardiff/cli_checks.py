@@ -271,12 +271,6 @@ def _check_combinations(opts: GenerateOptions) -> None:
         raise CliError("--switch-frames", "needs --prompt-schedule")
     if opts.prompt_schedule is not None and opts.prompt_embeds is not None:
         raise CliError("--prompt-schedule", "encodes its prompts: it cannot be combined with --prompt-embeds")
-    if opts.compile and opts.cores != 1:
-        raise CliError(
-            "--compile",
-            "--compile applies to the single-process pipeline: the sharded stream (--cores > 1) runs eager "
-            "forwards on its ranks; drop --compile or use --cores 1",
-        )
     if opts.compile and method.sequential:
         raise CliError(
             "--compile",

@@ -409,6 +409,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                 pipe = ShardedRollingForcingPipeline(
                     model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend,
                     positions=opts.positions, merged=opts.merged, method=method,
+                    compile=True if opts.compile else None,
                 )  # fmt: skip
                 say(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
             else:

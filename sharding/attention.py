@@ -146,6 +146,16 @@ def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=1)
 
 
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s bytes as a flat uint8 tensor (to put tensors of different dtypes in one collective)."""
+    return x.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _from_bytes(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_bytes`: ``b`` as a tensor of ``like``'s dtype and shape."""
+    return b.view(like.dtype).view(like.shape)
+
+
 def _tp_all_to_all(chunks: list[torch.Tensor], group: Any) -> list[torch.Tensor]:
     """Send ``chunks[i]`` to the i-th rank of the TP group; return what each peer sent (same shapes)."""
     return list(all_to_all(torch.stack(chunks), group).unbind(0))
@@ -177,6 +187,7 @@ def sharded_attention(
     return_lse: bool = False,
     backend: str | None = None,
     attention_fn: Callable[..., Any] | None = None,
+    sp_extra: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of all queries over all keys, computed TP x SP-sharded; collective over all ranks.
 
@@ -191,6 +202,10 @@ def sharded_attention(
         backend: forwarded to ``nki_kernels.ops.attention``.
         attention_fn: override of the local attention (same signature as ``nki_kernels.ops.attention``);
             default ``nki_kernels.ops.attention``.
+        sp_extra: a tensor (any shape and dtype, the same on every SP rank of the group) all-gathered in
+            the SAME collective as the keys (one collective per call, not two: the SP-sharded KV cache's
+            share of the layer); ``attention_fn`` then also gets ``sp_extra=`` ``[sp, *sp_extra.shape]``
+            in SP-rank order (``[1, ...]`` when ``sp == 1``).
 
     Returns:
         out ``[B, Lq_local, H, D]`` (q's dtype) for this rank's tokens, and with ``return_lse`` the lse
@@ -250,20 +265,30 @@ def sharded_attention(
         shard_len = [sum(k_splits[t * tp : (t + 1) * tp]) for t in range(plan.sp)]
         smax = max(shard_len)
         kv = torch.stack([_pad_tokens(k_s, smax), _pad_tokens(v_s, smax)])
-        gathered = all_gather(kv, plan.sp, groups.sp_group)
+        if sp_extra is None:
+            gathered = all_gather(kv, plan.sp, groups.sp_group)
+        else:  # one collective for both: their bytes side by side
+            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])
+            both = all_gather(payload, plan.sp, groups.sp_group)
+            n_kv = payload.numel() - _bytes(sp_extra).numel()
+            gathered = torch.stack([_from_bytes(r[:n_kv], kv) for r in both])
+            extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both])
         k_all = torch.cat([gathered[t][0][:, : shard_len[t]] for t in range(plan.sp)], dim=1)
         v_all = torch.cat([gathered[t][1][:, : shard_len[t]] for t in range(plan.sp)], dim=1)
     else:
         k_all, v_all = k_s, v_s
+        if sp_extra is not None:
+            extra_parts = sp_extra.unsqueeze(0)
 
     # 3. attention on local heads and local queries.
     fn = _default_attention if attention_fn is None else attention_fn
+    extra_kw = {} if sp_extra is None else {"sp_extra": extra_parts}
     q_s, k_all, v_all = q_s.contiguous(), k_all.contiguous(), v_all.contiguous()
     if q_s.shape[1] == 0:  # fewer queries than SP ranks: this query shard is empty
         out_s = q_s.new_zeros(q_s.shape)
         lse_s = torch.zeros(q_s.shape[:3], dtype=torch.float32) if return_lse else None
     else:
-        res = fn(q_s, k_all, v_all, scale=scale, return_lse=return_lse, backend=backend)
+        res = fn(q_s, k_all, v_all, scale=scale, return_lse=return_lse, backend=backend, **extra_kw)
         out_s, lse_s = (res[0], res[1]) if return_lse else (res, None)
     lse: torch.Tensor | None = None
 

@@ -11,9 +11,11 @@ for k and v, ``1 / (tp sp)`` of the whole cache (up to the rounding of ``T / sp`
 
 Per attention layer (:class:`SpKVCache`):
 
-1. :meth:`SpKVCache.gather` all-gathers the SP group's shards of the layer (k and v fused in one
-   collective, shards zero-padded to the longest) and interleaves them back into whole blocks: a
-   transient ``[B, slots * T, H/tp, D]`` buffer, the same tensor a replicated cache would hold.
+1. The SP group's shards of the layer (:meth:`SpKVCache.share`: k and v, zero-padded to the longest) are
+   all-gathered in the same collective as the pass's new keys (``sp_extra`` of
+   :func:`sharding.attention.sharded_attention`; :meth:`SpKVCache.gather` alone outside a forward) and
+   :meth:`SpKVCache.assemble` interleaves them back into whole blocks: a transient ``[B, slots * T, H/tp,
+   D]`` buffer, the same tensor a replicated cache would hold.
 2. The pass's local step runs unchanged on that buffer (writes of the update block included).
 3. :meth:`SpKVCache.keep` copies the rank's own token range of every slot back into its shard.
 
@@ -84,24 +86,52 @@ class SpKVCache:
         self.cache, self.plan, self.tokens_per_block, self.sp_group = cache, plan, tokens_per_block, sp_group
         self.splits = token_splits(tokens_per_block, plan.sp)
         self.own = own
-        self.gather_bytes = 0  # measured: largest gathered layer (k + v) of this stream
+        # measured: the sizes (bytes, k + v) of the layers gathered in this stream; a set, added to (not
+        # read) inside a forward, so a compiled forward neither guards on it nor recompiles as it grows
+        self._gathered: set[int] = set()
+
+    def share(self, layer: int) -> torch.Tensor:
+        """This rank's share of layer ``layer``, k and v stacked and zero-padded to the longest share:
+        ``[2, B, slots, max(splits), H/tp, D]`` (what every SP rank contributes to the layer's gather)."""
+        lc = self.cache.layers[layer]
+        tmax = max(self.splits)
+        b, _, h, d = lc.k.shape
+        kv = torch.stack([lc.k, lc.v]).view(2, b, lc.num_slots, lc.tokens_per_block, h, d)
+        if lc.tokens_per_block < tmax:
+            pad = kv.new_zeros((2, b, lc.num_slots, tmax - lc.tokens_per_block, h, d))
+            kv = torch.cat([kv, pad], dim=3)
+        return kv
+
+    def assemble(self, layer: int, parts: torch.Tensor) -> LayerKVCache:
+        """Layer ``layer`` with every token of every slot from the SP group's gathered :meth:`share` s
+        ``parts`` ``[sp, 2, B, slots, max(splits), H/tp, D]`` (SP-rank order): ``k, v`` ``[B, slots * T,
+        H/tp, D]`` in a new buffer."""
+        lc = self.cache.layers[layer]
+        t = self.tokens_per_block
+        b, _, h, d = lc.k.shape
+        full = torch.cat([parts[i, :, :, :, :n] for i, n in enumerate(self.splits)], dim=3)
+        full = full.reshape(2, b, lc.num_slots * t, h, d)
+        if not torch.compiler.is_compiling():  # a compiled forward is noted by note_compiled_gather
+            self._gathered.add(full.numel() * full.element_size())
+        return LayerKVCache(full[0], full[1], t, lc.text_k, lc.text_v, fp8=lc.fp8)
 
     def gather(self, layer: int) -> LayerKVCache:
-        """Layer ``layer`` with every token of every slot (this rank's heads): ``k, v`` ``[B, slots * T,
-        H/tp, D]`` in a new buffer; collective over the SP group (every SP rank calls it for the layer)."""
-        lc = self.cache.layers[layer]
-        t, tmax = self.tokens_per_block, max(self.splits)
+        """:meth:`assemble` of the all-gathered :meth:`share` s; collective over the SP group (every SP rank
+        calls it for the layer). The sharded stream fuses this gather into its attention's K/V gather
+        instead (:func:`sharding.attention.sharded_attention` ``sp_extra``): one collective per layer."""
+        return self.assemble(layer, all_gather(self.share(layer), self.plan.sp, self.sp_group))
+
+    def note_compiled_gather(self) -> None:
+        """Record the gathered layer of a compiled forward (its graph cannot record it without guarding on
+        the record): the same buffer as :meth:`gather` allocates, ``2 x [B, slots * T, H/tp, D]``."""
+        lc = self.cache.layers[0]
         b, _, h, d = lc.k.shape
-        slots = lc.num_slots
-        kv = torch.stack([lc.k, lc.v]).view(2, b, slots, lc.tokens_per_block, h, d)
-        if lc.tokens_per_block < tmax:
-            pad = kv.new_zeros((2, b, slots, tmax - lc.tokens_per_block, h, d))
-            kv = torch.cat([kv, pad], dim=3)
-        parts = all_gather(kv, self.plan.sp, self.sp_group)
-        full = torch.cat([p[:, :, :, :n] for p, n in zip(parts, self.splits)], dim=3)
-        full = full.reshape(2, b, slots * t, h, d)
-        self.gather_bytes = max(self.gather_bytes, full.numel() * full.element_size())
-        return LayerKVCache(full[0], full[1], t, lc.text_k, lc.text_v, fp8=lc.fp8)
+        self._gathered.add(2 * b * lc.num_slots * self.tokens_per_block * h * d * lc.k.element_size())
+
+    @property
+    def gather_bytes(self) -> int:
+        """Largest gathered layer (k + v) of this stream, in bytes (0 before the first gather)."""
+        return max(self._gathered, default=0)
 
     def keep(self, layer: int, full: LayerKVCache) -> None:
         """Copy this rank's tokens of every slot of ``full`` (from :meth:`gather`, after the layer's

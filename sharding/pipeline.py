@@ -69,6 +69,7 @@ consumer, so "the next window" would depend on timing. Batch > 1 is untested.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import io
 import multiprocessing as mp
@@ -175,6 +176,7 @@ class _Job:
     upfront: bool = True
     static: bool = False
     kv_cache: str = "sp_sharded"
+    compile: Any = None
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -241,7 +243,7 @@ def _rank_main(
     runner = RankStream(
         job.model, job.model_cfg, job.pipe_cfg, groups,
         backend=job.backend, positions=job.positions, gather_group=gather, merged=job.merged,
-        method=job.method, static=job.static, kv_cache=job.kv_cache,
+        method=job.method, static=job.static, kv_cache=job.kv_cache, compile=job.compile,
     )  # fmt: skip
     gen = torch.Generator()
     gen.set_state(job.generator_state)
@@ -273,6 +275,7 @@ def _rank_main(
         "latents": latents,
         "forwards": dict(runner.stats.forwards),
         "signatures": dict(runner.stats.signatures),
+        "graphs": [dataclasses.asdict(g) for g in runner.compiled_graphs],
     }
 
 
@@ -290,8 +293,12 @@ class ShardedRollingForcingPipeline:
             (default): merged where ``ops.attention_block_table`` runs on ``backend``
             (``ops.has_kernel``), else two-pass. ``self.merged`` tells which. ``merged=True`` on a
             backend without that op raises ``NotImplementedError``.
-        compile: not supported for the sharded stream (anything but None/False raises ``ValueError``:
-            the ranks run eager forwards).
+        compile: None/False: eager forwards; else (Rolling Forcing's merged forward only) every rank
+            compiles its forward whole with ``torch.compile(fullgraph=True)`` (True: torch's default
+            backend; or a backend name, or a picklable backend callable): the collectives are functional
+            ops inside the graph (:mod:`sharding.collectives`), so one graph per forward, no graph break.
+            Each rank's graphs are reported in :attr:`last_results` (``"graphs"``: per compiled graph its
+            collectives and kernel calls, :class:`sharding.compiled.GraphRecord`).
         method: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline`; a sequential method runs
             two-pass by default (``merged`` None -> False), ``merged=True`` batches each block's cache
             update with the next block's first denoise call (:meth:`RankStream._batched_attn`) and
@@ -329,12 +336,14 @@ class ShardedRollingForcingPipeline:
         self.method = get_method("rolling-forcing" if method is None else method)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if compile not in (None, False):
-            raise ValueError(
-                "compile= is not supported by the sharded stream (the ranks run eager forwards; the "
-                "collectives inside attention would have to be traced too); use compile=None or cores=1"
-            )
         upd_mode = resolve_update_mode(self.method, backend, merged, static)
+        if compile not in (None, False) and (upd_mode is not UpdateMode.MERGED or self.method.sequential):
+            raise ValueError(
+                "compile= applies to Rolling Forcing's merged forward only (merged=True or None with a "
+                f"backend that has ops.attention_block_table), not method={self.method.name!r}, "
+                f"merged={merged}"
+            )
+        self.compile = compile
         self.merged: bool = upd_mode is not UpdateMode.TWO_PASS
         self.static = static
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
@@ -413,7 +422,7 @@ class ShardedRollingForcingPipeline:
             text_embeds.detach().clone(), num_blocks, state.clone(),
             None if noise is None else noise.detach().clone(), self.timeout_s, return_latents,
             self.merged, tuple((w, emb, rc) for w, (emb, rc) in sorted(prompts.items())), self.method,
-            upfront, self.static, self.kv_cache,
+            upfront, self.static, self.kv_cache, self.compile,
         )  # fmt: skip
         self._streaming = True
         try:

@@ -44,10 +44,31 @@ from sharding.attention import (
     sharded_attention,
     token_splits,
 )
+from sharding.collectives import all_gather
+from sharding.compiled import CompiledForward, GraphRecord
 from sharding.kv_shard import SpKVCache, check_kv_cache_layout, owned_block_tokens
 from sharding.stream_checks import PromptSchedule, check_plan, check_prompts
 
 __all__ = ["RankStream"]
+
+
+class _LayerBox:
+    """The KV layer one attention layer works on: the replicated layer itself, or (SP-sharded cache) the
+    whole key range assembled inside the layer's local step from the shares the SP group gathered in the
+    same collective as the layer's keys (``share`` goes to ``sharded_attention(sp_extra=)``)."""
+
+    def __init__(self, kv: SpKVCache | None, cache: RollingKVCache, layer: int) -> None:
+        self.kv, self.layer = kv, layer
+        self.lc: LayerKVCache | None = cache.layers[layer] if kv is None else None
+        self.share: torch.Tensor | None = None if kv is None else kv.share(layer)
+
+    def open(self, parts: torch.Tensor | None) -> LayerKVCache:
+        """The layer, assembled from the gathered ``parts`` ``[sp, ...]`` (SP-sharded) or as it is."""
+        if self.kv is not None:
+            assert parts is not None, "the SP-sharded cache's shares travel with the keys (sp_extra)"
+            self.lc = self.kv.assemble(self.layer, parts)
+        assert self.lc is not None
+        return self.lc
 
 
 class RankStream:
@@ -63,6 +84,9 @@ class RankStream:
         merged: True: one merged forward per window (the update of window w-1 + the denoise of window w,
             18 frames, static shapes; :mod:`rolling_forcing.merged`'s plan and ops on this rank's heads);
             False: the two passes separately. Every rank must pass the same value.
+        compile: None (eager) or a ``torch.compile`` spec for the merged forward (True, a backend name
+            or callable; :class:`sharding.compiled.CompiledForward`): one graph per forward with the
+            collectives inside; :attr:`compiled_graphs` records them. Rolling Forcing merged only.
         kv_cache: ``"sp_sharded"`` (default): within a head group every SP rank keeps only its share of
             every cached block and each attention layer all-gathers the layer's whole key range
             (:mod:`sharding.kv_shard`); ``"replicated"``: every SP rank keeps the whole key range of its
@@ -93,6 +117,7 @@ class RankStream:
         method: str | StreamMethod | None = None,
         static: bool = False,
         kv_cache: str = "sp_sharded",
+        compile: Any = None,
     ) -> None:
         mode = resolve_positions(pipe_cfg, positions)
         check_plan(groups.plan, model_cfg, pipe_cfg)
@@ -113,6 +138,12 @@ class RankStream:
         frames = self._layout.frames if upd_mode is UpdateMode.MERGED else 0
         self._spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, frames)
         self._driver = StreamDriver(model, self._spec, self)
+        if compile not in (None, False) and (upd_mode is not UpdateMode.MERGED or meth.sequential):
+            raise ValueError(
+                "compile= applies to Rolling Forcing's merged forward only (merged=True or None with a "
+                f"backend that has ops.attention_block_table), not method={meth.name!r}, merged={merged}"
+            )
+        self._compiled = CompiledForward(self._merged_forward, compile)
         self.cache: RollingKVCache | None = None
         self._kv: SpKVCache | None = None  # the SP-sharded cache's gather / keep (None: replicated or sp 1)
         # measured, the last stream's allocations on this rank: one layer's k buffer shape, the bytes of
@@ -120,6 +151,11 @@ class RankStream:
         self.cache_shape: tuple[int, ...] | None = None
         self.kv_bytes = self.text_kv_bytes = self.kv_gather_bytes = 0
         self.stats = ForwardStats()  # measured: the last stream's forwards by kind and input signature
+
+    @property
+    def compiled_graphs(self) -> list[GraphRecord]:
+        """Every graph ``compile=`` compiled so far (empty when eager): its collectives and kernel calls."""
+        return list(self._compiled.graphs)
 
     # ---- the stream (the driver of RollingForcingPipeline.stream) ------------------------------------
     @torch.no_grad()
@@ -187,12 +223,35 @@ class RankStream:
             None if held is None else held.plan.index,
         )  # fmt: skip
         idx = MergedIndex.from_step(step, lay, st.cache.layers[0].k.device)
-        attn = self._merged_attn(st.cache, idx)
         kind = "static" if spec.method.sequential else "merged"
-        frames = lay.update_frames
-        return self.forward(
-            x, t, st.cache.text_kv(), attn, context_frames=frames, kind=kind, index=idx.tensors()
-        )
+        if not self._compiled.compiled:
+            attn = self._merged_attn(st.cache, idx)
+            frames = lay.update_frames
+            return self.forward(
+                x, t, st.cache.text_kv(), attn, context_frames=frames, kind=kind, index=idx.tensors()
+            )
+        self.stats.log(kind, x, t, self._token_shard_spec(x), *idx.tensors())  # outside the graph
+        out = self._compiled(x, t, st.cache.text_kv(), st.cache, *idx.tensors())
+        if self._kv is not None:
+            self._kv.note_compiled_gather()
+        return out
+
+    def _merged_forward(
+        self, x: torch.Tensor, t: torch.Tensor, text_kv: TextKV, cache: RollingKVCache, *index: torch.Tensor
+    ) -> torch.Tensor:
+        """One merged forward as a function of its tensors (what ``compile=`` compiles: no Python value in
+        it depends on the window; the collectives are functional ops of the graph)."""
+        idx = MergedIndex(*index)
+        attn = self._merged_attn(cache, idx)
+        frames = self._layout.update_frames
+        return self.forward(x, t, text_kv, attn, context_frames=frames, kind="merged", log=False)
+
+    def _token_shard_spec(self, x: torch.Tensor) -> torch.Tensor:
+        """A meta tensor of this rank's token shard ``[B, L_local, dim]`` (for :attr:`stats` signatures)."""
+        hp, wp = self.model_cfg.grid_hw
+        n_tok = x.shape[1] * hp * wp
+        sl = local_tokens(n_tok, self.plan, self.rank)
+        return torch.empty((x.shape[0], sl.stop - sl.start, self.model_cfg.dim), dtype=x.dtype, device="meta")
 
     def update_pass(
         self, st: StreamState, write: WritePass, x: torch.Tensor, t: torch.Tensor, kind: str
@@ -227,6 +286,7 @@ class RankStream:
         context_frames: int = 0,
         kind: str = "forward",
         index: tuple[torch.Tensor, ...] = (),
+        log: bool = True,
     ) -> torch.Tensor:
         """Flow prediction of ``x`` ``[B, F, C, H, W]`` at ``timesteps`` ``[B, F]``; collective.
 
@@ -246,7 +306,8 @@ class RankStream:
 
         Every call is counted in :attr:`stats` under ``kind`` with the signature (shapes, dtypes) of x,
         timesteps, this rank's token shard ``[B, L_local, dim]`` and the extra ``index`` tensors (the
-        merged forward's :class:`~rolling_forcing.merged.MergedIndex`).
+        merged forward's :class:`~rolling_forcing.merged.MergedIndex`); ``log=False``: the caller counts
+        it (a compiled forward is counted outside its graph).
         """
         model, c = self.model, self.model_cfg
         grid = model.check_forward_inputs(x, timesteps, context_frames)
@@ -258,7 +319,8 @@ class RankStream:
         n_loc = sl.stop - sl.start
         tok, e, e0 = model.embed(x, timesteps)  # replicated, then sliced: a few per cent of one layer
         tok = tok[:, sl].contiguous()  # [B, L_local, dim]
-        self.stats.log(kind, x, timesteps, tok, *index)
+        if log:
+            self.stats.log(kind, x, timesteps, tok, *index)
         frame = torch.arange(sl.start, sl.stop) // (hp * wp)  # frame of each local token
         e0_tok = e0[:, frame]  # [B, L_local, 6, dim]: one modulation row per token
         tok_grid: Grid = (n_loc, 1, 1)  # one "frame" per token: modulation broadcasts row by row
@@ -299,19 +361,15 @@ class RankStream:
         top = max(sizes)
         if x.shape[1] < top:
             x = torch.cat([x, x.new_zeros((x.shape[0], top - x.shape[1], *x.shape[2:]))], dim=1)
-        bufs = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(bufs, x.contiguous(), group=self.gather_group)
-        return torch.cat([buf[:, :n] for buf, n in zip(bufs, sizes)], dim=1)
+        group = self.gather_group if self.gather_group is not None else dist.group.WORLD
+        bufs = all_gather(x, world, group)
+        return torch.cat([bufs[r, :, :n] for r, n in enumerate(sizes)], dim=1)
 
     # ---- the cache of one attention layer -------------------------------------------------------------
-    def _layer(self, cache: RollingKVCache, layer: int) -> LayerKVCache:
-        """Layer ``layer`` with the whole key range of this rank's heads: the SP group's shares gathered
-        (collective: every rank calls it for every attention layer) or the replicated layer itself."""
-        return cache.layers[layer] if self._kv is None else self._kv.gather(layer)
-
-    def _keep(self, layer: int, lc: LayerKVCache) -> None:
-        """After a layer that wrote ``lc`` (from :meth:`_layer`): keep this rank's share of it."""
-        if self._kv is not None:
+    def _keep(self, layer: int, lc: LayerKVCache | None) -> None:
+        """After a layer that wrote ``lc`` (a :class:`_LayerBox` 's layer): keep this rank's share of it
+        (None: the layer's local step did not run on this rank, so it wrote nothing)."""
+        if self._kv is not None and lc is not None:
             self._kv.keep(layer, lc)
 
     # ---- self-attention of the two passes ------------------------------------------------------------
@@ -346,7 +404,7 @@ class RankStream:
         """
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            lc = self._layer(cache, layer)
+            box = _LayerBox(self._kv, cache, layer)
             n_tok = grid[0] * grid[1] * grid[2]
             write_only = q.shape[1] == 0
             if write_only and write is None:
@@ -360,7 +418,9 @@ class RankStream:
                 scale: float | None,
                 return_lse: bool,
                 backend: str | None,
+                sp_extra: torch.Tensor | None = None,
             ) -> torch.Tensor:
+                lc = box.open(sp_extra)
                 if write_only:
                     assert write is not None
                     slots, store_roped = write
@@ -378,11 +438,11 @@ class RankStream:
             q_in, n_q = (k[:, :1], self.plan.world_size) if write_only else (q, n_tok)
             out = sharded_attention(
                 q_in.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend,
+                num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
             if write is not None:
-                self._keep(layer, lc)
+                self._keep(layer, box.lc)
             return q if write_only else out
 
         return attn
@@ -412,7 +472,7 @@ class RankStream:
             n_tok = grid[0] * grid[1] * grid[2]
             t = n_tok // 2
             gb: Grid = (grid[0] // 2, grid[1], grid[2])
-            lc = self._layer(cache, layer)
+            box = _LayerBox(self._kv, cache, layer)
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
                 q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
@@ -428,7 +488,9 @@ class RankStream:
                 scale: float | None,
                 return_lse: bool,
                 backend: str | None,
+                sp_extra: torch.Tensor | None = None,
             ) -> torch.Tensor:
+                lc = box.open(sp_extra)
                 q_full = q_s.new_zeros(k_all.shape)
                 q_full[:, qsl] = q_s
                 ku, kd = k_all[:, :t].contiguous(), k_all[:, t:].contiguous()
@@ -451,10 +513,10 @@ class RankStream:
 
             out = sharded_attention(
                 q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend,
+                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
-            self._keep(layer, lc)
+            self._keep(layer, box.lc)
             return out[:, drop:]
 
         return attn
@@ -485,8 +547,7 @@ class RankStream:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             _, hp, wp = grid
             n_tok = grid[0] * hp * wp
-            lc = self._layer(cache, layer)
-            ck, cv = lc.k, lc.v
+            box = _LayerBox(self._kv, cache, layer)
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
                 q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
@@ -506,7 +567,10 @@ class RankStream:
                 scale: float | None,
                 return_lse: bool,
                 backend: str | None,
+                sp_extra: torch.Tensor | None = None,
             ) -> torch.Tensor:
+                lc = box.open(sp_extra)
+                ck, cv = lc.k, lc.v
                 q_full = q_s.new_zeros(k_all.shape)
                 q_full[:, qsl] = q_s
                 qr_full, kr = ops.rope3d_positions(q_full, k_all, grid, idx.frame_positions, backend=backend)
@@ -536,10 +600,10 @@ class RankStream:
 
             out = sharded_attention(
                 q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend,
+                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
-            self._keep(layer, lc)
+            self._keep(layer, box.lc)
             return out[:, drop:]
 
         return attn

@@ -310,8 +310,8 @@ def test_generate_default_mode_and_bad_combinations(tmp_path) -> None:
     assert "--merged" not in meta["command"] and "--two-pass" not in meta["command"]
     r = runner.invoke(app, [*args, "--two-pass", "--compile"])
     assert r.exit_code == 2 and "compile= applies to the merged forward only" in r.output
-    r = runner.invoke(app, [*args, "--cores", "2", "--compile"])  # rejected before any rank is spawned
-    assert r.exit_code == 2 and "--compile applies to the single-process pipeline" in r.output
+    r = runner.invoke(app, [*args, "--cores", "2", "--two-pass", "--compile"])  # before any rank is spawned
+    assert r.exit_code == 2 and "compile= applies to the merged forward only" in r.output
 
 
 def test_command_line_records_forward_mode(tmp_path) -> None:

@@ -256,8 +256,10 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
         ShardedRollingForcingPipeline(model, TINY, P, cores=2, positions="sideways")
     with pytest.raises(TypeError, match="merged must be a bool"):
         ShardedRollingForcingPipeline(model, TINY, P, cores=2, merged="yes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="compile= is not supported by the sharded stream"):
-        ShardedRollingForcingPipeline(model, TINY, P, cores=2, compile=True)
+    with pytest.raises(ValueError, match="compile= applies to Rolling Forcing's merged forward only"):
+        ShardedRollingForcingPipeline(model, TINY, P, cores=2, compile=True, merged=False)
+    with pytest.raises(ValueError, match="compile= applies to Rolling Forcing's merged forward only"):
+        ShardedRollingForcingPipeline(model, TINY, P, cores=2, compile=True, method="self-forcing")
     with monkeypatch.context() as m:  # a backend without the block-table attention: two-pass default
         # the mode rule of every stream lives in rolling_forcing.driver.resolve_update_mode
         m.setattr(rolling_forcing.driver.ops, "has_kernel", lambda op, backend=None: False)
