@@ -85,11 +85,12 @@ def test_fixed_time_not_double_charged_at_either_end():
         assert comps["kernel_fixed"].calls == cb.kernel_calls
     # the kernels' share of the chunk moves by exactly (net_hi - net_lo) per kernel-provider call
     lo, hi = _chunk(b, "optimistic"), _chunk(b, "pessimistic")
-    # the provider's calls: self- and cross-attention, RoPE, KV write (30 layers each)
-    provided = ("attn_update", "attn_denoise", "cross_attn", "rope3d", "kv_cache_write")
+    # the provider's calls: self- and cross-attention, RoPE (window + the sink's roped copy), KV write
+    # (30 layers each)
+    provided = ("attn_update", "attn_denoise", "cross_attn", "rope3d", "rope3d_copies", "kv_cache_write")
     assert {c.name for c in lo.components if c.source == "fake"} == set(provided)
     k_calls = sum(c.calls for c in lo.components if c.name in provided)
-    assert k_calls == 5 * WAN.num_layers
+    assert k_calls == 6 * WAN.num_layers
     fixed_diff = lo.kernel_calls * (p.kernel_fixed_s.high - p.kernel_fixed_s.low)
     barrier_diff = lo.collectives * (p.collective_barrier_s.high - p.collective_barrier_s.low)
     assert hi.chunk_s - lo.chunk_s == pytest.approx(

@@ -377,9 +377,10 @@ def test_chunk_component_set_and_launch_count_pinned():
     mg = chunk_model(WAN, PIPE, cores=8, **_analytic_kw())
     expected = {"patch_embed", "head_proj", "attn_update", "attn_denoise", "kv_cache_write", "sharding_comm"}
     expected |= set(_LAYER_COMPONENTS) | {"head_gather", "kernel_fixed", "collective_barrier", "neff_launch"}
+    expected |= {"rope3d_copies"}  # the merged forward ropes the sink's copy in a RoPE call of its own
     assert set(mg.component_names()) == expected
     assert len(mg.component_names()) == len(expected)  # no duplicate
-    per_layer_kernels = len(_LAYER_COMPONENTS) + 2 + 1  # + update and denoise attention + KV write
+    per_layer_kernels = len(_LAYER_COMPONENTS) + 2 + 1 + 1  # + update and denoise attention + KV write + copies
     assert mg.kernel_calls == L * per_layer_kernels + 2  # + patch embed and head
     # TP4 x SP2: all-to-all + inverse all-to-all in the TP group, K/V all-gather in the SP group, per layer;
     # one all-gather of the head output per forward

@@ -29,6 +29,7 @@ from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, tp_linear_comm
 from perf.footprint import VaeProbe, merged_tokens, vae_strides
 from perf.matmul_model import MatmulProvider
 from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.merged import copy_blocks
 
 __all__ = [
     "OVERHEAD_GROUPS",
@@ -138,7 +139,8 @@ def steady_forwards(m: ModelConfig, p: PipelineConfig, variant: str) -> list[For
     keys = p.key_budget_tokens(m)
     if variant == "merged":
         groups = (("update", blk, keys), ("denoise", win, keys))
-        return [Forward("merged", merged_tokens(m, p), groups, block_tokens=blk)]
+        copies = copy_blocks(p, p.positions) * blk  # roped copies per layer (absolute: the sink block)
+        return [Forward("merged", merged_tokens(m, p), groups, block_tokens=blk, copy_tokens=copies)]
     if variant == "two_pass":
         return [
             Forward("denoise", win, (("denoise", win, keys),)),

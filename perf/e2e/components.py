@@ -134,12 +134,15 @@ class Forward:
 
     ``block_tokens`` > 0: the forward runs its attention groups as ONE block-table kernel call over key
     blocks of that many tokens (the merged forward's ``attention_block_table``); 0: one attention call per
-    group."""
+    group. ``copy_tokens`` > 0: per layer one more RoPE call ropes that many cached key tokens at a
+    pass-specific position (the merged forward's roped copies: the sink in absolute mode); every core
+    ropes all of them for its heads (they are not token-sharded)."""
 
     name: str
     tokens: int
     attention: tuple[tuple[str, int, int], ...]
     block_tokens: int = 0
+    copy_tokens: int = 0
 
 
 def forward_components(
@@ -314,6 +317,22 @@ def forward_components(
             bound=busiest(c.engine_busy_s, "dma"),
         )
     )
+    if fwd.copy_tokens:
+        c = kernels.rope(fwd.copy_tokens, hl, hd)
+        out.append(
+            Component(
+                "rope3d_copies",
+                "rope",
+                contended_s(c, point),
+                L,
+                0,
+                1,
+                True,
+                c.source,
+                hbm_bytes=2 * 2 * 2 * fwd.copy_tokens * hl * hd + 2 * 4 * fwd.copy_tokens * (hd // 2),
+                bound=busiest(c.engine_busy_s, "dma"),
+            )
+        )
     upd = [a for a in fwd.attention if a[0] == "update"]
     if upd:
         blk = math.ceil(upd[0][1] / sp)

@@ -1,0 +1,103 @@
+"""The sharded stream compiled whole (``compile=``): one graph per forward with its collectives inside,
+chunks equal to the eager stream, and the graph the ranks really run tied to what the end-to-end model
+prices per forward (its collectives and its kernel calls; perf/e2e, ``compile_mode="fullgraph"``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+import torch
+
+from perf.e2e.chunk import chunk_model
+from perf.e2e.kernels import AnalyticKernels, KernelCost
+from perf.e2e.params import E2EParams
+from perf.matmul_model import AnalyticMatmulProvider
+from rolling_forcing.config import PipelineConfig, get_preset
+from rolling_forcing.model import CausalWanModel
+from sharding.pipeline import ShardedRollingForcingPipeline
+from tests.pipeline_helpers import text_embeds, tiny_model
+
+M = get_preset("tiny")
+P = PipelineConfig()
+NB = 7  # 11 merged forwards: warm-up (growing windows, padded to the static shape), steady, tail
+
+# the e2e model's components and the nki_ardiff ops of the graph that run them (per layer)
+MODEL_TO_GRAPH = {
+    "attn_merged": "attention_block_table",
+    "cross_attn": "attention",
+    "rope3d": "rope3d_positions",
+    "rope3d_copies": "rope3d_positions",
+    "kv_cache_write": "kv_cache_write_at",
+}
+
+
+def counting_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Runs the captured graph as is (the ranks record what it holds: sharding.compiled.GraphRecord)."""
+    return gm.forward
+
+
+@dataclass(frozen=True)
+class _BlockTableKernels(AnalyticKernels):
+    """The analytic provider plus the merged forward's one block-table call (as TracedKernels prices it)."""
+
+    def attention_groups(
+        self, lqs: tuple[int, ...], blocks: int, block_tokens: int, heads: int, head_dim: int
+    ) -> KernelCost:
+        parts = [self.attention(n, blocks * block_tokens, heads, head_dim) for n in lqs]
+        return replace(parts[0], time_s=sum(c.time_s for c in parts), time_high_s=None)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalWanModel:
+    return tiny_model(M)
+
+
+def _stream(model: CausalWanModel, tp: int, compile: Any) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    pipe = ShardedRollingForcingPipeline(model, M, P, cores=2, tp=tp, merged=True, compile=compile)
+    chunks = list(pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)))
+    assert pipe.last_results is not None
+    return torch.cat([c.latents for c in chunks], dim=1), pipe.last_results
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["TP1xSP2", "TP2xSP1"])
+def test_sharded_stream_compiles_to_one_graph_as_the_model_prices(model: CausalWanModel, tp: int) -> None:
+    eager, eager_ranks = _stream(model, tp, None)
+    got, ranks = _stream(model, tp, counting_backend)
+    assert torch.equal(got, eager)  # the same collectives and ops, traced: bitwise the eager stream
+    assert all(r["graphs"] == [] for r in eager_ranks)
+    windows = NB + P.window_blocks - 1
+    plan = ShardedRollingForcingPipeline(model, M, P, cores=2, tp=tp).plan
+    for r in ranks:
+        assert r["forwards"] == {"merged": windows}
+        assert len(r["graphs"]) == 1, r["graphs"]  # one graph for every forward of the stream
+        g = r["graphs"][0]
+        coll = dict(g["collectives"])
+        # per layer the plan's collectives (TP: all-to-all in and out; SP: ONE K/V all-gather, the SP
+        # cache's shares included), per forward the head all-gather
+        assert sum(coll.values()) == M.num_layers * plan.comm.collectives + 1, coll
+        assert coll.get("all_to_all_single", 0) == (2 * M.num_layers if plan.tp > 1 else 0)
+        kernels = dict(g["kernels"])
+        assert kernels == {
+            "attention_block_table": M.num_layers,
+            "attention": M.num_layers,  # cross-attention
+            "rope3d_positions": 2 * M.num_layers,  # all frames, and the sink's roped copy
+            "kv_cache_write_at": M.num_layers,
+        }
+    if plan.name != "TP1xSP2":
+        return
+    # the end-to-end model of the same chunk (its own plan for 2 cores is this one): the same counts
+    prm = E2EParams()
+    cm = chunk_model(
+        M, P, cores=2, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(), params=prm
+    )
+    assert (cm.tp, cm.sp) == (plan.tp, plan.sp)
+    assert cm.neffs == 2  # compile_mode "fullgraph": one forward graph (+ the sampler graph)
+    assert cm.collectives == sum(dict(ranks[0]["graphs"][0]["collectives"]).values())
+    priced: Counter[str] = Counter()
+    for c in cm.components:
+        if c.name in MODEL_TO_GRAPH:
+            priced[MODEL_TO_GRAPH[c.name]] += c.calls * c.launches
+    assert dict(priced) == dict(ranks[0]["graphs"][0]["kernels"])
