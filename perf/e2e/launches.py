@@ -8,12 +8,13 @@ Three compile modes:
 * ``"fullgraph"``: one NEFF per forward.  This holds for the single-process merged forward:
   ``rolling_forcing.merged.MergedForward`` compiles it with ``torch.compile(fullgraph=True)`` and the
   stream has one graph, no graph break and no recompile (``docs/merged_forward.md``, measured on CPU).
-  For a sharded forward it needs the collectives inside the graph (traced XLA collectives); the sharded
-  stream refuses ``compile=`` today, so for ``cores > 1`` this mode is what the sharded stream *needs*.
+  The sharded stream with ``compile=`` (``generate --cores N --compile``) holds it too: its collectives
+  are functional ops inside the one graph (``sharding/collectives.py``; ``tests/test_sharding_compile.py``
+  checks one graph per stream and ties its collectives and kernel calls to this model).
   Per forward one more small graph runs the sampler update between forwards (flow -> x0 -> re-noise,
   eager tensor ops); per chunk one NEFF decodes the finished block with the VAE (the decoder compiled
   whole, as the Rolling Forcing port does).
-* ``"eager_sharded"``: how ``sharding.pipeline`` runs today: eager forwards whose collectives are issued
+* ``"eager_sharded"``: ``sharding.pipeline`` without ``compile=``: eager forwards whose collectives are issued
   from the host (``torch.distributed`` calls, not traced).  Each host collective cuts the graph, so a
   forward with ``C`` collectives is ``C + 1`` graphs plus ``C`` collective launches (a collective
   outside a graph is a program of its own); plus the sampler graph per forward and the VAE NEFF per

@@ -38,7 +38,7 @@ _WP_LABEL = {
 _VARIANT_TEXT = {
     "merged": "merged forward, one NEFF per forward",
     "two_pass": "two-pass (the original's two forwards), one NEFF per forward",
-    "merged_eager": "merged forward as the sharded stream runs today (host collectives cut the graph)",
+    "merged_eager": "merged forward of the sharded stream without --compile (host collectives cut the graph)",
 }
 
 
@@ -345,10 +345,11 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     L.append(
         "Rules (`perf/e2e/launches.py`): the single-process merged forward is one "
         "`torch.compile(fullgraph=True)` "
-        "graph (one NEFF per forward, measured on CPU: one graph, no break); the sharded stream needs its "
-        "collectives traced into that graph to keep one NEFF per forward (it refuses `compile=` today), "
-        "otherwise every host collective cuts the graph (`eager_sharded`). Each forward adds one "
-        "sampler-update "
+        "graph (one NEFF per forward, measured on CPU: one graph, no break); so is the sharded stream's "
+        "with `compile=` (`generate --cores N --compile`): its collectives are functional ops inside the "
+        "graph (`tests/test_sharding_compile.py` ties the graph's collectives and kernel calls to this "
+        "model); without `compile=` every host collective cuts the graph (`eager_sharded`). Each forward "
+        "adds one sampler-update "
         "graph, each chunk one VAE-decode NEFF. Kernel calls are counted per component (one per linear, "
         "attention group, RoPE, KV write, fused elementwise kernel (two for the RMSNorms of q and k), VAE "
         "layer).\n"

@@ -33,7 +33,7 @@ __all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VA
 
 OUR_VARIANTS = ("merged", "two_pass", "merged_eager")
 """Our chunk variants: merged and two-pass compiled one graph per forward (``fullgraph``), and the merged
-forward as the sharded stream runs today (``eager_sharded``: host collectives cut the graph)."""
+forward of the sharded stream without ``compile=`` (``eager_sharded``: host collectives cut the graph)."""
 
 
 @dataclass(frozen=True)
