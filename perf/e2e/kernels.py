@@ -15,14 +15,22 @@ twice.  All times *modelled*.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from perf.e2e.params import E2EParams
 
-__all__ = ["KernelCost", "KernelProvider", "AnalyticKernels", "TracedKernels", "default_kernel_provider"]
+__all__ = [
+    "KernelCost",
+    "KernelProvider",
+    "AnalyticKernels",
+    "TracedKernels",
+    "default_kernel_provider",
+    "every_guard_trips",
+]
 
 
 @dataclass(frozen=True)
@@ -184,9 +192,9 @@ class TracedKernels:
         self._run, self._spec, self._profile_range = run, TensorSpec, profile_range
         self._fallback = AnalyticKernels(self.params)
 
-    def _trace(self, kernel: Any, *args: Any) -> tuple[Any, Any]:
+    def _trace(self, kernel: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         """``(low, high)`` cost-model profiles of one trace-only run with the event log."""
-        _, tr = self._run(kernel, *args, trace_only=True, keep_events=True)
+        _, tr = self._run(kernel, *args, trace_only=True, keep_events=True, **kwargs)
         return self._profile_range(tr, schedule=True)
 
     def _cached(
@@ -200,7 +208,17 @@ class TracedKernels:
                 self._cache[key] = replace(fallback(), source=f"analytic (trace failed: {type(e).__name__})")
         return self._cache[key]
 
-    def attention(self, lq: int, lk: int, heads: int, head_dim: int) -> KernelCost:
+    def attention(
+        self, lq: int, lk: int, heads: int, head_dim: int, static: bool = True, guard_trips: bool = False
+    ) -> KernelCost:
+        """One call of ``nki_kernels.attention.attention_kernel``: q ``[1, lq, heads, head_dim]`` over k/v
+        ``[1, lk, heads, head_dim]``, bf16.  ``static`` (the kernel's default): the guarded static softmax
+        offset, priced on its fast path (no guard trips); False: the running max.  ``guard_trips``
+        (``static`` only): the static call in which EVERY (b, h) guard trips, i.e. the static pass plus the
+        running-max recompute of each head from its K/V already in SBUF (what a trip runs,
+        :func:`every_guard_trips`)."""
+        _check_guard_flags(static, guard_trips)
+
         def compute() -> KernelCost:
             import ml_dtypes
 
@@ -212,23 +230,35 @@ class TracedKernels:
                 h = max(x for x in range(1, self.max_heads + 1) if heads % x == 0)
             bf = ml_dtypes.bfloat16
             q, kv = self._spec((1, lq, h, head_dim), bf), self._spec((1, lk, h, head_dim), bf)
-            prof = self._trace(attention_kernel, q, kv, kv, 1.0 / math.sqrt(head_dim), False)
+            args = (attention_kernel, q, kv, kv, 1.0 / math.sqrt(head_dim), False)
+            with _guard_context(guard_trips, h) as forced:
+                prof = self._trace(*args, static=static)
             src = "traced" if h == heads else f"traced at {h} heads x {heads // h}"
-            return _profile_cost(*prof, flops, src, heads // h)
+            return _profile_cost(*prof, flops, src + forced.label, heads // h)
 
         return self._cached(
-            ("attn", lq, lk, heads, head_dim),
+            ("attn", lq, lk, heads, head_dim, static, guard_trips),
             compute,
-            lambda: self._fallback.attention(lq, lk, heads, head_dim),
+            lambda: _analytic_variant(self._fallback.attention(lq, lk, heads, head_dim), guard_trips),
         )
 
     def attention_groups(
-        self, lqs: tuple[int, ...], blocks: int, block_tokens: int, heads: int, head_dim: int
+        self,
+        lqs: tuple[int, ...],
+        blocks: int,
+        block_tokens: int,
+        heads: int,
+        head_dim: int,
+        static: bool = True,
+        guard_trips: bool = False,
     ) -> KernelCost:
         """One call of ``nki_kernels.attention_block_table.attention_block_table_kernel``: query groups of
         ``lqs`` tokens, each over ``blocks`` key blocks of ``block_tokens`` (the merged forward's attention).
         Traced with ONE key source holding every block (what moves on hardware: the kernel's other sources'
-        loads are skipped out of bounds, which the trace would charge); heads as :meth:`attention`."""
+        loads are skipped out of bounds, which the trace would charge); heads, ``static`` and
+        ``guard_trips`` as :meth:`attention` (a guard per (b, h, group): with ``guard_trips`` every group of
+        every head is recomputed from the group's K/V already in SBUF)."""
+        _check_guard_flags(static, guard_trips)
 
         def compute() -> KernelCost:
             import ml_dtypes
@@ -246,22 +276,24 @@ class TracedKernels:
             src = [self._spec((1, blocks * block_tokens, h, head_dim), bf)]
             table = self._spec((len(lqs), blocks, 2), np.int32)
             scale = 1.0 / math.sqrt(head_dim)
-            prof = self._trace(
-                attention_block_table_kernel, q, src, src, table, lqs, block_tokens, scale, False
-            )
+            args = (attention_block_table_kernel, q, src, src, table, lqs, block_tokens, scale, False)
+            with _guard_context(guard_trips, h * len(lqs)) as forced:
+                prof = self._trace(*args, static=static)
             what = "traced block table" if h == heads else f"traced block table at {h} heads x {heads // h}"
-            return _profile_cost(*prof, flops, what, heads // h)
+            return _profile_cost(*prof, flops, what + forced.label, heads // h)
 
         def fallback() -> KernelCost:
             parts = [self._fallback.attention(n, blocks * block_tokens, heads, head_dim) for n in lqs]
-            return replace(
+            both = replace(
                 parts[0],
                 time_s=sum(c.time_s for c in parts),
                 flops=sum(c.flops for c in parts),
                 time_high_s=None,
             )
+            return _analytic_variant(both, guard_trips)
 
-        return self._cached(("attn_groups", lqs, blocks, block_tokens, heads, head_dim), compute, fallback)
+        key = ("attn_groups", lqs, blocks, block_tokens, heads, head_dim, static, guard_trips)
+        return self._cached(key, compute, fallback)
 
     def rope(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
         def compute() -> KernelCost:
@@ -328,6 +360,75 @@ class TracedKernels:
             total = c if total is None else _add_costs(total, c)
         assert total is not None
         return total, len(calls)
+
+
+def _check_guard_flags(static: object, guard_trips: object) -> None:
+    """``static`` and ``guard_trips`` are bools, and a guard trip needs the static offset."""
+    for name, v in (("static", static), ("guard_trips", guard_trips)):
+        if not isinstance(v, bool):
+            raise TypeError(f"attention pricing: {name} must be a bool, got {type(v).__name__}")
+    if guard_trips and not static:
+        raise ValueError(
+            "attention pricing: guard_trips=True needs static=True (the running max has no guard)"
+        )
+
+
+@dataclass
+class _Forced:
+    """What :func:`every_guard_trips` did: guard loops forced (``count``) and the ``source`` suffix."""
+
+    count: int = 0
+    label: str = ""
+
+
+@contextlib.contextmanager
+def every_guard_trips() -> Iterator[_Forced]:
+    """While active, every static-offset guard of the attention kernels trips in a trace-only run.
+
+    The guard's recompute (``nki_kernels.attention._guarded_rows``) is a runtime loop
+    ``nl.fori_loop(0, reg, recompute)`` whose bound is loaded from the guard's count; a trace-only run has
+    no data, reads the bound as 0 and takes the fast path.  Here the attention module's ``nl.fori_loop``
+    runs its body once instead: the instruction stream a NEFF runs when every guard trips (tested equal
+    to a data run whose every row trips, ``tests/test_e2e_guard.py``).  Yields the forced-loop count."""
+    import nki_kernels.attention as att
+
+    real, forced = att.nl, _Forced()
+
+    class _TripAll:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def fori_loop(self, lower: Any, upper: Any, body: Callable[[Any], None], step: int = 1) -> None:
+            forced.count += 1
+            real.fori_loop(lower, int(lower) + 1, body, step)
+
+    att.nl = _TripAll()  # trace-time instrumentation for this run only
+    try:
+        yield forced
+    finally:
+        att.nl = real
+
+
+@contextlib.contextmanager
+def _guard_context(trips: bool, units: int) -> Iterator[_Forced]:
+    """:func:`every_guard_trips` when ``trips`` (checking that exactly ``units`` guards were forced, one
+    per (b, h) or block-table group), else nothing."""
+    if not trips:
+        yield _Forced()
+        return
+    with every_guard_trips() as forced:
+        yield forced
+    if forced.count != units:
+        raise RuntimeError(f"every_guard_trips: forced {forced.count} guard loops, expected {units}")
+    forced.label = ", every guard tripping"
+
+
+def _analytic_variant(c: KernelCost, guard_trips: bool) -> KernelCost:
+    """The analytic attention (one running-max design for both offsets) for ``guard_trips``: the call run
+    twice (a static pass, then the recompute)."""
+    if not guard_trips:
+        return c
+    return replace(_add_costs(c, c), source=f"{c.source}, every guard tripping (x2)")
 
 
 def _add_costs(a: KernelCost, b: KernelCost) -> KernelCost:

@@ -15,6 +15,7 @@ from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
+from perf.e2e.report_guard import guard_headline_lines, guard_lines, read_guard_rows
 from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
 from perf.e2e.report_peer import calibration_verdict, peer_breakdown_lines, peer_table
 from perf.e2e.run import E2EResult
@@ -98,7 +99,7 @@ def kernel_pricing_lines(r: E2EResult) -> list[str]:
         "straight from PSUM writes the P^T the PV matmuls read: no row max, rescale, transposes or "
         "evictions after the first chunk; ScalarE's exp and TensorE are balanced at ~1 us per 1,024-key "
         "chunk (1.91 us VectorE/ScalarE-bound with the running max). The figures assume the guard does not "
-        "trip (the fast path); a head that trips pays the running-max kernel on top.\n",
+        "trip (the fast path); section \"Guard sensitivity\" prices the trips.\n",
     ]
 
 
@@ -114,6 +115,7 @@ def headline_lines(r: E2EResult) -> list[str]:
             f"  {v:13s} {_fps(lo, hi)} fps, {_chunk_ms(lo, hi)} ms per chunk, {lo.neffs} NEFFs, "
             f"{lo.kernel_calls} kernel calls, {lo.collectives} collectives per chunk"
         )
+    out += guard_headline_lines(r.guard)
     if r.peer:
         out.append(
             "Peer (yahavb/rolling_forcing) configurations, modelled with its ~370 NEFFs per forward vs "
@@ -282,6 +284,7 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         L.append(f"| {p['system']} | {p['figure']} | {p['kind']} | {p['source']} |")
     L.append("")
     L += kernel_pricing_lines(r)
+    L += guard_lines(r.guard, read_guard_rows())
     if r.peer:
         L.append("## The measured peer, modelled side by side (end-to-end calibration)\n")
         L.append(

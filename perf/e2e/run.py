@@ -11,6 +11,7 @@ from perf.e2e.chunk import ChunkModel, chunk_model, warmup_forwards
 from perf.e2e.components import vae_components
 from perf.e2e.fp8 import VARIANT as FP8_VARIANT
 from perf.e2e.fp8 import fp8_linear_chunks
+from perf.e2e.guard import GuardSensitivity, guard_sensitivity
 from perf.e2e.kernels import KernelProvider, TracedKernels, default_kernel_provider
 from perf.e2e.params import ENDS, E2EParams
 from perf.e2e.peer import PEER_CONFIGS, PEER_PRESET, PeerConfig, PeerMeasured, measured_for
@@ -82,6 +83,7 @@ class E2EResult:
     lower_bounds: list[Footprint] = field(default_factory=list)
     peer: list[PeerRow] = field(default_factory=list)
     peer_kernels_name: str = ""
+    guard: GuardSensitivity = field(default_factory=GuardSensitivity)
 
     def chunk(self, variant: str, end: str) -> ChunkModel:
         return self.chunks[(variant, end)]
@@ -136,6 +138,7 @@ def run_model(
         first_dec = sum(c.total_s for c in first) + fixed
         static = pipe.window_blocks * chunks[("merged", end)].dit_s + first_dec
         ttff[end] = Ttff(sum(warm) + first_dec, static, warm, first_dec)
+    guard = guard_sensitivity(m, pipe, chunks, kernels, params)  # perf/e2e/guard.py
     if isinstance(matmul, TracedLinearProvider):  # the FP8-linear variant (perf/e2e/fp8.py); traced only
         for end, cm in fp8_linear_chunks(m, pipe, cores=cores, kw=kw).items():
             chunks[(FP8_VARIANT, end)] = cm
@@ -202,6 +205,7 @@ def run_model(
         lower_bounds=lower,
         peer=peers,
         peer_kernels_name=getattr(peer_kernels, "name", "") if peer else "",
+        guard=guard,
     )
 
 
