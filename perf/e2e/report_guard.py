@@ -89,8 +89,8 @@ def guard_lines(g: GuardSensitivity, measured: Sequence[Any] = ()) -> list[str]:
     L.append("")
     L.append(
         "fps and ms: pessimistic-optimistic end, modelled. The cross-attention columns are what a trip "
-        "would cost; with 512 text keys a cross-attention call has ONE key chunk, so its offset is each "
-        "row's exact maximum (1 <= l <= 512) and it cannot trip on finite inputs.\n"
+        "would cost: the text keys (512 for Wan) fit in ONE key chunk (1,024 keys), so a cross-attention "
+        "row's offset is its exact maximum (1 <= l <= the key count) and it cannot trip on finite inputs.\n"
     )
     return L + measured_guard_lines(measured)
 
