@@ -249,7 +249,7 @@ def test_report_section_shows_the_priced_rows_and_the_measured_statistics() -> N
                 "heads_tripping": n,
                 "heads": 12,
                 "guard_log_l_max": 8.6,
-                "tile_log_l_min": 4.6,
+                "tile_log_l_min": -45.0 if n else 4.6,  # the tripping rows: below ln(1e-18)
                 "tile_log_l_max": 7.1,
                 "tiles_sampled": 384,
                 "trip_onset_bracket": [3.5, 3.75],
@@ -263,7 +263,7 @@ def test_report_section_shows_the_priced_rows_and_the_measured_statistics() -> N
     assert "| 10% | 11.32-13.95 fps (1,060.00-860.00 ms) | 11.30-13.93 fps (1,061.50-861.50 ms) |" in text
     assert "1 head per layer (1 of the core's 3) | 10.00-12.00 fps (1,200.00-1,000.00 ms) | - |" in text
     assert "0 guard trips in 1,128 static passes" in text
-    assert "trips begin between q/k-norm gain 3.5 and 3.75, every head from 5" in text
+    assert "trips begin between q/k-norm gain 3.5 and 3.75 (the lower bound first), every head from 5" in text
     assert "Heads tripping per gain: 1: 0, 3.75: 2, 5: 12" in text  # the older sweep's row left out
     assert "--model wan-layer --checkpoint PATH --layer all" in text
     assert measured_guard_lines([])[-1].startswith("Not measured")

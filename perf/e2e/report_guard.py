@@ -14,7 +14,10 @@ from perf.e2e.report_fmt import _ms
 __all__ = ["guard_lines", "guard_headline_lines", "measured_guard_lines", "read_guard_rows"]
 
 _SELF = ("self_attention",)
-_VARIANT = {"merged": "merged, one NEFF per forward", "merged_eager": "merged, as the sharded stream runs"}
+_VARIANT = {
+    "merged": "merged, one NEFF per forward (the headline)",
+    "merged_eager": "merged, sharded stream without --compile",
+}
 
 
 def read_guard_rows(path: str | Path | None = None) -> list[Any]:
@@ -143,6 +146,23 @@ def measured_guard_lines(rows: Sequence[Any]) -> list[str]:
         )
         sweep = ", ".join(f"{r.config['qk_gain']:g}: {r.extra['heads_tripping']}" for r in rs)
         what = "Wan's init" if weights == "wan_init" else f"checkpoint layer {layer}"
+        at = next((r for r in rs if r.extra["heads_tripping"]), None)
+        bound = ""
+        if at is not None and dtype != "float32":
+            low = (at.extra.get("tile_log_l_min") or 0.0) < at.extra.get("tile_log_l_limit", -41.45)
+            high = (at.extra.get("tile_log_l_max") or 0.0) > at.extra.get("guard_log_l_limit", 69.08)
+            bound = {
+                (True, False): " (the lower bound first)",
+                (False, True): " (the upper bound first)",
+            }.get((low, high), "")
+        tile = (
+            f", per tile [{first.extra['tile_log_l_min']}, {first.extra['tile_log_l_max']}]"
+            if dtype != "float32"
+            else ""
+        )
+        cmd = "python -m perf.attention_guard --model wan-layer" + (
+            " --dtype float32" if dtype == "float32" else ""
+        )
         on = (
             f"trips begin between q/k-norm gain {onset[0]:g} and {onset[1]:g}"
             if onset[1] is not None and onset[0] is not None
@@ -152,11 +172,9 @@ def measured_guard_lines(rows: Sequence[Any]) -> list[str]:
             f"- **One Wan2.1-1.3B self-attention layer, {what}** ({dtype}, {first.config['keys']:,} keys, "
             f"{first.extra['tiles_sampled']} sampled 128-query tiles, LayerNorm-ed i.i.d. tokens): at gain "
             f"{first.config['qk_gain']:g} {first.extra['heads_tripping']} of {first.extra['heads']} heads "
-            f"trip (`log l` at most {first.extra['guard_log_l_max']}, per tile "
-            f"[{first.extra['tile_log_l_min']}, {first.extra['tile_log_l_max']}]); {on}"
+            f"trip (`log l` at most {first.extra['guard_log_l_max']}{tile}); {on}{bound}"
             + (f", every head from {all_trip:g}" if all_trip is not None else "")
-            + f". Heads tripping per gain: {sweep} (a lower bound: sampled rows). "
-            "`python -m perf.attention_guard --model wan-layer --save`."
+            + f". Heads tripping per gain: {sweep} (a lower bound: sampled rows). `{cmd} --save`."
         )
     L.append(
         "\nThe real Wan2.1 / Rolling Forcing checkpoint's q/k norms are unknown here (no checkpoint): the "
