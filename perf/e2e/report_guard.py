@@ -53,7 +53,9 @@ def _terms_text(g: GuardSensitivity, variant: str) -> str:
         parts.append(
             f"`{t_lo.component}` {_ms(t_lo.static_s)}-{_ms(t_hi.static_s)} ms per call, "
             f"{_ms(t_lo.tripped_s)}-{_ms(t_hi.tripped_s)} ms with every guard tripping "
-            f"(+{_ms(t_lo.extra_s)}-{_ms(t_hi.extra_s)} ms, {t_lo.calls} calls per chunk)"
+            f"(+{_ms(t_lo.extra_s)}-{_ms(t_hi.extra_s)} ms, {t_lo.calls} calls per chunk"
+            + (f"; priced by {t_lo.source}" if t_lo.source and "(schedule)" not in t_lo.source else "")
+            + ")"
         )
     return "; ".join(parts)
 
