@@ -249,14 +249,15 @@ def batched_update_attn(
         gb: Grid = (grid[0] // 2, grid[1], grid[2])
         cos_u, sin_u, ctab_u = tab_u.get(gb, k.shape[3], k.device)
         cos_d, sin_d, ctab_d = tab_d.get(gb, k.shape[3], k.device)
+        # the update and denoise halves of the 2T tokens: with B > 1 a token slice of [B, 2T, H, D] is
+        # strided, and the ops read [B, L, H, D] row-major, so each half is made contiguous once here
         ku, kd = k[:, :t].contiguous(), k[:, t:].contiguous()
+        vu, vd = v[:, :t].contiguous(), v[:, t:].contiguous()
         qu_in = q[:, :t].contiguous() if q.shape[1] == 2 * t else ku
         qur, kur = ops.rope3d_tables(qu_in, ku, cos_u, sin_u, backend=backend)
-        lc.write(slot, kur if store_roped else ku, v[:, :t], backend=backend)
+        lc.write(slot, kur if store_roped else ku, vu, backend=backend)
         qdr, kdr = ops.rope3d_tables(q[:, -t:].contiguous(), kd, cos_d, sin_d, backend=backend)
-        out_d = attend_cache(
-            lc, qdr, den.cache_keys, (kdr, v[:, t:]), gb, backend=backend, copy_tables=ctab_d
-        )
+        out_d = attend_cache(lc, qdr, den.cache_keys, (kdr, vd), gb, backend=backend, copy_tables=ctab_d)
         if q.shape[1] == t:
             return out_d
         out_u = attend_cache(lc, qur, upd.cache_keys, None, gb, backend=backend, copy_tables=ctab_u)

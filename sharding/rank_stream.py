@@ -493,16 +493,18 @@ class RankStream:
                 lc = box.open(sp_extra)
                 q_full = q_s.new_zeros(k_all.shape)
                 q_full[:, qsl] = q_s
+                # each half contiguous: with B > 1 a token slice is strided (the ops read row-major)
                 ku, kd = k_all[:, :t].contiguous(), k_all[:, t:].contiguous()
+                vu, vd = v_all[:, :t].contiguous(), v_all[:, t:].contiguous()
                 qur, kur = ops.rope3d(
                     q_full[:, :t].contiguous(), ku, gb, upd.pass_.query_position, backend=backend
                 )
                 qdr, kdr = ops.rope3d(q_full[:, t:].contiguous(), kd, gb, den.query_position, backend=backend)
-                lc.write(upd.slot, kur if upd.store_roped else ku, v_all[:, :t], backend=backend)
+                lc.write(upd.slot, kur if upd.store_roped else ku, vu, backend=backend)
                 out = q_s.new_zeros(q_s.shape)
                 if b > t:  # the shard's denoise queries
                     qd = qdr[:, max(a, t) - t : b - t].contiguous()
-                    own = (kdr, v_all[:, t:])
+                    own = (kdr, vd)
                     out[:, max(a, t) - a :] = attend_cache(lc, qd, den.cache_keys, own, gb, backend=backend)
                 if a < t and not den_only:  # the shard's update queries
                     qu = qur[:, a : min(b, t)].contiguous()
