@@ -1,10 +1,10 @@
 PY ?= python
-# `make bench`, `make e2e`, ... leave the tracked results (perf/results, perf/REPORT.md) untouched: the
-# kernel/pipeline/long-stream benchmarks print only, the end-to-end model writes under $(SCRATCH)
-# (untracked). `make <target> UPDATE=1` regenerates the tracked files instead.
+# `make bench`, `make e2e`, ... leave the tracked results (perf/results, perf/REPORT.md) untouched, as every
+# `python -m perf.*` command does by default: the benchmarks print only, the end-to-end model writes under
+# $(SCRATCH) (untracked). `make <target> UPDATE=1` passes --save: it regenerates the tracked files.
 SCRATCH ?= build/perf
 UPDATE ?=
-NOSAVE := $(if $(UPDATE),,--no-save)
+SAVE := $(if $(UPDATE),--save,)
 
 .PHONY: test test-all test-neuron lint format bench e2e bench-pipeline bench-long-stream bench-quality mutate trace-replay train-demo
 
@@ -27,20 +27,20 @@ format:
 	$(PY) -m ruff check --fix .
 
 bench:
-	$(PY) -m perf.bench_kernels $(NOSAVE)
+	$(PY) -m perf.bench_kernels $(SAVE)
 
 e2e:
-	$(PY) -m perf.e2e $(if $(UPDATE),,--out-dir $(SCRATCH))
+	$(PY) -m perf.e2e $(if $(UPDATE),--save,--out-dir $(SCRATCH))
 
 bench-pipeline:
-	$(PY) -m perf.bench_pipeline $(if $(UPDATE),,--no-write)
+	$(PY) -m perf.bench_pipeline $(SAVE)
 
 bench-long-stream:
-	$(PY) -m perf.bench_long_stream $(NOSAVE)
+	$(PY) -m perf.bench_long_stream $(SAVE)
 
 # video quality + numerics gate (docs/quality.md): a 3-minute stream among others; QUICK=1 for the < 1 min run
 bench-quality:
-	$(PY) -m perf.bench_quality $(NOSAVE) $(if $(QUICK),--quick,)
+	$(PY) -m perf.bench_quality $(SAVE) $(if $(QUICK),--quick,)
 
 # Mutation check (not in CI): curated mutants in tools/mutants.py, each in a scratch copy of HEAD.
 mutate:

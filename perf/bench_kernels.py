@@ -528,11 +528,12 @@ def block_table_cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callabl
     ]
 
 
-def main(argv: list[str] | None = None) -> list[BenchRow] | int:
-    """Run the benchmark; returns the rows, or 2 when ``--measure`` cannot run here (message on stderr)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (its own function so a test can check the defaults: nothing tracked is
+    written without ``--save``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes (seconds) instead of Wan shapes")
-    ap.add_argument("--no-save", action="store_true", help="print only, do not append to perf/results")
+    ap.add_argument("--no-save", action="store_true", help="print only (the default; kept for scripts)")
     ap.add_argument("--bound-only", action="store_true", help="no event log: the v2 bound model (faster)")
     ap.add_argument(
         "--ops",
@@ -540,7 +541,20 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
         help="comma-separated op names to run (e.g. attention,attention_segments); default: every op",
     )
     add_measure_args(ap)
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> list[BenchRow] | int:
+    """Run the benchmark; returns the rows, or 2 when ``--measure`` cannot run here (message on stderr)."""
+    ap = build_parser()
     a = ap.parse_args(argv)
+    if a.save and a.no_save:
+        ap.error("--save and --no-save contradict each other")
     check_measure_args(ap, a)
     global USE_EVENTS
     USE_EVENTS = not a.bound_only
@@ -564,7 +578,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow] | int:
         name += "_measured"
     else:
         rows = [run_case(fn, op=op, variant=var, config=cfg, kind="modelled") for op, var, cfg, fn in todo]
-    if not a.no_save:
+    if a.save:
         append_rows(rows, name)
     print_table(rows)
     for r in rows:

@@ -71,17 +71,31 @@ def run(frames: int, every: int, preset: str = "tiny", seed: int = 0) -> list[Be
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (its own function so a test can check the defaults: nothing tracked is
+    written without ``--save``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=3000, help="latent frames to stream (multiple of 3)")
     ap.add_argument("--every", type=int, default=100, help="chunks between RSS samples")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--no-save", action="store_true", help="print only (the default; kept for scripts)")
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.save and args.no_save:
+        ap.error("--save and --no-save contradict each other")
     torch.set_num_threads(args.threads)
     rows = run(args.frames, args.every, args.preset)
-    if not args.no_save:
+    if args.save:
         append_rows(rows, "long_stream")
     print_table(rows)
     first, last = rows[0].memory_bytes or 0, rows[-1].memory_bytes or 0

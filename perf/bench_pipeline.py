@@ -144,17 +144,31 @@ def bench_config(
     return rows
 
 
-def main(argv: list[str] | None = None) -> list[BenchRow]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (its own function so a test can check the defaults: nothing tracked is
+    written without ``--save``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["tiny", "mid", "mid-4x4"])
     ap.add_argument("--blocks", type=int, default=10, help="blocks per stream (>= window_blocks + 2)")
     ap.add_argument("--reps", type=int, default=2, help="streams per mode (alternating)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (pinned)")
-    ap.add_argument("--no-write", action="store_true", help="print only; do not append JSONL rows")
+    ap.add_argument("--no-write", action="store_true", help="print only (the default; kept for scripts)")
     ap.add_argument(
         "--compile", action="store_true", help="also time the merged forward compiled with inductor"
     )
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> list[BenchRow]:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.save and args.no_write:
+        ap.error("--save and --no-write contradict each other")
     pcfg = PipelineConfig()
     if args.blocks < pcfg.window_blocks + 2:
         raise SystemExit(f"--blocks must be >= {pcfg.window_blocks + 2} to have steady-state chunks")
@@ -163,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     with torch.inference_mode():
         for mcfg in configurations(args.configs):
             rows += bench_config(mcfg, pcfg, args.blocks, args.reps, compiled=args.compile)
-    if not args.no_write:
+    if args.save:
         append_rows(rows, "pipeline")
     print_table(rows)
     for r in rows:

@@ -1,5 +1,5 @@
 """Measured: the video quality of the streaming pipeline and the numerics gate (``python -m
-perf.bench_quality [--quick] [--no-save] [--model tiny|demo]``; docs/quality.md).
+perf.bench_quality [--quick] [--save] [--model tiny|demo]``; docs/quality.md).
 
 Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall clock):
 
@@ -17,8 +17,8 @@ Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall cl
 Prints every metric against its target (met / MISSED), writes one JSONL row per measurement (house row
 format, perf/runner.py) to ``perf/results/quality.jsonl`` and a PNG contact sheet of the first prompt's
 stream to ``perf/results/quality_sheet.png``. ``--quick`` (< 1 min on the tiny model) writes the untracked
-``quality_quick.jsonl`` / ``quality_quick_sheet.png`` instead; ``--no-save`` writes no row and puts the
-sheet under ``build/perf/``. ``make bench-quality`` runs it with ``--no-save`` unless ``UPDATE=1``.
+``quality_quick.jsonl`` / ``quality_quick_sheet.png`` instead. Without ``--save`` no row is written and the
+sheet goes under ``build/perf/`` (untracked); ``make bench-quality UPDATE=1`` passes ``--save``.
 """
 
 from __future__ import annotations
@@ -297,12 +297,18 @@ def summary(rows: list[BenchRow]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (its own function so a test can check the defaults: nothing tracked is
+    written without ``--save``)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument(
         "--quick", action="store_true", help="short streams, one prompt (< 1 min on the tiny model)"
     )
-    ap.add_argument("--no-save", action="store_true", help="no JSONL row; the sheet goes under build/perf/")
+    ap.add_argument(
+        "--no-save",
+        action="store_true",
+        help="no JSONL row, sheet under build/perf/ (the default; kept for scripts)",
+    )
     ap.add_argument("--model", choices=MODELS, default=DEFAULT_MODEL)
     ap.add_argument(
         "--weights",
@@ -317,7 +323,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip", nargs="*", default=[], choices=["detector", "stream", "drift", "switch", "compare"]
     )
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.save and args.no_save:
+        ap.error("--save and --no-save contradict each other")
     saved = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -363,11 +381,11 @@ def _run(args: argparse.Namespace) -> int:
     print_table(rows)
     print("\n".join(summary(rows)))
     stem = "quality_quick" if args.quick else "quality"
-    out_dir = Path("build/perf") if args.no_save else RESULTS_DIR
+    out_dir = RESULTS_DIR if args.save else Path("build/perf")
     if sheet is not None:
         png = write_png(out_dir / f"{stem}_sheet.png", contact_sheet(sheet, fps=FPS))
         print(f"contact sheet: {png}")
-    if not args.no_save:
+    if args.save:
         print(f"rows appended to {append_rows(rows, stem)}")
     return 1 if any(r.status == "error" for r in rows) else 0
 

@@ -419,11 +419,14 @@ def test_make_bench_targets_leave_tracked_results_alone() -> None:
         return [line for line in r.stdout.splitlines() if "-m perf." in line]
 
     assert dry("bench", "e2e", "bench-pipeline", "bench-long-stream") == [
-        "python -m perf.bench_kernels --no-save",
+        "python -m perf.bench_kernels ",
         "python -m perf.e2e --out-dir build/perf",
-        "python -m perf.bench_pipeline --no-write",
-        "python -m perf.bench_long_stream --no-save",
+        "python -m perf.bench_pipeline ",
+        "python -m perf.bench_long_stream ",
     ]
-    assert dry("bench", "e2e", "UPDATE=1") == ["python -m perf.bench_kernels ", "python -m perf.e2e "]
+    assert dry("bench", "e2e", "UPDATE=1") == [
+        "python -m perf.bench_kernels --save",
+        "python -m perf.e2e --save",
+    ]
     ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "build/perf/REPORT_quick.md"])
     assert ignored.returncode == 0

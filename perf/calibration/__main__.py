@@ -19,10 +19,12 @@ from perf.calibration.report import format_rows, summary_lines, to_bench_rows, w
 from perf.runner import RESULTS_DIR, append_rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (its own function so a test can check the defaults: nothing tracked is
+    written without ``--save``)."""
     ap = argparse.ArgumentParser(prog="python -m perf.calibration", description=__doc__.split("\n")[0])
     ap.add_argument("--results-dir", default=str(RESULTS_DIR), help="where calibration.jsonl / .png go")
-    ap.add_argument("--no-write", action="store_true", help="print only (no JSONL row, no PNG)")
+    ap.add_argument("--no-write", action="store_true", help="print only (the default; kept for scripts)")
     ap.add_argument(
         "--only",
         nargs="*",
@@ -35,7 +37,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="no event log: the v2 bound model instead of the dependency-aware schedule (faster)",
     )
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+    )
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
+    if a.save and a.no_write:
+        ap.error("--save and --no-write contradict each other")
     from nki_kernels.emulator.cost import Trn2CostParams
     from perf.calibration.harness import geo_stats
     from perf.calibration.points import POINTS
@@ -71,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"measured CPU wall time: {wall:.2f} s total, {trace_wall_s():.2f} s tracing "
         "(trace-only, cached per run)"
     )
-    if not a.no_write:
+    if a.save:
         out = append_rows(to_bench_rows(rows, model, wall), "calibration",
                           results_dir=a.results_dir)  # fmt: skip
         png = write_png(rows, Path(a.results_dir) / "calibration.png")

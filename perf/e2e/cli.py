@@ -190,9 +190,9 @@ def _methods_main(a: Any, out: Path, params: E2EParams, kernels: Any, matmul: An
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m perf.e2e [--quick] [--analytic] [--no-peer] [--out-dir DIR] [--cores N] [--preset P]
-    [--height H] [--width W]``."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (its own function so a test can check the defaults: nothing tracked is
+    written without ``--save``)."""
     ap = argparse.ArgumentParser(
         prog="python -m perf.e2e", description="End-to-end model of Rolling Forcing on trn2 (modelled)"
     )
@@ -207,7 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--analytic", action="store_true", help="force the analytic kernel/matmul providers")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer's configurations")
-    ap.add_argument("--out-dir", default=None, help="where REPORT.md, results/ and PNGs go (default perf/)")
+    ap.add_argument(
+        "--out-dir",
+        default=None,
+        help="where REPORT.md, results/ and PNGs go (default build/perf/e2e; --save: perf/)",
+    )
     ap.add_argument(
         "--methods",
         action="store_true",
@@ -221,12 +225,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="with --methods (implied): only these methods (repeatable)",
     )
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+    )
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m perf.e2e [--quick] [--analytic] [--no-peer] [--out-dir DIR] [--cores N] [--preset P]
+    [--height H] [--width W]``."""
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.method:
         a.methods = True
     if a.quick:
         a.preset, a.height, a.width = "tiny", 64, 64
-    out = Path(a.out_dir) if a.out_dir else Path(__file__).resolve().parent.parent
+    if a.save and a.out_dir:
+        ap.error("--save writes perf/ itself; --out-dir names another place: pass one of them")
+    # default: an untracked scratch directory (build/perf/e2e); --save: the tracked perf/ (REPORT.md, results)
+    tracked = Path(__file__).resolve().parent.parent
+    out = Path(a.out_dir) if a.out_dir else (tracked if a.save else Path("build/perf/e2e"))
     params = E2EParams()
     kernels = AnalyticKernels(params) if a.analytic else None
     matmul = AnalyticMatmulProvider() if a.analytic else None
