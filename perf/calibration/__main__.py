@@ -2,7 +2,9 @@
 
 Prints the table (published measured vs modelled, ratio, bottleneck, source), the geometric mean and SD
 of modelled/measured and the worst points; appends one runner row per point to
-``perf/results/calibration.jsonl`` and writes ``perf/results/calibration.png``.
+``perf/results/calibration.jsonl`` and writes ``perf/results/calibration.png``.  ``--loso`` adds the
+re-fit of the fitted parameters and the leave-one-source-out figure (slow: minutes with the schedule;
+``perf.calibration.refit``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from perf.calibration.harness import calibration_rows, trace_wall_s
-from perf.calibration.points import point_names
+from perf.calibration.points import Point, point_names
 from perf.calibration.report import format_rows, summary_lines, to_bench_rows, write_png
 from perf.runner import RESULTS_DIR, append_rows
 
@@ -36,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--bound-only",
         action="store_true",
         help="no event log: the v2 bound model instead of the dependency-aware schedule (faster)",
+    )
+    ap.add_argument(
+        "--loso",
+        action="store_true",
+        help="also re-fit the fitted parameters and report leave-one-source-out (slow with the schedule)",
+    )
+    ap.add_argument(
+        "--loso-by",
+        choices=("repo", "path"),
+        default="repo",
+        help="what a source is for --loso: a repository (default) or a repository file",
     )
     ap.add_argument(
         "--save",
@@ -85,12 +98,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"measured CPU wall time: {wall:.2f} s total, {trace_wall_s():.2f} s tracing "
         "(trace-only, cached per run)"
     )
+    if a.loso:
+        _loso(points, events, a.loso_by)
     if a.save:
         out = append_rows(to_bench_rows(rows, model, wall), "calibration",
                           results_dir=a.results_dir)  # fmt: skip
         png = write_png(rows, Path(a.results_dir) / "calibration.png")
         print(f"rows appended to {out}; plot {png}")
     return 0
+
+
+def _loso(points: Sequence[Point], events: bool, by: str) -> None:
+    from nki_kernels.emulator.cost import Trn2CostParams
+    from perf.calibration.refit import TRN2_KNOBS, loso_lines, run_loso
+
+    t0 = time.perf_counter()
+    res, fitter = run_loso(points, by=by, keep_events=events)
+    wall = time.perf_counter() - t0
+    defaults = {k.name: k.get(Trn2CostParams()) for k in TRN2_KNOBS}
+    print()
+    for line in loso_lines(res, defaults, TRN2_KNOBS, by):
+        print(line)
+    print(
+        f"leave-one-source-out: measured CPU wall time {wall:.1f} s, {fitter.evaluations} point prices "
+        f"({getattr(fitter.predict, 'priced', '?')} runs modelled; knobs: perf.calibration.refit.TRN2_KNOBS)"
+    )
 
 
 if __name__ == "__main__":

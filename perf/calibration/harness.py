@@ -37,6 +37,7 @@ __all__ = [
     "geo_stats",
     "model_latency_ns",
     "modelled_us",
+    "point_figure_us",
     "trace_wall_s",
     "worst_rows",
 ]
@@ -136,14 +137,24 @@ def modelled_us(
     """Modelled figure of ``point`` in microseconds and the bottleneck engine (of the larger run), by the
     point's method (``points`` module docstring)."""
     res = [model(capture_trace(r, keep_events=keep_events), params) for r in point.runs]
+    return point_figure_us(point, [lat for lat, _ in res]), res[-1][1]
+
+
+def point_figure_us(point: Point, latencies_ns: Sequence[float]) -> float:
+    """The point's modelled figure in microseconds from its runs' modelled latencies (ns, in
+    ``point.runs`` order), by the point's method (``points`` module docstring)."""
+    if len(latencies_ns) != len(point.runs):
+        raise ValueError(
+            f"point_figure_us: {point.name} has {len(point.runs)} run(s), got {len(latencies_ns)} latencies"
+        )
     if point.method == "latency":
-        return res[0][0] / 1e3, res[0][1]
-    (la, _), (lb, bn) = res
+        return latencies_ns[0] / 1e3
+    la, lb = latencies_ns
     ca, cb = point.runs[0].count, point.runs[1].count
     slope = (lb - la) / (cb - ca)
     if point.method == "slope":
-        return slope * point.units / 1e3, bn
-    return (la - ca * slope) / 1e3, bn
+        return slope * point.units / 1e3
+    return (la - ca * slope) / 1e3
 
 
 @dataclass(frozen=True)
