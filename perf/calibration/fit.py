@@ -381,9 +381,13 @@ class Fitter:
         self, params: Any, names: Sequence[str], active: Sequence[int], max_iter: int, rtol: float, h: float
     ) -> tuple[Any, int]:
         """Levenberg-Marquardt on the residuals ``log(ratio)`` over ``names`` in the knobs' scaled
-        coordinates (0 = lower bound, 1 = upper; log or linear per knob): forward differences of step
-        ``h`` (backward at the upper bound) on the points each knob moves, steps clamped to the bounds,
-        accepted only when they lower the sum of squares."""
+        coordinates (0 = lower bound, 1 = upper; log or linear per knob).  The Jacobian is taken by forward
+        differences of step ``h`` (backward at the upper bound) on the points each knob moves, then
+        updated from each accepted step (Broyden's rank-one update) instead of re-priced; a fresh
+        Jacobian is taken again when a step fails or the fit looks converged, and the fit stops when it
+        is converged on a fresh Jacobian (a step below ``rtol`` of the scaled span, or a relative drop of
+        the sum of squares below 1e-4).  Steps are clamped to the bounds and accepted only when they
+        lower the sum of squares; at most ``max_iter`` steps."""
         import numpy as np
 
         if not active:
@@ -395,37 +399,49 @@ class Fitter:
             rs = self.ratios(p, names)
             return np.array([math.log(rs[n]) for n in names])
 
-        r = resid(params)
-        sse = float(r @ r)
-        lam = 1e-2
-        it = 0
-        moved = 0.0
-        for it in range(1, max_iter + 1):  # noqa: B007 (reported)
+        def jacobian(p: Any, r0: Any) -> Any:
             jac = np.zeros((len(names), len(active)))
             for c, i in enumerate(active):
-                s0 = self._scaled(i, params)
+                s0 = self._scaled(i, p)
                 step = h if s0 + h <= 1.0 else -h
                 pts = [n for n in names if i in self.movers[n]]
-                got = self.ratios(self._put_scaled(params, i, s0 + step), pts)
+                got = self.ratios(self._put_scaled(p, i, s0 + step), pts)
                 for n in pts:
-                    jac[row[n], c] = (math.log(got[n]) - r[row[n]]) / step
+                    jac[row[n], c] = (math.log(got[n]) - r0[row[n]]) / step
+            return jac
+
+        r = resid(params)
+        sse = float(r @ r)
+        jac = jacobian(params, r)
+        fresh = True
+        lam = 1e-2
+        it = 0
+        for it in range(1, max_iter + 1):  # noqa: B007 (reported)
             a = jac.T @ jac
             g = jac.T @ r
-            accepted = False
-            for _ in range(8):
+            accepted = converged = False
+            for _ in range(6):
                 delta = np.linalg.solve(a + lam * (np.diag(np.diag(a)) + 1e-9 * np.eye(len(active))), -g)
                 trial = params
                 for c, i in enumerate(active):
                     trial = self._put_scaled(trial, i, self._scaled(i, params) + float(delta[c]))
                 rt = resid(trial)
-                if float(rt @ rt) < sse:
-                    moved = max(abs(self._scaled(i, trial) - self._scaled(i, params)) for i in active)
-                    params, r, sse, accepted = trial, rt, float(rt @ rt), True
+                st = float(rt @ rt)
+                if st < sse:
+                    step = np.array([self._scaled(i, trial) - self._scaled(i, params) for i in active])
+                    converged = float(np.max(np.abs(step))) < rtol or sse - st < 1e-4 * sse
+                    if float(step @ step) > 0:  # Broyden: J += (dr - J ds) ds^T / (ds^T ds)
+                        jac = jac + np.outer(rt - r - jac @ step, step) / float(step @ step)
+                    params, r, sse, accepted = trial, rt, st, True
                     lam = max(lam / 3.0, 1e-6)
                     break
                 lam *= 4.0
-            if not accepted or moved < rtol:
+            if (not accepted or converged) and fresh:
                 break
+            if not accepted or converged:
+                jac, fresh, lam = jacobian(params, r), True, 1e-2
+            else:
+                fresh = False
         return params, it
 
     def _lm_rounds(
@@ -440,7 +456,7 @@ class Fitter:
         disc = [i for i, pts in by_knob.items() if pts and self.knobs[i].values]
         total = 0
         for _ in range(max(rounds, 1)):
-            params, it = self._lm(params, names, cont, 4 * max(rounds, 1), rtol, 0.02)
+            params, it = self._lm(params, names, cont, 10 * max(rounds, 1), rtol, 0.02)
             total += it
             changed = False
             for i in disc:
