@@ -393,6 +393,7 @@ class Fitter:
         if not active:
             return params, 0
         assert self.movers is not None
+        movers = self.movers
         row = {n: r for r, n in enumerate(names)}
 
         def resid(p: Any) -> Any:
@@ -404,7 +405,7 @@ class Fitter:
             for c, i in enumerate(active):
                 s0 = self._scaled(i, p)
                 step = h if s0 + h <= 1.0 else -h
-                pts = [n for n in names if i in self.movers[n]]
+                pts = [n for n in names if i in movers[n]]
                 got = self.ratios(self._put_scaled(p, i, s0 + step), pts)
                 for n in pts:
                     jac[row[n], c] = (math.log(got[n]) - r0[row[n]]) / step
