@@ -245,3 +245,21 @@ def test_op_rejects_bad_input() -> None:
         ops.linear_fp8(x.half(), wq, ws, b)
     with pytest.raises(ValueError, match="weight_q must be a contiguous"):
         ops.linear_fp8(x, wq.t(), ws, b)
+
+
+def test_op_weight_range_edge_is_e4m3_240() -> None:
+    """The edge exactly: +-240 (NeuronCore-v3 e4m3's largest finite value) is accepted, the next
+    float8_e4m3fn values above it (256, -256) and NaN are refused, also as the only bad element."""
+    x, wq, ws, b = _inputs(8, 16, 12, True, seed=1)
+    for ok in (240.0, -240.0):
+        w = wq.clone()
+        w[3, 5] = ok
+        out = ops.linear_fp8(x, w, ws, b, backend="reference")
+        assert bool(torch.isfinite(out).all())
+    above = torch.tensor([240.0], dtype=torch.float32).to(torch.float8_e4m3fn).view(torch.uint8) + 1
+    assert float(above.view(torch.float8_e4m3fn).float()) == 256.0  # the next representable value
+    for bad in (256.0, -256.0, float("nan")):
+        w = wq.clone()
+        w[7, 11] = bad
+        with pytest.raises(ValueError, match=r"beyond \+-240 \(or NaN\)"):
+            ops.linear_fp8(x, w, ws, b, backend="reference")
