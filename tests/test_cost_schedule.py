@@ -330,3 +330,39 @@ def test_indirect_dma_index_tile_does_not_set_its_engines() -> None:
         [(idx, (sb(1, 0, 4, 0, 1),), (sb(2, 0, 4, 0, 1),)), (big, (hbm(3), sb(2, 0, 4, 0, 1)), (hbm(4),))]
     )
     assert r.makespan_ns == pytest.approx(t_idx + SYNC + c.issue_ns + c.data_ns / 16)
+
+
+def test_war_survives_the_bookkeeping_merge() -> None:
+    """WAR after MAX_ENTRIES: a slow early reader (GpSimd) of a tile, then more short VectorE reads of
+    disjoint slices than the bookkeeping keeps, so the early read is merged into a bounding entry; a later
+    write of the whole tile still waits for the slow read (its end is the merged entry's, + sync)."""
+    from nki_kernels.emulator.cost.schedule import MAX_ENTRIES
+
+    slow = elementwise("tensor_copy", "gpsimd", 65536, ("float32",) * 2, ("sbuf",) * 2)
+    fast = elementwise("tensor_copy", "vector", 64, ("float32",) * 2, ("sbuf",) * 2)
+    n = 2 * MAX_ENTRIES + 3
+    evs: list[Any] = [(slow, (sb(1, 0, 4),), (sb(2),))]
+    evs += [(fast, (sb(1, 4 * i + 4, 4 * i + 8),), (sb(100 + i),)) for i in range(n)]
+    evs.append((EVICT, (ps(10),), (sb(1, 0, 8000),)))  # VectorE overwrites the whole tile
+    g, f = instruction_ns(slow), instruction_ns(fast)
+    assert g > n * f  # the slow read ends last: only its entry can hold the write back
+    r = schedule_events(evs, P, keep_timeline=True)
+    start = r.timeline[0][-1]
+    assert start == pytest.approx(g + SYNC)  # GpSimd -> VectorE: one semaphore
+
+
+def test_raw_through_hbm_orders_a_load_after_the_store() -> None:
+    """RAW through HBM: a load (core 1) of bytes a store (core 0) just wrote waits for the store's end;
+    a load of other HBM bytes runs beside the store (separate cores, separate DMA pools)."""
+    store, load = dma(1 << 16, direction="sbuf->hbm"), dma(64, pid=1)  # a long store, a short load
+    cl = dma_record_cost(load)
+
+    def sched(load_buf: int) -> Any:
+        evs = [(store, (sb(1),), (hbm(7, 0, 1 << 23),)), (load, (hbm(load_buf, 0, 8192),), (sb(2),))]
+        return schedule_events(evs, P, cores=2, keep_timeline=True)
+
+    dep, free = sched(7), sched(8)
+    store_end = dep.timeline[1][0]
+    assert dep.dependencies == 1 and free.dependencies == 0
+    assert dep.timeline[1][1] >= store_end + cl.data_ns / 16  # the load's data after the store's end
+    assert free.timeline[1][1] < store_end  # unordered: done long before the store
