@@ -199,3 +199,62 @@ def test_block_table_static_offset_over_several_chunks(seed: int, nb: int, g1: i
     what = f"block table static seed={seed} nb={nb} groups={groups}"
     assert_within(out, base_o, torch.bfloat16, ref_err, what=what + " out")
     assert_within(lse, base_l, torch.bfloat16, ref_err, what=what + " lse")
+
+
+def _count_recomputes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The kernels' ``_flash_rows`` calls, True for a static pass, False for a running-max recompute."""
+    passes: list[bool] = []
+    inner = att._flash_rows
+
+    def counting(*args, **kw):  # type: ignore[no-untyped-def]
+        passes.append(bool(kw.get("static")))
+        return inner(*args, **kw)
+
+    monkeypatch.setattr(att, "_flash_rows", counting)
+    return passes
+
+
+@pytest.mark.parametrize("side", [-1, 1], ids=["just-below", "just-across"])
+def test_upper_guard_bound_edge_counts_the_recompute(side: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 (one offset per row: its first 512-key chunk's max, 0 here): exactly ONE row (7) of the 128 has
+    a later key scoring x, so its l = 512 + e^x (the other later keys score -200: e^-200 underflows). x puts
+    l 1 % below or above GUARD_L_MAX: below, no head is recomputed; across, exactly one recompute (one
+    (b, h), one tile) and the output still matches the reference."""
+    lq, lk, d = 128, 1024, 16
+    # the documented bound (docs/kernels/attention.md): below 1e30, o = sum P v stays finite for |v| < 3e8
+    x = float(torch.log(torch.tensor(1e30 - 512.0, dtype=torch.float64))) + side * 0.01
+    q, k, v = torch.zeros(1, lq, 1, d), torch.zeros(1, lk, 1, d), torch.randn(1, lk, 1, d)
+    q[:, 7, :, 0] = 1.0
+    k[:, 512:, :, 0] = -200.0
+    k[:, 700, :, 0] = x
+    passes = _count_recomputes(monkeypatch)
+    out, lse = attention_emulated(q, k, v, scale=1.0, return_lse=True, static=True)
+    assert passes.count(True) == 1 and passes.count(False) == (1 if side > 0 else 0), passes
+    ref_err, (base_o, base_l) = reference_error(
+        attention, [q, k, v], torch.float32, scale=1.0, return_lse=True
+    )
+    assert_within(out, base_o, torch.float32, ref_err, what="upper bound edge out")
+    assert_within(lse, base_l, torch.float32, ref_err, what="upper bound edge lse")
+
+
+@pytest.mark.parametrize("side", [-1, 1], ids=["just-inside", "just-across"])
+def test_lower_guard_bound_edge_counts_the_recompute(side: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 (two 1,024-key chunks; after the first, one offset per 128-query tile): every row but 7 scores
+    key 5 at ``scale`` (the tile offset); row 7 scores every key 0, so against the tile offset its
+    l = 2048 e^-scale. ``scale`` puts that 1 % above or below GUARD_L_MIN: inside, no recompute; across,
+    exactly one, and row 7 is right."""
+    lq, lk, d = 128, 2048, 16
+    # the documented bound: l below 1e-18 means the row's largest term sits ~41 nats under the tile offset
+    scale = float(torch.log(torch.tensor(lk / 1e-18, dtype=torch.float64))) + side * 0.01
+    q, k = torch.zeros(1, lq, 1, d), torch.zeros(1, lk, 1, d)
+    v = torch.randn(1, lk, 1, d, generator=torch.Generator().manual_seed(2))
+    q[:, :, :, 0] = 1.0
+    q[:, 7, :, 0] = 0.0
+    k[:, 5, :, 0] = 1.0
+    passes = _count_recomputes(monkeypatch)
+    bf = torch.bfloat16
+    out, lse = attention_emulated(q.to(bf), k.to(bf), v.to(bf), scale=scale, return_lse=True, static=True)
+    assert passes.count(True) == 1 and passes.count(False) == (1 if side > 0 else 0), passes
+    ref_err, (base_o, base_l) = reference_error(attention, [q, k, v], bf, scale=scale, return_lse=True)
+    assert_within(out, base_o, bf, ref_err, what="lower bound edge out")
+    assert_within(lse, base_l, bf, ref_err, what="lower bound edge lse")
