@@ -73,11 +73,17 @@ def test_multi_chunk_attention_with_score_swings_between_chunks() -> None:
 
 
 @pytest.mark.emulator
-def test_block_table_stand_in_ignores_extreme_unlisted_blocks() -> None:
-    # source 0: 5 blocks, source 1: 2 blocks, T = 16; the group lists blocks (0, 2) and (0, 3) with two empty
-    # entries. Every unlisted block ((0,0), (0,1), (0,4), (1,0), (1,1)) holds keys along +e0 that score ~ +250
-    # against the queries, the listed ones score within ~ +-40: a stand-in taken from any unlisted block
-    # shifts the row max by > 88 and every listed weight underflows.
+@pytest.mark.parametrize(
+    "listed",
+    [((0, 2), (0, 3)), ((0, 1), (0, 3)), ((0, 0), (0, 4)), ((0, 3), (1, 1))],
+    ids=["adjacent", "gap", "both-ends", "two-sources"],
+)
+def test_block_table_stand_in_ignores_extreme_unlisted_blocks(listed: tuple[tuple[int, int], ...]) -> None:
+    # source 0: 5 blocks, source 1: 2 blocks, T = 16; the group lists two blocks with two empty entries
+    # between. Every unlisted block holds keys along +e0 that score ~ +250 against the queries, the listed
+    # ones score within ~ +-40: a stand-in (the key block an empty entry loads) taken from any unlisted
+    # block shifts the row max by > 88 and every listed weight underflows. Listed blocks with a gap, at
+    # both ends or in two sources leave an unlisted block between or beside them, which adjacent ones hide.
     t, d, scale = 16, 16, 4.0
     g = torch.Generator().manual_seed(5)
     e0 = torch.zeros(d)
@@ -85,19 +91,22 @@ def test_block_table_stand_in_ignores_extreme_unlisted_blocks() -> None:
     q = 0.3 * torch.randn(1, 24, 1, d, generator=g) + 8.0 * e0
     ks = [0.3 * torch.randn(1, n * t, 1, d, generator=g) for n in (5, 2)]
     vs = [torch.randn(1, n * t, 1, d, generator=g) for n in (5, 2)]
-    listed = [(0, 2), (0, 3)]
     for s, k in enumerate(ks):
         for blk in range(k.shape[1] // t):
             if (s, blk) not in listed:
                 k[:, blk * t : (blk + 1) * t] += 8.0 * e0
-    table = torch.tensor([[[-1, 0], [0, 2], [-1, 0], [0, 3]]])
-    keys = torch.cat([ks[0][:, 2 * t : 4 * t]], dim=1)
-    vals = torch.cat([vs[0][:, 2 * t : 4 * t]], dim=1)
+    (s1, b1), (s2, b2) = listed
+    table = torch.tensor([[[-1, 0], [s1, b1], [-1, 0], [s2, b2]]])
+    keys = torch.cat([ks[s][:, b * t : (b + 1) * t] for s, b in listed], dim=1)
+    vals = torch.cat([vs[s][:, b * t : (b + 1) * t] for s, b in listed], dim=1)
     want_o, want_l, x = _softmax64(q, keys, vals, scale)
-    x_unlisted = scale * torch.einsum("bqhd,bkhd->bhqk", q, ks[1])
-    assert (x_unlisted.amin(-1) - x.amax(-1) > 88).all(), "the unlisted blocks must dominate every row"
+    for s, k in enumerate(ks):
+        for blk in range(k.shape[1] // t):
+            if (s, blk) not in listed:
+                xu = scale * torch.einsum("bqhd,bkhd->bhqk", q, k[:, blk * t : (blk + 1) * t])
+                assert (xu.amin(-1) - x.amax(-1) > 88).all(), "the unlisted blocks must dominate every row"
     out, lse = attention_block_table_emulated(q, ks, vs, table, [24], t, scale=scale, return_lse=True)
-    _check_close(out, lse, want_o, want_l, x, vals, "block table with extreme unlisted blocks")
+    _check_close(out, lse, want_o, want_l, x, vals, f"block table, listed {listed}, extreme unlisted blocks")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
