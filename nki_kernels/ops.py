@@ -30,8 +30,11 @@ false. Use the public functions below rather than the raw ops.
 
 Limits (every op; each checked on entry, with the error it raises):
 
-* inference only: no autograd formula is registered, so ``backward()`` through an op raises
-  ``RuntimeError`` ("no autograd formula was registered");
+* inference only, except ``attention``: :func:`attention` has a backward (the exact softmax-attention
+  gradient, recomputed from the fp32 reference math whatever backend ran the forward); ``backward()``
+  through any other functional op raises ``RuntimeError`` naming it ("Trying to backward through
+  nki_ardiff.<op>.default but no autograd formula was registered"); the in-place KV-cache ops raise
+  ``RuntimeError`` on entry, naming the op and the argument, when grad mode is on and a tensor requires grad;
 * tensors contiguous in the documented layout (``ValueError`` "... must be contiguous ...; call
   .contiguous()", never a silent copy); dtypes ``torch.bfloat16`` / ``torch.float32`` (``TypeError``
   naming the tensor and its dtype);

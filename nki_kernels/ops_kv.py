@@ -20,6 +20,23 @@ from nki_kernels.op_dispatch import (
 )
 
 
+def _check_no_grad(
+    op: str, cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """The KV-cache ops mutate their caches in place and have no backward (torch registers no autograd
+    formula for a mutating custom op): with grad mode on, a write would silently drop k/v's gradient or
+    leave a cache's history wrong, so any tensor requiring grad is refused here, naming the op."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("cache_k", cache_k), ("cache_v", cache_v), ("k", k), ("v", v)):
+        if t.requires_grad:
+            raise RuntimeError(
+                f"{op} has no backward (an in-place cache write, inference only): {name} requires grad with "
+                "grad mode on, and its gradient would be dropped; call it under torch.no_grad() / "
+                "torch.inference_mode() or pass detached tensors"
+            )
+
+
 @torch.library.custom_op("nki_ardiff::kv_cache_write", mutates_args=("cache_k", "cache_v"))
 def _kv_cache_write_op(
     cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: int, backend: str
@@ -103,10 +120,12 @@ def kv_cache_write(
         k, v: ``[B, T, H, D]`` (same B, H, D and dtype as the caches; T >= 1).
         slot: ``0 <= slot`` and ``(slot+1)*T <= S``.
         backend: see module docstring.
-    Only the T new tokens are touched.
+    Only the T new tokens are touched. No backward: with grad mode on, a tensor requiring grad raises
+    ``RuntimeError`` naming the op (as :func:`kv_cache_slide` and :func:`kv_cache_write_at`).
     """
     _check_cache_block(cache_k, cache_v, k, v)
     _check_int("slot", slot)
+    _check_no_grad("kv_cache_write", cache_k, cache_v, k, v)
     _check_slot(slot, k.shape[1], cache_k.shape[1])
     be = _op_backend(backend)
     _kv_cache_write_op(cache_k, cache_v, k, v, int(slot), be)
@@ -134,6 +153,7 @@ def kv_cache_slide(
     """
     _check_cache_block(cache_k, cache_v, k, v)
     _check_int("sink_tokens", sink_tokens)
+    _check_no_grad("kv_cache_slide", cache_k, cache_v, k, v)
     t, s = k.shape[1], cache_k.shape[1]
     if sink_tokens < 0 or sink_tokens + t > s:
         raise ValueError(
@@ -159,4 +179,5 @@ def kv_cache_write_at(
     """
     _check_cache_block(cache_k, cache_v, k, v)
     _check_index_tensor("slot", slot, shape=())
+    _check_no_grad("kv_cache_write_at", cache_k, cache_v, k, v)
     _kv_cache_write_at_op(cache_k, cache_v, k, v, slot, _op_backend(backend))
