@@ -432,7 +432,9 @@ def measure(
     return BenchRow(ROWS_NAME, variant, config, "measured", extra=extra)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (a test checks the default writes nothing tracked: rows only with
+    ``--save``)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", choices=("demo", "tiny", "wan-layer"), default="demo")
     ap.add_argument("--blocks", type=int, default=5)
@@ -470,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--save", action="store_true", help=f"append the row to perf/results/{ROWS_NAME}.jsonl")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.model == "wan-layer":

@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--save",
         action="store_true",
-        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+        help="append the rows to perf/results/pipeline.jsonl (tracked); default: print only",
     )
     return ap
 

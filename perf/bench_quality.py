@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--save",
         action="store_true",
-        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+        help="append the rows to perf/results/quality[_quick].jsonl and write the contact sheet there "
+        "(tracked); default: the sheet under build/perf, no rows",
     )
     return ap
 

@@ -187,13 +187,20 @@ def table_lines(rows: list[CheckRow]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (a test checks the default writes nothing tracked: rows only with
+    ``--save``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", nargs="+", default=["tiny", "mid"])
     ap.add_argument("--cores", type=int, default=8)
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--save", action="store_true", help=f"append the rows to perf/results/{ROWS_NAME}.jsonl")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     run_id = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()

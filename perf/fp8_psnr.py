@@ -247,12 +247,19 @@ def latest_gates(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (a test checks the default writes nothing tracked: rows only with
+    ``--save``)."""
     ap = argparse.ArgumentParser(description="FP8 decoded-video gates on the demo model (measured)")
     ap.add_argument("--seconds", type=float, default=30.0, help="stream length per prompt (default 30)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     ap.add_argument("--save", action="store_true", help="append the rows to perf/results/fp8_psnr.jsonl")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.seconds <= 0:
         ap.error(f"--seconds must be > 0, got {args.seconds}")

@@ -9,13 +9,55 @@ from pathlib import Path
 import pytest
 
 WRITERS = (
+    "perf.attention_guard",
     "perf.bench_kernels",
     "perf.bench_long_stream",
     "perf.bench_pipeline",
     "perf.bench_quality",
     "perf.calibration.__main__",
     "perf.e2e.cli",
+    "perf.footprint_check",
+    "perf.fp8_psnr",
 )
+"""Entry points that can write tracked results (each: ``build_parser()``, --save off by default)."""
+PRINT_ONLY = (
+    "perf.attention_cte_harness",
+    "perf.bench_cost_schedule",
+    "perf.e2e.elementwise_table",
+    "perf.fp8_gate",
+    "perf.neuron_measure",  # the --measure child (``run-kernel CALL.pkl``), writes only into its temp workdir
+)
+"""Entry points with no channel to a tracked file at all (checked on their source below)."""
+PERF = Path(__file__).resolve().parents[1] / "perf"
+TRACKED_WRITES = ("append_rows", "RESULTS_DIR", "results_path", "write_png", "savefig", "REPORT.md")
+
+
+def _entry_points() -> set[str]:
+    """Every ``python -m perf.<x>`` module: a ``__main__`` guard, or a package's ``__main__.py`` (whose
+    ``main`` lives where it imports it from: perf.e2e -> perf.e2e.cli)."""
+    found = set()
+    for f in PERF.rglob("*.py"):
+        mod = ".".join(f.relative_to(PERF.parent).with_suffix("").parts)
+        if f.name == "__main__.py" and "def main(" not in f.read_text():
+            src = f.read_text()
+            mod = src.split("from ", 1)[1].split(" import main", 1)[0].strip()
+        elif f.name != "__main__.py" and '__name__ == "__main__"' not in f.read_text():
+            continue
+        found.add(mod)
+    return found
+
+
+def test_every_entry_point_is_classified() -> None:
+    """A new ``python -m perf.*`` command has to join WRITERS (opt-in --save, tested) or PRINT_ONLY."""
+    assert _entry_points() == set(WRITERS) | set(PRINT_ONLY)
+
+
+@pytest.mark.parametrize("module", PRINT_ONLY)
+def test_print_only_entry_points_have_no_tracked_output(module: str) -> None:
+    src = (PERF.parent / Path(*module.split("."))).with_suffix(".py").read_text()
+    assert [w for w in TRACKED_WRITES if w in src] == []
+
+
 OPT_OUT = {  # the former opt-out flags, still accepted (now the default) but not with --save
     "perf.bench_kernels": "--no-save",
     "perf.bench_long_stream": "--no-save",

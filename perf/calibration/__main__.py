@@ -1,8 +1,9 @@
 """``python -m perf.calibration``: model every published trn2 calibration point and compare.
 
 Prints the table (published measured vs modelled, ratio, bottleneck, source), the geometric mean and SD
-of modelled/measured and the worst points; appends one runner row per point to
-``perf/results/calibration.jsonl`` and writes ``perf/results/calibration.png``.  ``--loso`` adds the
+of modelled/measured and the worst points; with ``--save`` it also appends one runner row per point to
+``perf/results/calibration.jsonl`` and writes ``perf/results/calibration.png`` (``--results-dir`` moves
+both; without ``--save`` nothing is written).  ``--loso`` adds the
 re-fit of the fitted parameters and the leave-one-source-out figure (slow: minutes with the schedule;
 ``perf.calibration.refit``).
 """
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--save",
         action="store_true",
-        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+        help="append the rows to calibration.jsonl and write calibration.png in --results-dir (default "
+        "perf/results, tracked); default: print only",
     )
     return ap
 

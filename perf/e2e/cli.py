@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--save",
         action="store_true",
-        help="write the tracked results (perf/results, perf/REPORT.md); default: print / scratch only",
+        help="write perf/REPORT.md, perf/results/ and the PNGs (tracked); default: build/perf/e2e",
     )
     return ap
 
