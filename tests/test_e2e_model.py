@@ -380,7 +380,8 @@ def test_chunk_component_set_and_launch_count_pinned():
     expected |= {"rope3d_copies"}  # the merged forward ropes the sink's copy in a RoPE call of its own
     assert set(mg.component_names()) == expected
     assert len(mg.component_names()) == len(expected)  # no duplicate
-    per_layer_kernels = len(_LAYER_COMPONENTS) + 2 + 1 + 1  # + update and denoise attention + KV write + copies
+    # + update and denoise attention + KV write + the sink copy's RoPE
+    per_layer_kernels = len(_LAYER_COMPONENTS) + 2 + 1 + 1
     assert mg.kernel_calls == L * per_layer_kernels + 2  # + patch embed and head
     # TP4 x SP2: all-to-all + inverse all-to-all in the TP group, K/V all-gather in the SP group, per layer;
     # one all-gather of the head output per forward

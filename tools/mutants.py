@@ -316,7 +316,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "a merged bookkeeping entry keeps the earliest end: a WAR on a merged read is lost (too fast)"),
     Mutant("sched-raw-hbm-unseen", "nki_kernels/emulator/cost/schedule.py",
            "            lst = table_w.get(r[1])\n",
-           '            lst = table_w.get(r[1]) if r[0] != "hbm" else None\n', ("tests/test_cost_schedule.py",),
+           '            lst = table_w.get(r[1]) if r[0] != "hbm" else None\n',
+           ("tests/test_cost_schedule.py",),
            "a load never waits for a store of the same HBM bytes (the schedule gets silently faster)"),
     Mutant("lf8-range-past-240", "nki_kernels/ops_linear_fp8.py",
            "if ((weight_q.view(torch.uint8) & 0x7F) > _E4M3_240_BITS).any():",
@@ -335,7 +336,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            _ = all_gather(sp_extra, plan.sp, groups.sp_group)\n"
            "            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])",
            ("tests/test_sharding_compile.py",),
-           "the SP cache share travels in a collective of its own: one collective per layer more than priced"),
+           "the SP cache share travels in a collective of its own: one more collective per layer than priced"),
     Mutant("shard-fused-gather-order", "sharding/attention.py",
            "extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both])",
            "extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both.flip(0)])",
