@@ -336,7 +336,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            _ = all_gather(sp_extra, plan.sp, groups.sp_group)\n"
            "            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])",
            ("tests/test_sharding_compile.py",),
-           "the SP cache share travels in a collective of its own: one more collective per layer than priced"),
+           "the SP cache share travels in a collective of its own: one more per layer than priced"),
     Mutant("shard-fused-gather-order", "sharding/attention.py",
            "extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both])",
            "extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both.flip(0)])",
