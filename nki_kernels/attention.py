@@ -44,10 +44,9 @@ is interleaved with the next tile's first chunks; the next tile's q^T is prefetc
 
 The default (``static=True``, :func:`_guarded_rows`) fixes the softmax offset after a tile's first chunk,
 so the later chunks skip steps 2-3's max, running max and alpha (alpha = 1). With 2-byte dtypes and every
-P^T on TensorE the offset is ONE value per tile (the largest first-chunk score of its rows), and every later
-full chunk computes ``S^T`` with the keys on the partitions, so ONE ScalarE exp writes the P^T the PV reads:
-no transposes and no evictions (:func:`~nki_kernels.attention_pv.qk_transposed`,
-:func:`~nki_kernels.attention_pv.exp_transposed`). A per-(b, h) guard recomputes with the running max if any
+P^T on TensorE the offset is ONE value per tile (the largest first-chunk score of its rows) and the pass
+streams K/V chunk by chunk, scores as ``S^T`` (keys on the partitions), ONE ScalarE exp writing the P^T the
+PV reads (:mod:`nki_kernels.attention_stream`). A per-(b, h) guard recomputes with the running max if any
 row's ``l`` leaves ``[GUARD_L_MIN, GUARD_L_MAX]`` (docs/kernels/attention.md, "Static softmax offset").
 
 At the end ``out = o / l`` (cast to q's dtype) is stored to ``out[b, q0:q0+128, h, :]`` and
@@ -64,15 +63,11 @@ from typing import Any
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
-    PE_PV_DELAY,
     PvQueue,
     _Tail,
     _transpose_unit,
-    exp_transposed,
-    free_p_tile,
-    qk_transposed,
-    tile_offset,
 )
+from nki_kernels.attention_stream import KvStream, SegmentStream, stream_rows, streams
 from nki_kernels.attention_tiles import (
     DMA_GROUP_CHUNKS,
     DMA_TRANSPOSE_CHUNKS,
@@ -87,6 +82,7 @@ from nki_kernels.attention_tiles import (
     _load_transposed,
     fit_group,
     flash_sbuf_bytes,
+    guard_buffers,
     merge_remainder,
     owned_pairs,
     p_transpose_plan,
@@ -147,7 +143,17 @@ def _flash_rows(
     max or alpha after the first chunk (``w["alpha"]`` must hold 1.0), more P^T evictions on VectorE
     (:data:`VECTOR_EVICT_STATIC`), and each row ANDs ``GUARD_L_MIN <= l <= GUARD_L_MAX`` into ``w["good"]``
     for :func:`_guarded_rows`' check.
+
+    ``kT_sb`` may instead be a :class:`~nki_kernels.attention_stream.KvStream` (``v_sb`` None, ``static``
+    True): the static pass then streams the K/V chunk by chunk with one offset per query tile
+    (:func:`~nki_kernels.attention_stream.stream_rows`, used when :func:`streams` holds).
     """
+    if isinstance(kT_sb, KvStream):
+        if not static:
+            raise ValueError("_flash_rows: a KvStream streams the static pass only")
+        bounds = (GUARD_L_MIN, GUARD_L_MAX, L_FLOOR)
+        stream_rows(kT_sb, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, w["good"], bounds)
+        return n_grp
     D = q.shape[3]
     dv = v_sb.shape[2]
     two_byte = q.dtype != nl.float32
@@ -157,14 +163,6 @@ def _flash_rows(
     s_ps, p_sb, p_pe = w["s_ps"], w["p_sb"], w["p_pe"]
     o_out, alpha, bmax = w["o_out"], w["alpha"], w["bmax"]
     rl, lse_t = w["rl"], w["lse_t"]
-
-    # static + 2-byte + every P^T on TensorE + a full chunk after the first: ONE offset per query tile, and
-    # every full chunk after the first computes its scores with the keys on the partitions, so its exp
-    # writes P^T directly (a call of one chunk keeps the per-row offset: the tile max would buy nothing)
-    tile_scalar = static and two_byte and not dma_chunks[0] and any(n == KC for _, n in chunks[1:])
-
-    def transposed(ci: int) -> bool:
-        return tile_scalar and ci > 0 and chunks[ci][1] == KC
 
     def nv_of(nb: int, n: int) -> int:
         return vector_evict_blocks(nb, n, VECTOR_EVICT_STATIC if static else VECTOR_EVICT)
@@ -198,11 +196,6 @@ def _flash_rows(
                 good, l_col, nl.less_equal, GUARD_L_MAX, op1=nl.minimum, operand1=good,
                 engine=nisa.vector_engine,
             )  # fmt: skip
-            if tile_scalar:  # one offset per tile: a row far below the tile's max may underflow
-                nisa.tensor_scalar(
-                    good, l_col, nl.greater_equal, GUARD_L_MIN, op1=nl.minimum, operand1=good,
-                    engine=nisa.vector_engine,
-                )  # fmt: skip
         if return_lse:
             nisa.activation(lse_t[:qr], nl.log, l_col)
             nisa.tensor_tensor(lse_t[:qr], lse_t[:qr], nm_old[:qr], nl.subtract)
@@ -215,9 +208,6 @@ def _flash_rows(
         qr = min(PMAX, q_hi - q0)
         qT = w["qT_b"] if ti % 2 else w["qT_a"]
         c0, kc = chunks[ci]
-        if transposed(ci):
-            qk_transposed(s_ps[g % 2], kT_sb, qT, c0, kc, D, qr)
-            return
         nsub = (kc + PSUM_BANK_FMAX - 1) // PSUM_BANK_FMAX
         wd = kc // nsub  # equal banks (merge_remainder keeps kc % nsub == 0)
         for j in range(nsub):
@@ -276,9 +266,7 @@ def _flash_rows(
                 p_dst = p_pe[npe % len(p_pe)][:qr, :kc]
             p_view = p_dst.reshape_dim(1, (nsub, wd))
             a_col = alpha[:qr, col : col + 1]
-            if ci == 0 and tile_scalar:  # one offset for the tile (its chunk-1 S buffer is free here)
-                tile_offset(nm_new, bmax, qr, s_ps[(g + 1) % 2], w["mx"], w["ones_row"], scale)
-            elif ci == 0:  # static: this offset stays for the tile's other chunks
+            if ci == 0:  # static: this offset stays for the tile's other chunks
                 nisa.tensor_scalar(nm_new[:qr], bmax[:qr], nl.multiply, -scale, engine=nisa.vector_engine)
             elif not static:
                 nisa.tensor_scalar(
@@ -295,12 +283,7 @@ def _flash_rows(
             queue.issue_deferred()  # VectorE: the previous unit's o update after this chunk's max
             # P = exp(scale*S + nm) on ScalarE straight from PSUM (l comes from V's ones column)
             nm_b = nm_old if static and ci > 0 else nm_new  # static: the first chunk's offset
-            t_now = transposed(ci)
-            if t_now:  # P^T straight from S^T into the next P^T tile; units still reading it go first
-                free_p_tile(queues, -1 - npe, len(w["pT_pe"]))
-                exp_transposed(w["pT_pe"][npe % len(w["pT_pe"])], s, kc, qr, nm_b, scale)
-            else:
-                nisa.activation(p_view, nl.exp, s_view, bias=nm_b[:qr], scale=scale)
+            nisa.activation(p_view, nl.exp, s_view, bias=nm_b[:qr], scale=scale)
             if tail is not None and finish(tail, [queue], ci):
                 tail = None
             if done:
@@ -323,10 +306,6 @@ def _flash_rows(
                 if flush:
                     done, pending = pending, []
                     unit += 1
-            elif t_now:  # its P^T exists: queue its PV like a transposed TensorE chunk's
-                queue.push(ci + PE_PV_DELAY, aset, [(ci, c0, kc, -1 - npe, col)])
-                npe += 1
-                unit += 1
             else:
                 done = [(ci, c0, kc, -1 - npe, col)]
                 npe += 1
@@ -350,15 +329,31 @@ def _guarded_rows(
     against a ones column) and, if any row of any tile failed, the same queries are recomputed with the
     running max inside a runtime loop of 0 or 1 iterations (``nl.fori_loop`` bounded by a register loaded
     from that count), overwriting ``out`` / ``lse``. The recompute runs only when the guard trips, so the
-    static pass's cost is the fast path's; the instruction stream carries both."""
+    static pass's cost is the fast path's; the instruction stream carries both.
+
+    With a :class:`~nki_kernels.attention_stream.KvStream` as ``kT_sb`` (``w`` from
+    :func:`~nki_kernels.attention_tiles.guard_buffers`) the static pass streams the K/V, and the recompute
+    first loads the whole K/V of the unit (``kT_sb.resident()``) into tiles of its own, with flash buffers
+    of its own (allocated inside the loop: live only while a recompute runs)."""
     args = (w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks)
-    if not static:
+    stream = isinstance(kT_sb, KvStream)
+
+    def running() -> int:
+        """The running-max pass over the resident K/V (a stream's loaded first, into tiles of its own)."""
+        if stream:
+            kT, v = kT_sb.resident()
+            w_run = _flash_buffers(q.shape[3], q.shape[3] + 1, KC_TWO_BYTE, 0, q.dtype)
+            return _flash_rows(w_run, kT, v, *args[3:], n_grp, dma_chunks, scale, return_lse)
         return _flash_rows(*args, n_grp, dma_chunks, scale, return_lse)
+
+    if not static:
+        return running()
     good, flag = w["good"], w["flag"]
     nisa.memset(good, 1.0, engine=nisa.vector_engine)
-    nisa.memset(w["alpha"], 1.0, engine=nisa.vector_engine)  # the o update becomes o + PV
+    if not stream:
+        nisa.memset(w["alpha"], 1.0, engine=nisa.vector_engine)  # the o update becomes o + PV
     n_next = _flash_rows(*args, n_grp, dma_chunks, scale, return_lse, static=True)
-    cnt = w["pv_ps"][0][:1, :1]  # the PV buffers are drained here
+    cnt = w["cnt"] if stream else w["pv_ps"][0][:1, :1]  # the PV buffers are drained here
     nisa.nc_matmul(cnt, stationary=good[:, 0:1], moving=w["ones"][:, 0:1], accumulate=False)
     # failed rows = 128 - good rows; the loop bound is min(failed, 1)
     nisa.tensor_scalar(
@@ -369,7 +364,7 @@ def _guarded_rows(
     nisa.register_load(reg, flag)
 
     def recompute(_i: Any) -> None:
-        _flash_rows(*args, n_grp, dma_chunks, scale, return_lse)
+        running()
 
     nl.fori_loop(0, reg, recompute)
     return n_next
@@ -388,11 +383,19 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     pid = nl.program_id(0)
     nprog = nl.num_programs()
 
+    chunks = merge_remainder(_chunks(Lk, KC), KC)
+    if static and streams(chunks, two_byte, dma_chunks):  # K/V streamed per unit: nothing resident
+        w = guard_buffers(dt, count_psum=True)
+        for b, h in owned_pairs(B, H, pid, nprog):
+            kv = SegmentStream(kbuf, vbuf, b, h, segments, D, dt)
+            _guarded_rows(
+                w, kv, None, q, out, lse, b, h, 0, Lq, chunks, 0, dma_chunks, scale, return_lse, True
+            )
+        return (out, lse) if return_lse else out
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
     # V carries a ones column D: the PV matmul then also sums P into l (written once; loads fill [0, D))
     v_sb = nl.ndarray((PMAX, nkt, D + 1), dtype=dt, buffer=nl.sbuf)
     nisa.memset(v_sb[:, :, D : D + 1], 1.0, engine=nisa.gpsimd_engine)
-    chunks = merge_remainder(_chunks(Lk, KC), KC)
     # P / P^T hold a whole DMA group (dma_group 2048-key spans) when a span can be dealt to the DMA
     gmax = 0
     if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:

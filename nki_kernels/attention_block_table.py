@@ -32,6 +32,12 @@ empty entry must contribute nothing, exactly, while the flash loop is static:
   all-empty group keeps finite stale keys: P finite, o = l = 0, and ``out = o / max(l, 1e-30) = 0``,
   ``lse = log(0) - m = -inf``.
 
+The static pass (the default with 2-byte dtypes and at least two full key chunks) does not load a group's
+K/V whole: it streams them chunk by chunk (:class:`~nki_kernels.attention_block_table_stream.
+BlockTableStream`, :mod:`nki_kernels.attention_stream`), each chunk's entry pieces moved by the same
+runtime-offset DMAs and K^T transposed on TensorE, while the previous chunks compute. The loads below are
+those of the other paths and of the guard's running-max recompute.
+
 Loads per (b, h, g), per entry n and source s (all runtime-offset DMAs, software DGE):
 V straight into ``v_sb[key % 128, key // 128, :D]`` (head piece, run of full 128-row tiles, tail piece);
 K into a staging tile in natural layout (``[128 rows, tiles, D]``, two DMAs), then per entry eight SBUF->SBUF
@@ -60,7 +66,8 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.attention import _check_static, _chunks, _guarded_rows, _validate
+from nki_kernels.attention import _check_static, _chunks, _guarded_rows, _validate, streams
+from nki_kernels.attention_block_table_stream import BlockTableStream
 from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.attention_tiles import (
     KC_FP32,
@@ -70,6 +77,7 @@ from nki_kernels.attention_tiles import (
     _flash_buffers,
     fit_group,
     flash_sbuf_bytes,
+    guard_buffers,
     merge_remainder,
     owned_pairs,
 )
@@ -290,6 +298,18 @@ def _block_table_body(
     nprog = nl.num_programs()
 
     offs = [_offset_tiles(table, g, n_src, nblk, B, T, M, nkt) for g in range(G)]
+    chunks = merge_remainder(_chunks(Lk, KC), KC)
+    if static and streams(chunks, two_byte, dma_chunks):  # K/V streamed per (b, h, group): none resident
+        w = guard_buffers(dt, count_psum=True)
+        for b, h in owned_pairs(B, H, pid, nprog):
+            lo = 0
+            for g in range(G):
+                res = _resident_group(k_sources, v_sources, offs[g], b, h, T, D, nkt, dt)
+                kv = BlockTableStream(k_sources, v_sources, offs[g], b, h, T, D, dt, res)
+                _guarded_rows(w, kv, None, q, out, lse, b, h, lo, lo + q_groups[g], chunks, 0, dma_chunks,
+                              scale, return_lse, True)  # fmt: skip
+                lo += q_groups[g]
+        return (out, lse) if return_lse else out
 
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
     v_sb = nl.ndarray((PMAX, nkt, Dv), dtype=dt, buffer=nl.sbuf)
@@ -301,7 +321,6 @@ def _block_table_body(
         if not two_byte or 0 < T % PMAX < HWDGE_ROWS
         else None
     )
-    chunks = merge_remainder(_chunks(Lk, KC), KC)
     # P / P^T hold a whole DMA group (see nki_kernels.attention_tiles.DMA_GROUP_CHUNKS), lowered to what fits
     gmax = 0
     if two_byte and dma_chunks[0] and sum(n == KC for _, n in chunks) >= 2:
@@ -326,6 +345,22 @@ def _block_table_body(
     if return_lse:
         return out, lse
     return out
+
+
+def _resident_group(k_sources, v_sources, offs, b, h, T, D, nkt, dt):
+    """The guard's recompute of a streamed (b, h, group): a function loading the group's whole K^T / V
+    (:func:`_load_group`) into tiles allocated when it runs (live only during the recompute)."""
+
+    def load() -> tuple[Any, Any]:
+        kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)
+        v_sb = nl.ndarray((PMAX, nkt, D + 1), dtype=dt, buffer=nl.sbuf)
+        k_st = nl.ndarray((PMAX, (T + PMAX - 1) // PMAX, D), dtype=dt, buffer=nl.sbuf)
+        nisa.memset(k_st, 0.0, engine=nisa.gpsimd_engine)
+        kT_ps = nl.ndarray((D, PMAX), dtype=dt, buffer=nl.psum) if 0 < T % PMAX < HWDGE_ROWS else None
+        _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D, True)
+        return kT_sb, v_sb
+
+    return load
 
 
 @nki.jit

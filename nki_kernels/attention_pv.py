@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nki_kernels._nki import nisa, nl
-from nki_kernels.hw_limits import HWDGE_ROWS, PMAX, PSUM_BANK_FMAX
+from nki_kernels.hw_limits import HWDGE_ROWS, PMAX
 
 
 def _pow2_pieces(n: int) -> list[tuple[int, int]]:
@@ -224,46 +224,3 @@ class _Tail:
     def __init__(self, queue, done, aset, q0, qr, o_acc, nm, nchunks):
         self.queue, self.done, self.aset = queue, done, aset
         self.q0, self.qr, self.o_acc, self.nm, self.nchunks = q0, qr, o_acc, nm, nchunks
-
-
-# ---- the transposed-score chunks of the static offset (``_flash_rows(static=True)``, 2-byte dtypes) --------
-
-
-def tile_offset(nm, bmax, qr, scratch, mx, ones_row, scale):
-    """``nm[:128] = -scale * max(bmax[:qr])``: ONE softmax offset for the whole query tile, the same value
-    on every partition (a per-partition bias for chunks whose scores have keys on the partitions). The
-    cross-partition max: ``bmax`` transposed on TensorE into ``scratch[0:1, 0, :qr]`` (a free PSUM
-    region), reduced on VectorE into ``mx [1, 1]``, broadcast by a 1-row matmul with ``ones_row [1, 128]``
-    into ``scratch[:, 1, 0:1]``."""
-    row = scratch[0:1, 0, 0:qr]
-    nisa.nc_transpose(row, bmax[:qr, 0:1])
-    nisa.tensor_reduce(mx[0:1, 0:1], nl.maximum, row, axis=(1,))
-    col = scratch[:PMAX, 1, 0:1]
-    nisa.nc_matmul(col, stationary=ones_row[0:1, :PMAX], moving=mx[0:1, 0:1], accumulate=False)
-    nisa.tensor_scalar(nm[:PMAX], col, nl.multiply, -scale, engine=nisa.vector_engine)
-
-
-def qk_transposed(s, kT_sb, qT, c0, kc, d, qr):
-    """Scores of a full chunk with the KEYS on the partitions: per 128-key block ``t``,
-    ``S^T_t [128 k, qr] = nc_matmul(stationary=K^T_t [D, 128 k], moving=q^T [D, qr])`` into ``s`` viewed as
-    ``[128, banks, 4 blocks x 128]`` (block ``t`` at bank ``t // 4``, columns ``(t % 4) * 128``)."""
-    per = PSUM_BANK_FMAX // PMAX
-    for t in range(kc // PMAX):
-        j, o = divmod(t, per)
-        nisa.nc_matmul(
-            s[:PMAX, j, o * PMAX : o * PMAX + qr],
-            stationary=kT_sb[:d, c0 + t * PMAX : c0 + (t + 1) * PMAX],
-            moving=qT[:d, :qr],
-            accumulate=False,
-        )
-
-
-def exp_transposed(pT, s, kc, qr, nm, scale):
-    """``P^T = exp(scale * S^T + nm)`` of a :func:`qk_transposed` chunk in ONE ScalarE pass from PSUM into the
-    P^T tile ``pT [128 k, blocks, 128 q]`` the PV matmuls read: no transposes, no evictions. ``nm`` is the
-    tile's offset on every partition (:func:`tile_offset`)."""
-    per = PSUM_BANK_FMAX // PMAX
-    nb = kc // PMAX
-    src = s[:PMAX, : nb // per, :].reshape_dim(2, (per, PMAX))[:, :, :, :qr]
-    dst = pT[:PMAX, :nb, :].reshape_dim(1, (nb // per, per))[:, :, :, :qr]
-    nisa.activation(dst, nl.exp, src, bias=nm[:PMAX], scale=scale)

@@ -189,10 +189,11 @@ def _load_transposed(dst, src, n, two_byte):
         nisa.dma_transpose(dst=dst[:, n - HWDGE_ROWS : n], src=src[n - HWDGE_ROWS : n, :], axes=(1, 0))
 
 
-def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte):
-    """Load the segments' keys (transposed) and values of head h into consecutive key positions (V into
-    columns ``[0, D)`` of ``v_sb``; its column D, the ones column of l, is not touched)."""
-    off = 0
+def _load_kv(kT_sb, v_sb, kbuf, vbuf, b, h, segments, D, two_byte, off0=0):
+    """Load the segments' keys (transposed) and values of head h into consecutive key positions from
+    ``off0`` on (V into columns ``[0, D)`` of ``v_sb``; its column D, the ones column of l, is not
+    touched)."""
+    off = off0
     for start, length in segments:
         # [length, D] HBM view, rows H*D apart -> key columns [off, off + length) of K^T
         _load_transposed(
@@ -258,15 +259,21 @@ def _flash_buffers(D, dv, KC, gmax, dt, static=False):
     }
     for name in ("bmax", "rl", "lse_t"):
         w[name] = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
-    if not static:
-        return w
-    # the static offset's guard (nki_kernels.attention._guarded_rows): per-row flags, a ones column, the count
-    w["good"] = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
-    w["ones"] = nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf)
+    if static:
+        w.update(guard_buffers(dt))
+    return w
+
+
+def guard_buffers(dt, count_psum=False):
+    """The static offset's guard tiles (:func:`nki_kernels.attention._guarded_rows`): per-row flags
+    ``good`` ``[128, 1]`` (q's dtype), a ones column, the loop-bound ``flag`` ``[1, 1]`` int32 and, with
+    ``count_psum``, a ``[1, 1]`` fp32 PSUM tile ``cnt`` for the count (else the count uses a PV buffer)."""
+    w = {
+        "good": nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf),
+        "ones": nl.ndarray((PMAX, 1), dtype=dt, buffer=nl.sbuf),
+        "flag": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+    }
     nisa.memset(w["ones"], 1.0, engine=nisa.vector_engine)
-    w["flag"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    # the tile offset (nki_kernels.attention_pv.tile_offset): the cross-partition max and its broadcast
-    w["mx"] = nl.ndarray((1, 1), dtype=f32, buffer=nl.sbuf)
-    w["ones_row"] = nl.ndarray((1, PMAX), dtype=f32, buffer=nl.sbuf)
-    nisa.memset(w["ones_row"], 1.0, engine=nisa.vector_engine)
+    if count_psum:
+        w["cnt"] = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
     return w
