@@ -386,8 +386,9 @@ class Fitter:
         updated from each accepted step (Broyden's rank-one update) instead of re-priced; a fresh
         Jacobian is taken again when a step fails or the fit looks converged, and the fit stops when it
         is converged on a fresh Jacobian (a step below ``rtol`` of the scaled span, or a relative drop of
-        the sum of squares below 1e-4).  Steps are clamped to the bounds and accepted only when they
-        lower the sum of squares; at most ``max_iter`` steps."""
+        the sum of squares below 1e-4).  Steps are limited to a quarter of any knob's span (a poorly
+        pinned knob has a tiny Jacobian column and a huge Gauss-Newton step), clamped to the bounds and
+        accepted only when they lower the sum of squares; at most ``max_iter`` steps."""
         import numpy as np
 
         if not active:
@@ -421,8 +422,11 @@ class Fitter:
             a = jac.T @ jac
             g = jac.T @ r
             accepted = converged = False
-            for _ in range(6):
+            for _ in range(12):
                 delta = np.linalg.solve(a + lam * (np.diag(np.diag(a)) + 1e-9 * np.eye(len(active))), -g)
+                big = float(np.max(np.abs(delta)))
+                if big > 0.25:  # trust region: a quarter of a knob's span per step
+                    delta = delta * (0.25 / big)
                 trial = params
                 for c, i in enumerate(active):
                     trial = self._put_scaled(trial, i, self._scaled(i, params) + float(delta[c]))
@@ -479,6 +483,7 @@ def leave_one_source_out(
     max_sweeps: int = 4,
     rtol: float = 0.01,
     method: str = "cd",
+    progress: Callable[[str], None] | None = None,
 ) -> LosoResult:
     """Full fit on every grouped point, then per source (``groups``: source -> its point names, disjoint,
     covering the points to validate) the fit without it, started from the full fit's values, and the
@@ -498,9 +503,13 @@ def leave_one_source_out(
     if fitter.movers is None:
         fitter.sensitivity(params)
     full = fitter.fit(params, every, max_sweeps=max_sweeps, rtol=rtol, method=method)
+    if progress:
+        progress(f"full fit: {full.evaluations} point prices, cost {full.cost:.4f}")
     outcomes = []
     held: dict[str, float] = {}
     for src, names in groups.items():
+        if progress:
+            progress(f"without {src}")
         keep = tuple(n for n in every if seen[n] != src)
         res = fitter.fit(full.params, keep, max_sweeps=max_sweeps, rtol=rtol, method=method)
         pred = fitter.ratios(res.params, tuple(names))
