@@ -246,3 +246,37 @@ def test_levenberg_marquardt_tries_discrete_knobs() -> None:
     res = f.fit(START, method="lm", max_sweeps=6, rtol=1e-9)
     assert res.values["d"] == 1.5
     assert res.values["a"] == pytest.approx(2.0, rel=1e-5)
+
+
+def test_levenberg_marquardt_steps_stay_in_a_trust_box_around_priced_points() -> None:
+    """e barely moves p2 (1e-3 e), so its Gauss-Newton step is huge; a little further (e > 1.5) it ruins
+    p3.  Every LM trial stays within a quarter of each knob's span (plus the Jacobian's 0.02 probe) of a
+    point already priced, and the well-pinned a still reaches 2 (p1 = 1 + a measured 3)."""
+    figs = {
+        "p1": lambda p: 1.0 + p.a,
+        "p2": lambda p: p.a + 1e-3 * p.e,
+        "p3": lambda p: 1.0 + 2.0 * max(0.0, p.e - 1.5),
+    }
+    meas = {"p1": 3.0, "p2": 2.0 + 1e-3, "p3": 1.0}
+    seen: list[tuple[float, float]] = []
+
+    def predict(p, names):
+        seen.append((p.a, p.e))
+        return {n: figs[n](p) / meas[n] for n in names}
+
+    @dataclass(frozen=True)
+    class AE:
+        a: float = 1.0
+        e: float = 1.0
+
+    knobs = (_knob("a", 1.0), _knob("e", 1.0))
+    f = Fitter(knobs, predict, tuple(figs))
+    f.sensitivity(AE())
+    seen.clear()
+    res = f.fit(AE(), method="lm", max_sweeps=10, rtol=1e-9)
+    span = math.log(10.0 / 0.1)
+    for k, (a, e) in enumerate(seen[1:], start=1):
+        near = min(max(abs(math.log(a / a0)), abs(math.log(e / e0))) for a0, e0 in seen[:k])
+        assert near <= (0.25 + 0.02) * span + 1e-9, (a, e)
+    assert res.values["a"] == pytest.approx(2.0, rel=1e-3)
+    assert res.values["e"] <= 1.5

@@ -424,9 +424,7 @@ class Fitter:
             accepted = converged = False
             for _ in range(12):
                 delta = np.linalg.solve(a + lam * (np.diag(np.diag(a)) + 1e-9 * np.eye(len(active))), -g)
-                big = float(np.max(np.abs(delta)))
-                if big > 0.25:  # trust region: a quarter of a knob's span per step
-                    delta = delta * (0.25 / big)
+                delta = np.clip(delta, -0.25, 0.25)  # trust box: a quarter of each knob's span per step
                 trial = params
                 for c, i in enumerate(active):
                     trial = self._put_scaled(trial, i, self._scaled(i, params) + float(delta[c]))
