@@ -67,7 +67,7 @@ from nki_kernels.attention_pv import (
     _Tail,
     _transpose_unit,
 )
-from nki_kernels.attention_stream import KvStream, SegmentStream, stream_rows, streams
+from nki_kernels.attention_stream import KvStream, SegmentStream, link_streams, stream_rows, streams
 from nki_kernels.attention_tiles import (
     DMA_GROUP_CHUNKS,
     DMA_TRANSPOSE_CHUNKS,
@@ -152,7 +152,7 @@ def _flash_rows(
         if not static:
             raise ValueError("_flash_rows: a KvStream streams the static pass only")
         bounds = (GUARD_L_MIN, GUARD_L_MAX, L_FLOOR)
-        stream_rows(kT_sb, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, w["good"], bounds)
+        stream_rows(kT_sb, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, w["good"], bounds, w["carry"])
         return n_grp
     D = q.shape[3]
     dv = v_sb.shape[2]
@@ -386,10 +386,12 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     chunks = merge_remainder(_chunks(Lk, KC), KC)
     if static and streams(chunks, two_byte, dma_chunks):  # K/V streamed per unit: nothing resident
         w = guard_buffers(dt, count_psum=True)
-        for b, h in owned_pairs(B, H, pid, nprog):
-            kv = SegmentStream(kbuf, vbuf, b, h, segments, D, dt)
+        pairs = owned_pairs(B, H, pid, nprog)
+        units = [(SegmentStream(kbuf, vbuf, b, h, segments, D, dt), b, h, 0, Lq) for b, h in pairs]
+        link_streams(units)
+        for kv, b, h, lo, hi in units:
             _guarded_rows(
-                w, kv, None, q, out, lse, b, h, 0, Lq, chunks, 0, dma_chunks, scale, return_lse, True
+                w, kv, None, q, out, lse, b, h, lo, hi, chunks, 0, dma_chunks, scale, return_lse, True
             )
         return (out, lse) if return_lse else out
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)

@@ -69,6 +69,7 @@ from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import _check_static, _chunks, _guarded_rows, _validate, streams
 from nki_kernels.attention_block_table_stream import BlockTableStream
 from nki_kernels.attention_pv import ALPHA_SETS
+from nki_kernels.attention_stream import link_streams
 from nki_kernels.attention_tiles import (
     KC_FP32,
     KC_TWO_BYTE,
@@ -301,14 +302,19 @@ def _block_table_body(
     chunks = merge_remainder(_chunks(Lk, KC), KC)
     if static and streams(chunks, two_byte, dma_chunks):  # K/V streamed per (b, h, group): none resident
         w = guard_buffers(dt, count_psum=True)
+        units = []
         for b, h in owned_pairs(B, H, pid, nprog):
             lo = 0
             for g in range(G):
                 res = _resident_group(k_sources, v_sources, offs[g], b, h, T, D, nkt, dt)
                 kv = BlockTableStream(k_sources, v_sources, offs[g], b, h, T, D, dt, res)
-                _guarded_rows(w, kv, None, q, out, lse, b, h, lo, lo + q_groups[g], chunks, 0, dma_chunks,
-                              scale, return_lse, True)  # fmt: skip
+                units.append((kv, b, h, lo, lo + q_groups[g]))
                 lo += q_groups[g]
+        link_streams(units)
+        for kv, b, h, lo, hi in units:
+            _guarded_rows(
+                w, kv, None, q, out, lse, b, h, lo, hi, chunks, 0, dma_chunks, scale, return_lse, True
+            )
         return (out, lse) if return_lse else out
 
     kT_sb = nl.ndarray((D, nkt * PMAX), dtype=dt, buffer=nl.sbuf)

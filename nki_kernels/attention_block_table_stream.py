@@ -83,7 +83,7 @@ class BlockTableStream(KvStream):
         nbk = (kc + PMAX - 1) // PMAX
         nisa.memset(v[:, :, :d], 0.0, engine=nisa.gpsimd_engine)  # rows of empty entries stay zero
         t0 = c0 // PMAX
-        nisa.tensor_copy(v[:, :nbk, d : d + 1], vcol[:, t0 : t0 + nbk], engine=nisa.vector_engine)
+        nisa.tensor_copy(v[:, :nbk, d : d + 1], vcol[:, t0 : t0 + nbk], engine=nisa.gpsimd_engine)
         for e, tile, p0, rows, nt, row in chunk_pieces(c0, kc, self.t):
             for s, (kb, vb) in enumerate(zip(self.k_sources, self.v_sources)):
                 _, S, H, _ = kb.shape

@@ -51,6 +51,21 @@ RING = 3
 the QK^T of step i-2 wrote, so three keep TensorE two steps ahead; the K/V of chunks c, c+1 and c+2 are
 live while column c runs (c+2 loading)."""
 
+PV_RING = 3
+"""PV accumulators (PSUM): the o update of step i (VectorE) may wait behind a chunk's K^T eviction, so the
+PV of step i + PV_RING, which reuses its buffer, has two steps of slack."""
+
+MAX_LEAD = 8
+"""Query tiles by which a tile's offset item (its first chunk's scores and their max) runs ahead of the
+tile's first exp; the offsets of the first MAX_LEAD tiles are computed before any exp of the unit."""
+
+OFFSET_BATCH = 4
+"""Tiles whose offsets are finished together (one GpSimd max across the partitions, one broadcast matmul,
+one VectorE scale)."""
+
+QLEAD = 8
+"""Score-ring items by which a tile's q^T load is issued ahead of its first use."""
+
 NB = KC_TWO_BYTE // PMAX
 """128-key blocks per key chunk."""
 
@@ -80,6 +95,10 @@ class KvStream:
 
     def __init__(self, lk: int, d: int, dt: Any) -> None:
         self.lk, self.d, self.dt = lk, d, dt
+        # the stream the kernel runs next and its (b, h, q_lo, q_hi): its first unit's q^T and first key
+        # chunk are loaded while this stream's last unit runs (set by the kernel, None for the last one)
+        self.nxt: KvStream | None = None
+        self.nxt_rows: tuple[int, int, int, int] | None = None
 
     def slot(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -128,47 +147,123 @@ class SegmentStream(KvStream):
         return kT_sb, v_sb
 
 
-def stream_rows(kv: KvStream, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds) -> None:
+def stream_rows(kv: KvStream, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, carry) -> None:
     """The static pass of queries ``[q_lo, q_hi)`` of (b, h) over the keys of ``kv`` (module docstring):
     stores ``out[b, q, h, :]`` (q's dtype) and, with ``return_lse``, ``lse[b, q, h]``; ANDs each row's
     ``l_min <= l <= l_max`` into ``good`` ``[128, 1]`` (``bounds = (l_min, l_max, l_floor)``, l clamped at
     ``l_floor`` before the reciprocal). The range is cut into equal units of at most
-    :data:`MAX_UNIT_TILES` 128-query tiles; ``kv.lk`` must be > 1024 (two key chunks or more)."""
+    :data:`MAX_UNIT_TILES` 128-query tiles (:func:`unit_rows`); ``kv.lk`` must be > 1024 (two key chunks
+    or more). ``carry`` (a dict kept by the kernel) passes the loads a unit starts for the next one
+    (the next unit of this range, else the first of ``kv.nxt``, :func:`link_streams`)."""
+    units = unit_rows(q_lo, q_hi)
+    for u, (lo, hi) in enumerate(units):
+        nxt = None
+        if u + 1 < len(units):
+            nxt = (kv, b, h, *units[u + 1])
+        elif kv.nxt is not None and kv.nxt_rows is not None:
+            nb_, nh_, nlo, nhi = kv.nxt_rows
+            nxt = (kv.nxt, nb_, nh_, *unit_rows(nlo, nhi)[0])
+        _unit(kv, q, out, lse, b, h, lo, hi, scale, return_lse, good, bounds, carry, nxt)
+
+
+def link_streams(units: Sequence[tuple[KvStream, int, int, int, int]]) -> None:
+    """Tell each stream of ``units`` (``(kv, b, h, q_lo, q_hi)`` in the order the kernel runs them) which
+    one runs next, so that its last unit loads the next one's first q^T tiles and key chunk."""
+    for (kv, *_), (nkv, b, h, lo, hi) in zip(units, units[1:]):
+        kv.nxt, kv.nxt_rows = nkv, (b, h, lo, hi)
+
+
+def unit_rows(q_lo: int, q_hi: int) -> list[tuple[int, int]]:
+    """Queries ``[q_lo, q_hi)`` cut into equal units of at most :data:`MAX_UNIT_TILES` 128-query tiles."""
     ntiles = (q_hi - q_lo + PMAX - 1) // PMAX
     nunits = math.ceil(ntiles / MAX_UNIT_TILES)
     base, extra = divmod(ntiles, nunits)
-    t0 = 0
+    out, t0 = [], 0
     for u in range(nunits):
         nt = base + (1 if u < extra else 0)
         lo = q_lo + t0 * PMAX
-        _unit(kv, q, out, lse, b, h, lo, min(q_hi, lo + nt * PMAX), scale, return_lse, good, bounds)
+        out.append((lo, min(q_hi, lo + nt * PMAX)))
         t0 += nt
+    return out
 
 
-def _qk(s, kT, qT, t, qr, kc, d) -> None:
-    """``S^T`` of one tile over one chunk: per 128-key block ``s[:kr, blk, :qr] = K_blk q_t^T``."""
+class _Loads:
+    """The loads of one unit: its resident q^T ``[D, nt*128]`` (zeros past a partial last tile) and its K/V
+    ring slots (allocated when first used), with what was issued; a unit's first q^T tiles and key chunk
+    may be loaded while the previous unit runs (:func:`_unit`'s ``nxt``)."""
+
+    def __init__(self, kv: KvStream, q: Any, b: int, h: int, q_lo: int, q_hi: int) -> None:
+        self.kv, self.q, self.b, self.h, self.q_lo, self.q_hi = kv, q, b, h, q_lo, q_hi
+        self.nt = (q_hi - q_lo + PMAX - 1) // PMAX
+        self.d = q.shape[3]
+        self.qT = nl.ndarray((self.d, self.nt * PMAX), dtype=q.dtype, buffer=nl.sbuf)
+        self.chunks = stream_chunks(kv.lk)
+        self.slots: list[Any] = [None] * RING
+        self.qloaded: set[int] = set()
+        self.issued: set[int] = set()
+        self.finished: set[int] = set()
+
+    def rows(self, t: int) -> int:
+        return min(PMAX, self.q_hi - self.q_lo - t * PMAX)
+
+    def load_q(self, t: int) -> None:
+        if t >= self.nt or t in self.qloaded:
+            return
+        if not self.qloaded and self.rows(self.nt - 1) < PMAX:  # zeros past the last tile's rows
+            last = (self.nt - 1) * PMAX + self.rows(self.nt - 1)
+            nisa.memset(self.qT[: self.d, last : self.nt * PMAX], 0.0, engine=nisa.vector_engine)
+        q0, n = self.q_lo + t * PMAX, self.rows(t)
+        _load_transposed(
+            self.qT[: self.d, t * PMAX : t * PMAX + n], self.q[self.b, q0 : q0 + n, self.h, :], n, True
+        )
+        self.qloaded.add(t)
+
+    def slot(self, c: int) -> Any:
+        if self.slots[c % RING] is None:
+            self.slots[c % RING] = self.kv.slot()
+        return self.slots[c % RING]
+
+    def ensure(self, c: int, finish: bool = True) -> None:
+        """Chunk ``c``'s DMAs issued (and, with ``finish``, its slot completed) into slot ``c % RING``."""
+        if c >= len(self.chunks):
+            return
+        if c not in self.issued:
+            self.kv.issue(self.chunks[c], self.slot(c))
+            self.issued.add(c)
+        if finish and c not in self.finished:
+            self.kv.finish(self.chunks[c], self.slot(c))
+            self.finished.add(c)
+
+
+def _qk(s, kT, qT, t, kc, d) -> None:
+    """``S^T`` of one tile over one chunk: per 128-key block ``s[:kr, blk, :] = K_blk q_t^T`` over all 128
+    query columns (a partial last tile's columns past its rows hold zeros: full-width matmuls, no
+    small-tile penalty; those columns are never read)."""
     for blk in range((kc + PMAX - 1) // PMAX):
         kr = min(PMAX, kc - blk * PMAX)
         nisa.nc_matmul(
-            s[:kr, blk, :qr],
+            s[:kr, blk, :],
             stationary=kT[:d, blk * PMAX : blk * PMAX + kr],
-            moving=qT[:d, t * PMAX : t * PMAX + qr],
+            moving=qT[:d, t * PMAX : (t + 1) * PMAX],
             accumulate=False,
         )
 
 
-def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds) -> None:
-    """One unit of :func:`stream_rows` (its module-docstring schedule, in program order)."""
+def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, carry, nxt) -> None:
+    """One unit of :func:`stream_rows` (its module-docstring schedule, in program order). ``carry`` holds the
+    :class:`_Loads` a previous unit started for this one; ``nxt`` = ``(kv, b, h, q_lo, q_hi)`` of the unit
+    the kernel runs next, whose q^T and first key chunk this unit loads while it runs (or None)."""
     D = q.shape[3]
     dt, f32 = q.dtype, nl.float32
-    chunks = stream_chunks(kv.lk)
+    ld = carry.pop((id(kv), b, h, q_lo), None) or _Loads(kv, q, b, h, q_lo, q_hi)
+    chunks, nt = ld.chunks, ld.nt
     nch = len(chunks)
-    nt = (q_hi - q_lo + PMAX - 1) // PMAX
+    rows, qT, ensure = ld.rows, ld.qT, ld.ensure
+    nx = None
+    if nxt is not None:
+        nx = _Loads(nxt[0], q, *nxt[1:])
+        carry[(id(nxt[0]), *nxt[1:4])] = nx
 
-    def rows(t: int) -> int:
-        return min(PMAX, q_hi - q_lo - t * PMAX)
-
-    qT = nl.ndarray((D, nt * PMAX), dtype=dt, buffer=nl.sbuf)
     o_all = nl.ndarray((PMAX, nt, D + 1), dtype=f32, buffer=nl.sbuf)
     bmax = nl.ndarray((PMAX, nt), dtype=f32, buffer=nl.sbuf)
     mx = nl.ndarray((1, nt), dtype=f32, buffer=nl.sbuf)
@@ -176,81 +271,118 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds) ->
     ones_row = nl.ndarray((1, PMAX), dtype=f32, buffer=nl.sbuf)
     nisa.memset(ones_row, 1.0, engine=nisa.vector_engine)
     s_ps = [nl.ndarray((PMAX, NB, PMAX), dtype=f32, buffer=nl.psum) for _ in range(RING)]
-    pv_ps = [nl.ndarray((PMAX, D + 1), dtype=f32, buffer=nl.psum) for _ in range(2)]
+    pv_ps = [nl.ndarray((PMAX, D + 1), dtype=f32, buffer=nl.psum) for _ in range(PV_RING)]
     bc = nl.ndarray((PMAX, nt), dtype=f32, buffer=nl.psum)
     pT = [nl.ndarray((PMAX, NB, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(RING)]
     o_out = [nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf) for _ in range(2)]
     rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     lse_t = [nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf) for _ in range(4)]
-    slots = [kv.slot() for _ in range(RING)]
-    issued: set[int] = set()
-    finished: set[int] = set()
+    for p_t in pT:  # a partial tile's PV reads all 128 query columns of its P^T: keep them finite
+        nisa.memset(p_t, 0.0, engine=nisa.gpsimd_engine)
 
-    def ensure(c: int, finish: bool = True) -> None:
-        """Chunk ``c``'s DMAs issued (and, with ``finish``, its slot completed) into slot ``c % RING``."""
-        if c >= nch:
+    def prefetch(c: int) -> None:
+        """At the start of key chunk c: a share of the next unit's q^T loads; its first key chunk's DMAs two
+        chunks before this unit's last, its completion one chunk before."""
+        if nx is None:
             return
-        if c not in issued:
-            kv.issue(chunks[c], slots[c % RING])
-            issued.add(c)
-        if finish and c not in finished:
-            kv.finish(chunks[c], slots[c % RING])
-            finished.add(c)
+        per = -(-nx.nt // max(1, nch - 2))
+        for t in range((c - 1) * per, c * per) if c >= 1 else ():
+            nx.load_q(t)
+        if c == max(0, nch - 2):
+            nx.ensure(0, finish=False)
+        if c == nch - 1:
+            for t in range(nx.nt):
+                nx.load_q(t)
+            nx.ensure(0)
 
-    # q^T of every tile (resident for the unit), chunk 0 and the load of chunk 1
-    for t in range(nt):
-        q0 = q_lo + t * PMAX
-        _load_transposed(qT[:D, t * PMAX : t * PMAX + rows(t)], q[b, q0 : q0 + rows(t), h, :], rows(t), True)
+    # The score-ring items: the offset item of tile t ("max": S^T of chunk 0, its max on VectorE) runs
+    # MAX_LEAD tiles ahead of the tile's first main item (c = 0), interleaved with chunk 0's main items
+    lead = min(MAX_LEAD, nt)
+    seq: list[tuple[int, int]] = [(-1, t) for t in range(lead)]  # (-1, t): tile t's offset item
+    for c in range(nch):
+        for t in range(nt):
+            if c == 0 and t + lead < nt:
+                seq.append((-1, t + lead))
+            seq.append((c, t))
+    at = {it: j for j, it in enumerate(seq)}
+    # the offsets of a batch of OFFSET_BATCH tiles: issued 3 items after its last offset item (its max on
+    # VectorE has then run), but never after the item before its first tile's first exp
+    batches: dict[int, list[tuple[int, int]]] = {}
+    for t0 in range(0, nt, OFFSET_BATCH):
+        t1 = min(nt, t0 + OFFSET_BATCH)
+        last = at[(-1, t1 - 1)]
+        batches.setdefault(max(last, min(last + 3, at[(0, t0)] - 1)), []).append((t0, t1))
+
+    def produce(j: int) -> None:
+        """Item j's scores S^T into the ring buffer ``j % RING`` (its q^T and K^T chunk first)."""
+        c, t = seq[j]
+        ld.load_q(t)
+        ensure(max(c, 0))
+        _qk(s_ps[j % RING], ld.slot(max(c, 0))["kT"], qT, t, chunks[max(c, 0)][1], D)
+
+    def offsets(t0: int, t1: int) -> None:
+        """nm[:, t] = -scale * (max over partitions of bmax[:, t]) on every partition, tiles [t0, t1)."""
+        nisa.tensor_partition_reduce(mx[0:1, t0:t1], nl.maximum, bmax[:, t0:t1])
+        nisa.nc_matmul(bc[:, t0:t1], stationary=ones_row[0:1, :PMAX], moving=mx[0:1, t0:t1], accumulate=False)
+        nisa.tensor_scalar(nm[:, t0:t1], bc[:, t0:t1], nl.multiply, -scale, engine=nisa.vector_engine)
+
+    for t in range(min(nt, QLEAD)):
+        ld.load_q(t)
     ensure(0)
     ensure(1, finish=False)
-    # the offsets: the largest scaled score of each tile's first chunk, on every partition
-    g = 0  # score buffers used in this unit (a ring)
-    for t in range(nt):
-        s = s_ps[g % RING]
-        g += 1
-        _qk(s, slots[0]["kT"], qT, t, rows(t), chunks[0][1], D)
-        nisa.tensor_reduce(bmax[:, t : t + 1], nl.maximum, s[:, :, : rows(t)], axis=(1, 2))
-    nisa.tensor_partition_reduce(mx[0:1, :nt], nl.maximum, bmax[:, :nt])
-    nisa.nc_matmul(bc[:, :nt], stationary=ones_row[0:1, :PMAX], moving=mx[0:1, :nt], accumulate=False)
-    nisa.tensor_scalar(nm[:, :nt], bc[:, :nt], nl.multiply, -scale, engine=nisa.vector_engine)
-
-    steps = [(c, t) for c in range(nch) for t in range(nt)]
-
-    def qk_step(j: int) -> None:
-        c, t = steps[j]
-        ensure(c)
-        _qk(s_ps[(g + j) % RING], slots[c % RING]["kT"], qT, t, rows(t), chunks[c][1], D)
-
-    qk_step(0)
-    if len(steps) > 1:
-        qk_step(1)
-    for i, (c, t) in enumerate(steps):
-        if t == 0:  # a new key chunk: the loads two chunks ahead, the slot of the next one completed
-            ensure(c + 2, finish=False)
+    for j in range(min(2, len(seq))):
+        produce(j)
+    i = 0  # main items consumed
+    pending: list[Any] = []  # the previous main item's o update (and finalize): VectorE reduces first
+    for j, (c, t) in enumerate(seq):
+        if c >= 0 and t == 0:  # a new key chunk: the next slot completed, loads 2 ahead, the next unit's
             ensure(c + 1)
-        kc, qr = chunks[c][1], rows(t)
-        nbf, kr = divmod(kc, PMAX)
-        s, p, bias = s_ps[(g + i) % RING], pT[i % RING], nm[:, t : t + 1]
-        # P^T = exp(scale * S^T + nm): ONE ScalarE pass from PSUM (+ one for a partial last block)
-        if nbf:
-            nisa.activation(p[:, :nbf, :qr], nl.exp, s[:, :nbf, :qr], bias=bias, scale=scale)
-        if kr:
-            nisa.activation(p[:kr, nbf, :qr], nl.exp, s[:kr, nbf, :qr], bias=nm[:kr, t : t + 1], scale=scale)
-        if i + 2 < len(steps):
-            qk_step(i + 2)
-        pv, v = pv_ps[i % 2], slots[c % RING]["v"]
+            ensure(c + 2, finish=False)
+            prefetch(c)
+        s, qr = s_ps[j % RING], rows(t)
+        if c < 0:  # the offset item: the tile's largest first-chunk score per key partition
+            nisa.tensor_reduce(bmax[:, t : t + 1], nl.maximum, s[:, :, :qr], axis=(1, 2))
+        else:  # P^T = exp(scale * S^T + nm): ONE ScalarE pass from PSUM (+ one for a partial last block)
+            kc = chunks[c][1]
+            nbf, kr = divmod(kc, PMAX)
+            p = pT[i % RING]
+            if nbf:
+                nisa.activation(p[:, :nbf, :qr], nl.exp, s[:, :nbf, :qr], bias=nm[:, t : t + 1], scale=scale)
+            if kr:
+                nisa.activation(
+                    p[:kr, nbf, :qr], nl.exp, s[:kr, nbf, :qr], bias=nm[:kr, t : t + 1], scale=scale
+                )
+        while pending:
+            pending.pop()()
+        if j + 2 < len(seq):
+            produce(j + 2)
+        if j + QLEAD < len(seq):
+            ld.load_q(seq[j + QLEAD][1])
+        for t0, t1 in batches.get(j, []):
+            offsets(t0, t1)
+        if c < 0:
+            continue
+        pv, v = pv_ps[i % PV_RING], ld.slot(c)["v"]
         for blk in range(nbf + (1 if kr else 0)):
             kb = min(PMAX, kc - blk * PMAX)
-            nisa.nc_matmul(pv[:qr, : D + 1], stationary=p[:kb, blk, :qr], moving=v[:kb, blk, : D + 1],
-                           accumulate=blk > 0)  # fmt: skip
-        acc = o_all[:qr, t, :]
-        if c == 0:
-            nisa.tensor_copy(acc, pv[:qr, : D + 1], engine=nisa.vector_engine)
-        else:
-            nisa.tensor_tensor(acc, acc, pv[:qr, : D + 1], nl.add)
-        if c == nch - 1:
-            _finalize(o_all, t, qr, D, rl, o_out[t % 2], lse_t[t % 4], nm, good, bounds, out, lse, b, h,
-                      q_lo + t * PMAX, return_lse)  # fmt: skip
+            nisa.nc_matmul(
+                pv[:, : D + 1], stationary=p[:kb, blk, :], moving=v[:kb, blk, : D + 1], accumulate=blk > 0
+            )  # fmt: skip  (all 128 rows: no small-tile penalty)
+        i += 1
+
+        def update(c: int = c, t: int = t, qr: int = qr, pv: Any = pv) -> None:
+            acc = o_all[:qr, t, :]
+            if c == 0:
+                nisa.tensor_copy(acc, pv[:qr, : D + 1], engine=nisa.vector_engine)
+            else:
+                nisa.tensor_tensor(acc, acc, pv[:qr, : D + 1], nl.add)
+            if c == nch - 1:
+                _finalize(o_all, t, qr, D, rl, o_out[t % 2], lse_t[t % 4], nm, good, bounds, out, lse, b, h,
+                          q_lo + t * PMAX, return_lse)  # fmt: skip
+
+        pending.append(update)
+    while pending:
+        pending.pop()()
 
 
 def _finalize(o_all, t, qr, D, rl, ob, lt, nm, good, bounds, out, lse, b, h, q0, return_lse) -> None:

@@ -274,6 +274,7 @@ def guard_buffers(dt, count_psum=False):
         "flag": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
     }
     nisa.memset(w["ones"], 1.0, engine=nisa.vector_engine)
-    if count_psum:
+    if count_psum:  # a streaming kernel: the count's PSUM tile, and the loads one unit starts for the next
         w["cnt"] = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
+        w["carry"] = {}
     return w
