@@ -147,6 +147,7 @@ def attend_cache(
     *,
     backend: str | None = None,
     copy_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+    own_start: int = 0,
 ) -> torch.Tensor:
     """Attention of roped queries over [roped copies] + [own keys] and [blocks read in place].
 
@@ -155,36 +156,60 @@ def attend_cache(
         qr: roped queries ``[B, Lq, H, D]`` (same dtype as the cache).
         keys: the pass's cache keys (:attr:`~rolling_forcing.schedule.PassPlan.cache_keys`); those with
             ``roped_in_cache`` are read in place, the others roped as copies (:func:`rope_cache_copies`).
-        own: the pass's own roped keys and values ``[B, Lk, H, D]`` (denoise pass), or None.
+        own: buffers ``[B, L, H, D]`` (contiguous) holding the pass's own roped keys and values
+            (denoise pass) as their tokens ``[own_start, L)``, or None.
         grid: ``(F, Hp, Wp)`` of the pass.
         backend: ``nki_kernels.ops`` backend of every call.
         copy_tables: the RoPE tables of the roped copies (:func:`copy_tables` of the same keys and grid),
             built once per pass; None builds them per call.
+        own_start: the first own token of ``own``'s buffers, ``0 <= own_start < L`` (a forward whose
+            leading tokens belong to another pass). With roped copies the own keys join them in the one
+            ``ops.attention`` call (the concatenation copies them anyway); without, a non-zero
+            ``own_start`` reads them in place (``ops.attention_segments``): a token slice of a ``B > 1``
+            buffer is strided, and the ops read ``[B, L, H, D]`` row-major.
 
     Returns:
         ``[B, Lq, H, D]`` in ``qr``'s dtype: softmax attention over the union of the key sets.
 
-    Raises ValueError when there is no key at all (no cache keys and no own keys).
+    Raises ValueError when there is no key at all (no cache keys and no own keys), or for an
+    ``own_start`` outside ``[0, L)``.
     """
     in_place = [kb for kb in keys if kb.roped_in_cache]
     copies = [kb for kb in keys if not kb.roped_in_cache]
     ks: list[torch.Tensor] = []
     vs: list[torch.Tensor] = []
+    own_seg: tuple[int, int] | None = None  # own keys read in place: (start, length) of own's buffers
     if copies:
         ck, cv = rope_cache_copies(layer, copies, grid, backend=backend, tables=copy_tables)
         ks.append(ck)
         vs.append(cv)
+    if own is None and own_start != 0:
+        raise ValueError(f"own_start={own_start!r} applies to own keys, but own=None")
     if own is not None:
-        ks.append(own[0])
-        vs.append(own[1])
-    if not ks and not in_place:
+        n_own = own[0].shape[1]
+        if isinstance(own_start, bool) or not isinstance(own_start, int) or not 0 <= own_start < n_own:
+            raise ValueError(f"own_start must be an int in [0, L={n_own}) (own's tokens), got {own_start!r}")
+        if own_start == 0:
+            ks.append(own[0])
+            vs.append(own[1])
+        elif ks:  # strided views: the torch.cat below is their only copy
+            ks.append(own[0][:, own_start:])
+            vs.append(own[1][:, own_start:])
+        else:
+            own_seg = (own_start, n_own - own_start)
+    if not ks and own_seg is None and not in_place:
         raise ValueError("attend_cache needs keys: no cache keys and own=None")
+    more = bool(in_place)  # another partial follows the first
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if ks:
-        k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
-        v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
-        res = ops.attention(qr, k, v, return_lse=bool(in_place), backend=backend)
-        if not in_place:
+    if ks or own_seg is not None:
+        if own_seg is not None:
+            assert own is not None
+            res = ops.attention_segments(qr, own[0], own[1], [own_seg], return_lse=more, backend=backend)
+        else:
+            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
+            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
+            res = ops.attention(qr, k, v, return_lse=more, backend=backend)
+        if not more:
             assert isinstance(res, torch.Tensor)
             return res
         assert isinstance(res, tuple)
@@ -238,29 +263,42 @@ def batched_update_attn(
     newest cached block, exactly as after a separate update forward; the update queries attend to
     ``upd.cache_keys`` (itself read back), the denoise queries to ``den.cache_keys`` + their own keys.
     When called with only the denoise queries (the last layer of ``forward_with(context_frames=fpb)``)
-    the update queries are skipped. q ``[B, Lq, H, D]`` (Lq = 2T or T), k, v ``[B, 2T, H, D]``; returns
-    ``[B, Lq, H, D]``.
+    the update queries are skipped. q ``[B, Lq, H, D]`` (Lq = 2T or T), k, v ``[B, 2T, H, D]``, all
+    contiguous (the model's projections); returns ``[B, Lq, H, D]``, any batch size B.
+
+    Layout: with B > 1 a token half of a ``[B, 2T, H, D]`` tensor is strided, and the ops read
+    ``[B, L, H, D]`` row-major. So the 2T tokens are roped whole in one launch (each half at its pass's
+    positions: the rows of a joint table), the denoise keys stay in the roped buffer
+    (:func:`attend_cache` ``own_start=T``) and the update block goes to the cache through
+    :meth:`LayerKVCache.write`, which stages the strided block (one [B, T] copy per tensor, the write's
+    one launch); only each pass's queries are copied out, since a query set must be a whole tensor.
     """
     t = layers[0].tokens_per_block
     tab_u, tab_d = PassTables(upd, t), PassTables(den, t)
+    joint: dict[Grid, tuple[torch.Tensor, torch.Tensor]] = {}  # [2T, D/2] rows: update, then denoise
 
     def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
         lc = layers[layer]
         gb: Grid = (grid[0] // 2, grid[1], grid[2])
         cos_u, sin_u, ctab_u = tab_u.get(gb, k.shape[3], k.device)
         cos_d, sin_d, ctab_d = tab_d.get(gb, k.shape[3], k.device)
-        # the update and denoise halves of the 2T tokens: with B > 1 a token slice of [B, 2T, H, D] is
-        # strided, and the ops read [B, L, H, D] row-major, so each half is made contiguous once here
-        ku, kd = k[:, :t].contiguous(), k[:, t:].contiguous()
-        vu, vd = v[:, :t].contiguous(), v[:, t:].contiguous()
-        qu_in = q[:, :t].contiguous() if q.shape[1] == 2 * t else ku
-        qur, kur = ops.rope3d_tables(qu_in, ku, cos_u, sin_u, backend=backend)
-        lc.write(slot, kur if store_roped else ku, vu, backend=backend)
-        qdr, kdr = ops.rope3d_tables(q[:, -t:].contiguous(), kd, cos_d, sin_d, backend=backend)
-        out_d = attend_cache(lc, qdr, den.cache_keys, (kdr, vd), gb, backend=backend, copy_tables=ctab_d)
-        if q.shape[1] == t:
+        if gb not in joint:
+            joint[gb] = (torch.cat([cos_u, cos_d]), torch.cat([sin_u, sin_d]))
+        cos, sin = joint[gb]
+        full = q.shape[1] == 2 * t
+        qr, kr = ops.rope3d_tables(q if full else k, k, cos, sin, backend=backend)
+        lc.write(slot, (kr if store_roped else k)[:, :t], v[:, :t], backend=backend)
+        # the pass's queries as whole tensors: a copy out of the [B, 2T] buffer (nothing cheaper reads
+        # one pass's queries; the last layer's q is the denoise tokens alone, roped on their own)
+        qdr = qr[:, t:].contiguous() if full else ops.rope3d_tables(q, q, cos_d, sin_d, backend=backend)[0]
+        out_d = attend_cache(
+            lc, qdr, den.cache_keys, (kr, v), gb, backend=backend, copy_tables=ctab_d, own_start=t
+        )
+        if not full:
             return out_d
-        out_u = attend_cache(lc, qur, upd.cache_keys, None, gb, backend=backend, copy_tables=ctab_u)
+        out_u = attend_cache(
+            lc, qr[:, :t].contiguous(), upd.cache_keys, None, gb, backend=backend, copy_tables=ctab_u
+        )
         return torch.cat([out_u, out_d], dim=1)
 
     return attn

@@ -454,16 +454,12 @@ class RankStream:
             lc.write(slot, k[:, i * t : (i + 1) * t], v[:, i * t : (i + 1) * t], backend=self.backend)
 
     def _batched_attn(self, cache: RollingKVCache, upd: WritePass, den: PassPlan) -> SelfAttnFn:
-        """Sharded self-attention of one batched forward of a sequential method (the unsharded
-        :func:`rolling_forcing.attend.batched_update_attn` on this rank's heads and query shard).
-
-        The forward holds ``2 * fpb`` frames: the held-back update block (pass ``upd.pass_``, written to
-        ``upd.slot``) then one block to denoise (pass ``den``). The local step ropes each half of the keys
-        (and of the query shard, placed in a full-length zero tensor) at its pass's position, writes the
-        update block's k/v first, then attends the shard's denoise queries (global tokens ``>= T``) over
-        ``den.cache_keys`` + their own keys and its update queries (``< T``) over ``upd.pass_.cache_keys``
-        (the block read back). Last layer (``forward(context_frames=fpb)``): the update queries are
-        skipped and their zero-padded placeholders are not attended.
+        """Sharded self-attention of one batched forward of a sequential method: the unsharded
+        :func:`rolling_forcing.attend.batched_update_attn` on this rank's heads and query shard (the 2T
+        tokens: the held-back update block ``upd``, then the block to denoise ``den``), the same steps
+        and the same layout rule (only whole tensors reach the ops; the query shard is placed in a
+        full-length zero tensor). Last layer (``forward(context_frames=fpb)``): the update queries are
+        skipped, their zero placeholders unread.
         """
         last = len(self.model.blocks) - 1
         backend = self.backend
@@ -472,6 +468,7 @@ class RankStream:
             n_tok = grid[0] * grid[1] * grid[2]
             t = n_tok // 2
             gb: Grid = (grid[0] // 2, grid[1], grid[2])
+            pos = [p + i for p in (upd.pass_.query_position, den.query_position) for i in range(gb[0])]
             box = _LayerBox(self._kv, cache, layer)
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
@@ -493,21 +490,16 @@ class RankStream:
                 lc = box.open(sp_extra)
                 q_full = q_s.new_zeros(k_all.shape)
                 q_full[:, qsl] = q_s
-                # each half contiguous: with B > 1 a token slice is strided (the ops read row-major)
-                ku, kd = k_all[:, :t].contiguous(), k_all[:, t:].contiguous()
-                vu, vd = v_all[:, :t].contiguous(), v_all[:, t:].contiguous()
-                qur, kur = ops.rope3d(
-                    q_full[:, :t].contiguous(), ku, gb, upd.pass_.query_position, backend=backend
-                )
-                qdr, kdr = ops.rope3d(q_full[:, t:].contiguous(), kd, gb, den.query_position, backend=backend)
-                lc.write(upd.slot, kur if upd.store_roped else ku, vu, backend=backend)
+                qr, kr = ops.rope3d(q_full, k_all, grid, frame_positions=pos, backend=backend)
+                lc.write(upd.slot, (kr if upd.store_roped else k_all)[:, :t], v_all[:, :t], backend=backend)
                 out = q_s.new_zeros(q_s.shape)
                 if b > t:  # the shard's denoise queries
-                    qd = qdr[:, max(a, t) - t : b - t].contiguous()
-                    own = (kdr, vd)
-                    out[:, max(a, t) - a :] = attend_cache(lc, qd, den.cache_keys, own, gb, backend=backend)
+                    qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)
+                    out[:, max(a, t) - a :] = attend_cache(
+                        lc, qd, den.cache_keys, own, gb, backend=backend, own_start=t
+                    )
                 if a < t and not den_only:  # the shard's update queries
-                    qu = qur[:, a : min(b, t)].contiguous()
+                    qu = qr[:, a : min(b, t)].contiguous()
                     out[:, : min(b, t) - a] = attend_cache(
                         lc, qu, upd.pass_.cache_keys, None, gb, backend=backend
                     )
@@ -609,6 +601,3 @@ class RankStream:
             return out[:, drop:]
 
         return attn
-
-
-# ---- spawning ranks on CPU ---------------------------------------------------------------------------
