@@ -1,4 +1,4 @@
-"""Causal 3-D convolution (kernel ``(kt, kh, kw)``, each 1 or 3, stride 1) as a blocked implicit GEMM
+"""Causal 3-D convolution (kernel ``(kt, kh, kw)``, each 1 or 3, stride 1) as a packed implicit GEMM
 (standalone NKI 0.6 API).
 
 The convolutions of Wan's video VAE (``WanCausalConv3d``; the 2-D convs of its upsamplers are ``kt = 1``):
@@ -14,21 +14,28 @@ W]``), ``w`` ``[kt*kh*kw, C_in, C_out]`` (tap-major; from torch's ``[C_out, C_in
 ``w.permute(2, 3, 4, 1, 0).reshape(-1, C_in, C_out)``, once at load), ``bias`` ``[C_out]`` fp32 or ``None``,
 ``out`` ``[C_out, T, H, W]`` in x's dtype.  bf16 or fp32.  fp32 accumulation in PSUM, bias added in fp32.
 
-Design (per output-channel tile ``co <= 128``; weights ``[C_in, taps x C_out]`` resident in SBUF):
+Design (the packing is :mod:`nki_kernels.conv3d_plan`'s: ``s`` output rows per row group on the PE columns
+with the output channels, ``s`` input row phases x ``at`` time taps x ``C_in`` on the contraction rows):
 
-* Output rows are taken in **bands** of ``R`` rows; a band of frame ``t`` needs input rows ``r0 - kh//2 ..
-  r0 + R - 1 + kh//2`` of frames ``t .. t + kt - 1`` for each input-channel tile: one DMA each into a
-  zero-bordered SBUF tile ``[ci, R + kh - 1, W + kw - 1]`` (two rotating sets).
-* Each PSUM bank ``[co, rows x seg <= 512]`` (``rows`` output rows x a ``seg``-column segment) accumulates
-  ``kt*kh*kw x ceil(C_in / 128)`` matmuls: stationary ``w[tap][ci, co]``, moving the band viewed at the
-  tap's offset (a 2-D access pattern ``[rows, seg]`` with row stride ``W + kw - 1``: the shifted window
-  *is* the im2col column, nothing is copied).
-* Evictions add the bias on ScalarE (``activation`` with a per-partition bias: channels are on
-  partitions) or VectorE (``tensor_scalar``), alternately, to SBUF, then one store DMA per bank.
+* **Weights** resident for the whole call (every frame and band): one SBUF tile holding every stationary
+  block ``[(o_in, a_in, ci), (u, co)]`` per (time offset, column tap, row-group offset, contraction tile),
+  zero where the tap falls outside the kernel; loaded once, by one DMA per (row phase, time tap, channel
+  piece, output row ``u``).
+* **Bands** of ``j`` row groups: a slot holds, per contraction tile, ``[128, (j + ko - 1) x W]`` (no
+  padding columns), row ``jr`` of partition ``(o_in, a_in, ci)`` = input row ``s*(j0 + jr) + o_in - kh//2``
+  of frame ``f + a_in`` (zero rows outside the image: memset, then one DMA per channel piece).  With the
+  time taps packed two slots alternate and each output frame loads its ``kt`` frames; with them looped
+  ``kt + 1`` slots hold consecutive frames and each output frame loads one new frame.
+* Each PSUM bank ``[s*C_out tile, rows x seg <= 512]`` accumulates, for every time offset, column tap and
+  non-zero block ``(k, g)``, one matmul: stationary the block, moving the band tile ``g`` seen ``k`` row
+  groups down and ``c - kw//2`` columns over (output columns whose shifted input lies outside the image
+  are left out of that matmul; the centre tap goes first and covers the bank).
+* Evictions add the bias on ScalarE (``activation`` with a per-partition bias) or VectorE
+  (``tensor_scalar``), alternately, into an output staging tile ``[s*C_out tile, j x W]``; then one store
+  DMA per (output row ``u``, channel piece) of the column tile.
 
-Limits: ``C_in, C_out >= 1`` (any; tiled by 128); ``H, W >= 1``; ``T >= 1``; the resident weights
-``ceil(C_in/128) x kt*kh*kw x C_out x itemsize`` bytes per partition must fit :data:`W_BYTES_MAX`; one band
-tile of one output row ``kh x (W + kw - 1) x itemsize`` must fit its share of :data:`BAND_BYTES`.
+Limits: ``C_in, C_out >= 1`` (any); ``H, W >= 1``; ``T >= 1``; the plan must fit (``plan_conv`` raises:
+the weights of the plainest packing over :data:`W_BYTES_MAX`, or a one-row band over :data:`SBUF_BYTES`).
 LNC1 only (no program split).
 """
 
@@ -38,180 +45,227 @@ import math
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.hw_limits import GEMM_MOVING_FMAX, PMAX, PSUM_BANK_FMAX
-
-W_BYTES_MAX = 96 * 1024
-"""SBUF bytes per partition for the resident weights."""
-
-BAND_BYTES = 72 * 1024
-"""SBUF bytes per partition for all input band tiles ``[ci, R + kh - 1, W + kw - 1]`` (``2 x kt x
-ceil(C_in / 128)`` of them rotate), so one tile gets ``BAND_BYTES / (2 kt ceil(C_in / 128))``."""
-
-KERNEL_SIZES = (1, 3)
-"""Kernel extents the kernel takes per axis (time, height, width)."""
+from nki_kernels.conv3d_plan import KERNEL_SIZES, SBUF_BYTES, W_BYTES_MAX, ConvPlan, forced_plan, plan_conv
+from nki_kernels.hw_limits import PMAX, PSUM_BANK_FMAX
 
 
-def plan_conv(
-    c_in: int, c_out: int, h: int, w: int, itemsize: int, ksize: tuple[int, int, int] = (3, 3, 3)
-) -> tuple[int, int, int]:
-    """``(R, rows, seg)``: output rows per band, output rows per PSUM bank and columns per segment.
+def _pieces(width: int, blocks: int) -> list[tuple[int, int, int, int, int]]:
+    """``(block, i0, n, tile, p0)``: ``blocks`` consecutive runs of ``width`` rows cut at 128-row tile edges
+    (run ``block``'s rows ``i0 .. i0 + n`` sit at partitions ``p0 ..`` of tile ``tile``)."""
+    out = []
+    for blk in range(blocks):
+        i0 = 0
+        while i0 < width:
+            tile, p0 = divmod(blk * width + i0, PMAX)
+            n = min(width - i0, PMAX - p0)
+            out.append((blk, i0, n, tile, p0))
+            i0 += n
+    return out
 
-    ``seg = ceil(W / ceil(W / 512))`` (equal segments of at most 512 columns); ``rows = 512 // seg`` rows
-    per bank (at most ``R``); ``R``: the most rows (at most ``H``, a multiple of ``rows`` when possible)
-    whose band tile ``(R + kh - 1) x (W + kw - 1) x itemsize`` fits its share of :data:`BAND_BYTES`.
-    Raises ``ValueError`` when the weights or a one-row band do not fit.
-    """
-    for name, v in (("c_in", c_in), ("c_out", c_out), ("h", h), ("w", w), ("itemsize", itemsize)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"plan_conv: {name} must be a positive int, got {v!r}")
-    if len(ksize) != 3 or any(k not in KERNEL_SIZES for k in ksize):
-        raise ValueError(
-            f"conv3d: ksize must be 3 extents (time, height, width) each in {KERNEL_SIZES}, got {ksize}"
-        )
-    kt, kh, kw = ksize
-    wbytes = math.ceil(c_in / PMAX) * kt * kh * kw * c_out * itemsize
-    if wbytes > W_BYTES_MAX:
-        raise ValueError(
-            f"conv3d: weights of C_in={c_in} x C_out={c_out} need {wbytes} B per partition resident, "
-            f"more than {W_BYTES_MAX}; split C_out"
-        )
-    seg = math.ceil(w / math.ceil(w / GEMM_MOVING_FMAX))
-    per_tile = BAND_BYTES // (2 * kt * math.ceil(c_in / PMAX))
-    fit = per_tile // ((w + kw - 1) * itemsize) - (kh - 1)
-    if fit < 1:
-        raise ValueError(
-            f"conv3d: W={w} is too wide: {kh} input rows of {w + kw - 1} elements do not fit a band tile of "
-            f"{per_tile} B per partition (C_in={c_in}, kt={kt})"
-        )
-    rows = max(1, min(PSUM_BANK_FMAX // seg, h, fit))
-    r = min(h, fit)
-    if r >= rows:
-        r = r // rows * rows
-    return r, rows, seg
+
+def _runs(sorted_rows: list[int]) -> list[tuple[int, int]]:
+    """Maximal ``[lo, hi)`` runs of consecutive ints."""
+    out: list[tuple[int, int]] = []
+    for r in sorted_rows:
+        if out and out[-1][1] == r:
+            out[-1] = (out[-1][0], r + 1)
+        else:
+            out.append((r, r + 1))
+    return out
+
+
+def _load_weights(w: Any, wsb: Any, p: ConvPlan) -> None:
+    """The packed stationary blocks: per ``(a_out, k, g)`` block used by a matmul, a memset where some tap
+    falls outside the kernel (VectorE / GpSimd alternately), then one DMA per contraction piece covering
+    the ``kw`` column taps and the column blocks ``v`` whose taps lie inside."""
+    kt, kh, kw = p.ksize
+    c_in, c_out = p.c_in, p.c_out
+    wfree = p.a_loops * kw * p.ko * p.k_tiles * p.mp
+    used = {kg for blocks in p.blocks for kg in blocks}
+    pieces = _pieces(c_in, p.s * p.at)
+    n_set = 0
+    for a_out in range(p.a_loops):
+        for k, g in sorted(used):
+            base = p.w_index(a_out, 0, k, g)
+            mine = [(blk, ci0, n, p0) for blk, ci0, n, gg, p0 in pieces if gg == g]
+            spans = [p.u_range(blk // p.at, k) for blk, _, _, _ in mine]
+            if any(hi - lo + 1 < p.s for lo, hi in spans):  # zero entries in this block
+                eng = nisa.vector_engine if n_set % 2 == 0 else nisa.gpsimd_engine
+                nisa.memset(wsb[:, base : base + kw * p.mp], value=0.0, engine=eng)
+                n_set += 1
+            for (blk, ci0, n, p0), (lo, hi) in zip(mine, spans):
+                if lo > hi:
+                    continue
+                a = a_out * p.at + blk % p.at
+                b0 = p.s * k + blk // p.at - (p.s - 1 - lo)  # tap b of column block lo
+                dst = wsb.ap(
+                    pattern=[[wfree, n], [p.mp, kw], [c_out, hi - lo + 1], [1, c_out]],
+                    offset=p0 * wfree + base + lo * c_out,
+                )
+                src = w.ap(
+                    pattern=[[c_out, n], [c_in * c_out, kw], [kw * c_in * c_out, hi - lo + 1], [1, c_out]],
+                    offset=(a * kh + b0) * kw * c_in * c_out + ci0 * c_out,
+                )
+                nisa.dma_copy(dst=dst, src=src)
 
 
 @nki.jit
-def conv3d_causal_kernel(x, w, bias, ksize=(3, 3, 3)):
-    """``out[C_out, T, H, W]``; see the module docstring (``ksize`` a compile-time tuple)."""
+def conv3d_causal_kernel(x, w, bias, ksize=(3, 3, 3), packing=None):
+    """``out[C_out, T, H, W]``; see the module docstring (``ksize`` a compile-time tuple; ``packing`` an
+    optional compile-time ``(s, at)`` that replaces the planner's choice, for tests and measurements:
+    ``ValueError`` when it does not fit)."""
     C_in, F, H, W = x.shape
     C_out = w.shape[2]
     KT, KH, KW = (int(k) for k in ksize)
-    TAPS = KT * KH * KW
     T = F - (KT - 1)
     dt = x.dtype
     isz = 4 if dt == nl.float32 else 2
-    R, rows, seg = plan_conv(C_in, C_out, H, W, isz, (KT, KH, KW))
-    out = nl.ndarray((C_out, T, H, W), dtype=dt, buffer=nl.shared_hbm)
-    cits = [(c0, min(PMAX, C_in - c0)) for c0 in range(0, C_in, PMAX)]
-    cots = [(c0, min(PMAX, C_out - c0)) for c0 in range(0, C_out, PMAX)]
-    segs = [(s0, min(seg, W - s0)) for s0 in range(0, W, seg)]
-    bands = [(r0, min(R, H - r0)) for r0 in range(0, H, R)]
-    Wp = W + KW - 1
+    if packing is None:
+        p = plan_conv(C_in, C_out, H, W, isz, (KT, KH, KW), frames=T)
+    else:
+        p = forced_plan(C_in, C_out, H, W, isz, (KT, KH, KW), packing)
+    S, AT, KP, MP, KO, BR, J = p.s, p.at, p.kp, p.mp, p.ko, p.band_rows, p.j
     PH, PW = (KH - 1) // 2, (KW - 1) // 2
-    BR = R + KH - 1  # band rows
+    out = nl.ndarray((C_out, T, H, W), dtype=dt, buffer=nl.shared_hbm)
+    segs = [(s0, min(p.seg, W - s0)) for s0 in range(0, W, p.seg)]
+    bands = [(j0, min(J, p.groups - j0)) for j0 in range(0, p.groups, J)]
+    in_pieces = _pieces(C_in, S * AT)  # contraction rows (o_in, a_in) blocks
+    out_pieces = _pieces(C_out, S)  # PE columns: column blocks v (output row s - 1 - v)
 
-    # resident weights: partition ci, free (tap, co) -- one DMA per ci tile
-    wsb = []
-    for c0, cc in cits:
-        t = nl.ndarray((PMAX, TAPS * C_out), dtype=dt, buffer=nl.sbuf)
-        src = w.ap(pattern=[[C_out, cc], [C_in * C_out, TAPS], [1, C_out]], offset=c0 * C_out)
-        nisa.dma_copy(dst=t.ap(pattern=[[TAPS * C_out, cc], [C_out, TAPS], [1, C_out]], offset=0), src=src)
-        wsb.append(t)
+    wsb = nl.ndarray((PMAX, p.a_loops * KW * KO * p.k_tiles * MP), dtype=dt, buffer=nl.sbuf)
+    _load_weights(w, wsb, p)
     bsb = None
     if bias is not None:
-        bsb = nl.ndarray((PMAX, len(cots)), dtype=nl.float32, buffer=nl.sbuf)
-        for j, (o0, oc) in enumerate(cots):
-            nisa.dma_copy(dst=bsb[:oc, j : j + 1], src=bias.ap(pattern=[[1, oc], [1, 1]], offset=o0))
+        bsb = nl.ndarray((PMAX, p.m_tiles), dtype=nl.float32, buffer=nl.sbuf)
+        for _, o0, n, m, p0 in out_pieces:
+            nisa.dma_copy(dst=bsb[p0 : p0 + n, m : m + 1], src=bias.ap(pattern=[[1, n], [1, 1]], offset=o0))
 
-    nbuf = KT * len(cits) * 2  # a band's KT frames x ci tiles, double-buffered
-    xb = [nl.ndarray((PMAX, BR * Wp), dtype=dt, buffer=nl.sbuf) for _ in range(nbuf)]
-    if PW:
-        for t in xb:  # zero borders (the padding columns are never written by a load)
-            nisa.memset(t, value=0.0)
+    xb = [[nl.ndarray((PMAX, BR * W), dtype=dt, buffer=nl.sbuf) for _ in range(p.k_tiles)]
+          for _ in range(p.n_slots)]  # fmt: skip
     acc = [nl.ndarray((PMAX, PSUM_BANK_FMAX), dtype=nl.float32, buffer=nl.psum) for _ in range(4)]
-    ob = [nl.ndarray((PMAX, PSUM_BANK_FMAX), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
-    count = {"band": 0, "acc": 0, "ob": 0, "ev": 0}
+    ob = [nl.ndarray((PMAX, J * W), dtype=dt, buffer=nl.sbuf) for _ in range(3)]
+    count = {"slot": 0, "acc": 0, "ob": 0, "ev": 0}
 
-    def load_band(t: int, r0: int, rr: int) -> list[list[Any]]:
-        """Band tiles [frame a][ci tile] of input rows r0-PH .. r0+rr-1+PH (zero outside the image)."""
-        base = (count["band"] % 2) * KT * len(cits)
-        count["band"] += 1
-        lo, hi = max(0, r0 - PH), min(H, r0 + rr + PH)  # input rows that exist
-        tiles: list[list[Any]] = []
-        for a in range(KT):
-            row = []
-            for i, (c0, cc) in enumerate(cits):
-                tb = xb[base + a * len(cits) + i]
-                first = lo - (r0 - PH)  # band row of input row lo (PH at the top edge)
-                if first > 0:
-                    nisa.memset(tb[:cc, 0 : first * Wp], value=0.0)
-                last = first + (hi - lo)
-                if last < rr + KH - 1:
-                    nisa.memset(tb[:cc, last * Wp : (rr + KH - 1) * Wp], value=0.0)
-                dst = tb.ap(pattern=[[BR * Wp, cc], [Wp, hi - lo], [1, W]], offset=first * Wp + PW)
+    def load_slot(tiles: list[Any], f: int, j0: int, jn: int) -> None:
+        """Rows of row groups ``j0 .. j0 + jn + ko - 2`` of frames ``f .. f + at - 1`` into ``tiles``."""
+        nr = jn + KO - 1
+        zero: dict[int, set[int]] = {}
+        spans = []
+        for blk, ci0, n, g, p0 in in_pieces:
+            o_in, a_in = divmod(blk, AT)
+            rows = [S * (j0 + jr) + o_in - PH for jr in range(nr)]
+            ok = [jr for jr in range(nr) if 0 <= rows[jr] < H]
+            zero.setdefault(g, set()).update(jr for jr in range(nr) if not 0 <= rows[jr] < H)
+            if ok:
+                spans.append((g, p0, n, ci0, f + a_in, ok[0], len(ok), rows[ok[0]]))
+        for g, jrs in zero.items():  # rows outside the image (a run at the top, one at the bottom)
+            for lo, hi in _runs(sorted(jrs)):
+                nisa.memset(tiles[g][:, lo * W : hi * W], value=0.0)
+        for g, p0, n, ci0, fa, jr0, nv, r0 in spans:
+            if S == 1:
+                dst = tiles[g].ap(pattern=[[BR * W, n], [1, nv * W]], offset=p0 * BR * W + jr0 * W)
+                src = x.ap(pattern=[[F * H * W, n], [1, nv * W]], offset=((ci0 * F + fa) * H + r0) * W)
+            else:
+                dst = tiles[g].ap(pattern=[[BR * W, n], [W, nv], [1, W]], offset=p0 * BR * W + jr0 * W)
                 src = x.ap(
-                    pattern=[[F * H * W, cc], [W, hi - lo], [1, W]], offset=((c0 * F + t + a) * H + lo) * W
+                    pattern=[[F * H * W, n], [S * W, nv], [1, W]], offset=((ci0 * F + fa) * H + r0) * W
                 )
-                nisa.dma_copy(dst=dst, src=src)
-                row.append(tb)
-            tiles.append(row)
-        return tiles
+            nisa.dma_copy(dst=dst, src=src)
 
-    for o_j, (o0, oc) in enumerate(cots):
+    # steps (band, output frame t): the slots they read ({group: slot}; a group is the frame t with the time
+    # taps packed, else one frame) and the groups they load; a step's loads are issued before the previous
+    # step computes when their slots are free of it (prefetch), else just before the step
+    steps = []
+    held: dict[tuple[int, int], int] = {}
+    for j0, jn in bands:
         for t in range(T):
-            for r0, rr in bands:
-                band = load_band(t, r0, rr)
-                for q0 in range(0, rr, rows):
-                    qr = min(rows, rr - q0)
-                    for s0, ss in segs:
-                        a_t = acc[count["acc"] % 4]
-                        count["acc"] += 1
-                        n = qr * ss
-                        first = True
-                        for a in range(KT):
-                            for b in range(KH):
-                                for c in range(KW):
-                                    tap = (a * KH + b) * KW + c
-                                    for i, (_, cc) in enumerate(cits):
-                                        mv = band[a][i].ap(
-                                            pattern=[[BR * Wp, cc], [Wp, qr], [1, ss]],
-                                            offset=(q0 + b) * Wp + s0 + c,
-                                        )
-                                        nisa.nc_matmul(
-                                            dst=a_t[:oc, :n],
-                                            stationary=wsb[i][:cc, tap * C_out + o0 : tap * C_out + o0 + oc],
-                                            moving=mv,
-                                            accumulate=not first,
-                                        )
-                                        first = False
-                        o = ob[count["ob"] % 3]
-                        count["ob"] += 1
-                        ev = count["ev"] % 2
-                        count["ev"] += 1
-                        if bsb is not None and ev == 0:
-                            nisa.activation(o[:oc, :n], nl.copy, a_t[:oc, :n], bias=bsb[:oc, o_j : o_j + 1])
-                        elif bsb is not None:
-                            nisa.tensor_scalar(
-                                o[:oc, :n],
-                                a_t[:oc, :n],
-                                nl.add,
-                                bsb[:oc, o_j : o_j + 1],
-                                engine=nisa.vector_engine,
-                            )
-                        elif ev == 0:
-                            nisa.activation(o[:oc, :n], nl.copy, a_t[:oc, :n])
-                        else:
-                            nisa.tensor_copy(dst=o[:oc, :n], src=a_t[:oc, :n], engine=nisa.vector_engine)
-                        dst = out.ap(
-                            pattern=[[T * H * W, oc], [W, qr], [1, ss]],
-                            offset=((o0 * T + t) * H + r0 + q0) * W + s0,
-                        )
-                        nisa.dma_copy(dst=dst, src=o[:oc, :n])
+            keys = [t] if AT == KT else [t + a for a in range(KT)]
+            loads = [q for q in keys if (j0, q) not in held]
+            for q in loads:
+                held[(j0, q)] = count["slot"] % p.n_slots
+                count["slot"] += 1
+            steps.append((j0, jn, t, {q: held[(j0, q)] for q in keys}, loads))
+    issued: set[tuple[int, int]] = set()
+
+    def issue(i: int, busy: set[int]) -> None:
+        j0, jn, _, used, loads = steps[i]
+        for q in loads:
+            if (i, q) not in issued and used[q] not in busy:
+                issued.add((i, q))
+                load_slot(xb[used[q]], q, j0, jn)
+
+    taps_c = [PW] + [c for c in range(KW) if c != PW]  # centre column tap first: it covers the bank
+    for i, (j0, jn, t, used, _) in enumerate(steps):
+        issue(i, set())
+        if i + 1 < len(steps):
+            issue(i + 1, set(used.values()))
+        for m, blocks in enumerate(p.blocks):
+            mm = min(PMAX, MP - m * PMAX)
+            o = ob[count["ob"] % 3]
+            count["ob"] += 1
+            for q0 in range(0, jn, p.jb):
+                qn = min(p.jb, jn - q0)
+                for s0, ss in segs:
+                    a_t = acc[count["acc"] % 4]
+                    count["acc"] += 1
+                    first = True
+                    for a_out in range(p.a_loops):
+                        band = xb[used[t + a_out]] if AT != KT else xb[used[t]]
+                        for c in taps_c:
+                            d = c - PW
+                            x0, x1 = max(s0, -d), min(s0 + ss, W - d)  # output columns inside
+                            if x1 <= x0:
+                                continue
+                            for k, g in blocks:
+                                kk = min(PMAX, KP - g * PMAX)
+                                wo = p.w_index(a_out, c, k, g) + m * PMAX
+                                nisa.nc_matmul(
+                                    dst=a_t.ap(pattern=[[PSUM_BANK_FMAX, mm], [ss, qn], [1, x1 - x0]],
+                                               offset=x0 - s0),
+                                    stationary=wsb[:kk, wo : wo + mm],
+                                    moving=band[g].ap(pattern=[[BR * W, kk], [W, qn], [1, x1 - x0]],
+                                                      offset=(q0 + k) * W + x0 + d),
+                                    accumulate=not first,
+                                )  # fmt: skip
+                                first = False
+                    src = a_t.ap(pattern=[[PSUM_BANK_FMAX, mm], [ss, qn], [1, ss]], offset=0)
+                    dst = o.ap(pattern=[[J * W, mm], [W, qn], [1, ss]], offset=q0 * W + s0)
+                    ev = count["ev"] % 2
+                    count["ev"] += 1
+                    if bsb is not None and ev == 0:
+                        nisa.activation(dst, nl.copy, src, bias=bsb[:mm, m : m + 1])
+                    elif bsb is not None:
+                        nisa.tensor_scalar(dst, src, nl.add, bsb[:mm, m : m + 1], engine=nisa.vector_engine)
+                    elif ev == 0:
+                        nisa.activation(dst, nl.copy, src)
+                    else:
+                        nisa.tensor_copy(dst=dst, src=src, engine=nisa.vector_engine)
+            for v, o0, n, mt, p0 in out_pieces:
+                if mt != m:
+                    continue
+                u = S - 1 - v  # output row of column block v
+                nv = sum(1 for jj in range(jn) if S * (j0 + jj) + u < H)  # rows inside the image
+                if nv == 0:
+                    continue
+                r0 = S * j0 + u
+                src = o.ap(pattern=[[J * W, n], [1, nv * W]], offset=p0 * J * W)
+                if S == 1:
+                    dst = out.ap(pattern=[[T * H * W, n], [1, nv * W]], offset=((o0 * T + t) * H + r0) * W)
+                else:
+                    dst = out.ap(
+                        pattern=[[T * H * W, n], [S * W, nv], [1, W]], offset=((o0 * T + t) * H + r0) * W
+                    )
+                nisa.dma_copy(dst=dst, src=src)
     return out
 
 
 def conv3d_causal_emulated(
-    x: Any, w: Any, bias: Any = None, ksize: tuple[int, int, int] = (3, 3, 3), lnc: int = 1
+    x: Any,
+    w: Any,
+    bias: Any = None,
+    ksize: tuple[int, int, int] = (3, 3, 3),
+    lnc: int = 1,
+    packing: tuple[int, int] | None = None,
 ) -> Any:
     """Causal 3-D convolution through :func:`conv3d_causal_kernel` on the emulator.
 
@@ -222,6 +276,8 @@ def conv3d_causal_emulated(
             temporal upsampling convs, (1, 3, 3) spatial ones).
         bias: torch ``[C_out]`` (added in fp32) or ``None``.
         lnc: logical cores (1 only: the kernel has no LNC split yet).
+        packing: ``(s, at)`` instead of the planner's choice (:func:`nki_kernels.conv3d_plan.forced_plan`
+            raises ``ValueError`` when it does not fit), or ``None``.
 
     Returns:
         torch ``[C_out, T, H, W]`` in x's dtype.
@@ -245,8 +301,16 @@ def conv3d_causal_emulated(
             f"ksize={ksize}, got {tuple(x.shape)}, {tuple(w.shape)}"
         )
     b = None if bias is None else _to_numpy(bias.to(torch.float32))
-    res, _ = launch(conv3d_causal_kernel, _to_numpy(x), _to_numpy(w), b, tuple(ksize), lnc=lnc)
+    args = (_to_numpy(x), _to_numpy(w), b, tuple(ksize)) + (() if packing is None else (tuple(packing),))
+    res, _ = launch(conv3d_causal_kernel, *args, lnc=lnc)
     return _to_torch(res, x.dtype)
 
 
-__all__ = ["conv3d_causal_kernel", "conv3d_causal_emulated", "plan_conv"]
+__all__ = [
+    "KERNEL_SIZES",
+    "SBUF_BYTES",
+    "W_BYTES_MAX",
+    "conv3d_causal_kernel",
+    "conv3d_causal_emulated",
+    "plan_conv",
+]

@@ -1,5 +1,6 @@
-"""The causal conv3d op set: nki_kernels.conv3d on the NKI emulator against reference.conv3d (torch conv3d),
-the streaming cache, the tile plan, the kernel's structure and the op's validation."""
+"""The causal conv3d op set: nki_kernels.conv3d on the NKI emulator against reference.conv3d (torch conv3d)
+through the op (the planner's packing), the streaming cache, the tile plan's limits, the plain packings'
+matmul counts and the op's validation.  The forced packings: tests/test_kernel_conv3d_packing.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from nki_kernels import ops
-from nki_kernels.conv3d import BAND_BYTES, W_BYTES_MAX, conv3d_causal_kernel, plan_conv
+from nki_kernels.conv3d import SBUF_BYTES, W_BYTES_MAX, conv3d_causal_kernel, plan_conv
+from nki_kernels.conv3d_plan import forced_plan
 from nki_kernels.emulator import TensorSpec, run
-from nki_kernels.hw_limits import PMAX
 from reference.conv3d import conv3d_causal as ref_conv
 from tests.numerics import assert_within, reference_error
 
@@ -95,39 +96,41 @@ def test_conv_weight_taps_matches_torch_conv3d() -> None:
     ],
 )
 def test_plan_fits_its_sbuf_shares(cin, cout, h, w, ks) -> None:
-    r, rows, seg = plan_conv(cin, cout, h, w, 2, ks)
-    kt, kh, kw = ks
-    tiles = 2 * kt * math.ceil(cin / PMAX)
-    assert tiles * (r + kh - 1) * (w + kw - 1) * 2 <= BAND_BYTES
-    assert math.ceil(cin / PMAX) * kt * kh * kw * cout * 2 <= W_BYTES_MAX
-    assert rows * seg <= 512 and seg * math.ceil(w / seg) >= w and 1 <= rows <= r <= h
+    p = plan_conv(cin, cout, h, w, 2, ks)
+    assert p.w_bytes() <= W_BYTES_MAX and p.w_bytes() + p.band_bytes() + p.out_bytes() <= SBUF_BYTES
+    assert p.jb * p.seg <= 512 and p.seg * math.ceil(w / p.seg) >= w and 1 <= p.jb <= p.j <= p.groups
 
 
 def test_plan_rejects_what_does_not_fit() -> None:
     with pytest.raises(ValueError, match="weights of C_in=1024"):
         plan_conv(1024, 1024, 8, 8, 2)
+    with pytest.raises(ValueError, match="weights of C_in=384 x C_out=384 need 124416 B"):
+        plan_conv(384, 384, 8, 8, 4)  # Wan's 384 x 384 in fp32
     with pytest.raises(ValueError, match="W=20000 is too wide"):
         plan_conv(384, 8, 8, 20000, 2)
     with pytest.raises(ValueError, match="ksize must be 3 extents"):
         plan_conv(8, 8, 8, 8, 2, (2, 3, 3))
+    with pytest.raises(ValueError, match="frames must be a positive int"):
+        plan_conv(8, 8, 8, 8, 2, (3, 3, 3), frames=0)
 
 
-def test_one_matmul_per_tap_and_channel_tile_per_bank() -> None:
-    cin, cout, t, h, w = 130, 140, 2, 6, 20  # 2 ci tiles, 2 co tiles
-    r, rows, seg = plan_conv(cin, cout, h, w, 2)
+@pytest.mark.parametrize(("packing", "per_position"), [((1, 1), 27 * 2 * 2), ((1, 3), 9 * 4 * 2)])
+def test_matmuls_per_bank_of_the_plain_packings(packing, per_position) -> None:
+    """``s = 1``: one matmul per (tap, input-channel tile, output-channel tile) per PSUM bank, the time taps
+    looped (130 channels: 2 tiles) or packed into the contraction (3 x 130 rows: 4 tiles, 9 taps left)."""
+    cin, cout, t, h, w = 130, 140, 2, 6, 20  # 2 output-channel tiles
+    p = forced_plan(cin, cout, h, w, 2, (3, 3, 3), packing)
     _, tr = run(
         conv3d_causal_kernel,
         TensorSpec((cin, t + 2, h, w), "bfloat16"),
         TensorSpec((27, cin, cout), "bfloat16"),
         TensorSpec((cout,), "float32"),
         (3, 3, 3),
+        packing,
         trace_only=True,
     )
-    banks = 2 * t * math.ceil(h / rows) * math.ceil(w / seg)
-    assert tr.count("nc_matmul") == banks * 27 * 2
-    bands = math.ceil(h / r)
-    # weights (1 per ci tile) + bias (1 per co tile) + bands (3 frames x 2 ci tiles per band) + stores
-    assert tr.count("dma_copy") == 2 + 2 + 2 * t * bands * 3 * 2 + banks
+    positions = t * math.ceil(h / p.jb) * math.ceil(w / p.seg)
+    assert tr.count("nc_matmul") == positions * per_position
 
 
 @pytest.mark.parametrize(
