@@ -5,7 +5,8 @@
   every chunk seen so far overflows ``exp`` (NaN rows) or underflows every weight.
 * Block-table attention (emulator) with extreme *unlisted* blocks: the stand-in keys of an empty entry must
   be a listed block of the group; any unlisted block here outscores the listed keys by > 88, so picking one
-  moves the row max and underflows every valid weight.
+  moves the row max and underflows every valid weight. With the listed keys far below 0, a stand-in that
+  is no block at all (zeros, a stale staging tile) does the same.
 * The reference's query chunking (above ``SCORE_BUDGET_ELEMENTS``) forced with a tiny budget, against the
   unchunked call.
 
@@ -72,18 +73,11 @@ def test_multi_chunk_attention_with_score_swings_between_chunks() -> None:
     _check_close(out, lse, want_o, want_l, x, v, "multi-chunk large-score attention")
 
 
-@pytest.mark.emulator
-@pytest.mark.parametrize(
-    "listed",
-    [((0, 2), (0, 3)), ((0, 1), (0, 3)), ((0, 0), (0, 4)), ((0, 3), (1, 1))],
-    ids=["adjacent", "gap", "both-ends", "two-sources"],
-)
-def test_block_table_stand_in_ignores_extreme_unlisted_blocks(listed: tuple[tuple[int, int], ...]) -> None:
-    # source 0: 5 blocks, source 1: 2 blocks, T = 16; the group lists two blocks with two empty entries
-    # between. Every unlisted block holds keys along +e0 that score ~ +250 against the queries, the listed
-    # ones score within ~ +-40: a stand-in (the key block an empty entry loads) taken from any unlisted
-    # block shifts the row max by > 88 and every listed weight underflows. Listed blocks with a gap, at
-    # both ends or in two sources leave an unlisted block between or beside them, which adjacent ones hide.
+def _stand_in_case(listed: tuple[tuple[int, int], ...], lean: float) -> None:
+    """Source 0: 5 blocks, source 1: 2 blocks, T = 16; the group lists two blocks with an empty entry
+    first and one between. Every unlisted block holds keys along +e0 that score ~ +250 against the
+    queries; the listed ones score ~ ``32 * lean`` +- 40. Checked against a float64 softmax over the
+    listed blocks alone."""
     t, d, scale = 16, 16, 4.0
     g = torch.Generator().manual_seed(5)
     e0 = torch.zeros(d)
@@ -93,8 +87,7 @@ def test_block_table_stand_in_ignores_extreme_unlisted_blocks(listed: tuple[tupl
     vs = [torch.randn(1, n * t, 1, d, generator=g) for n in (5, 2)]
     for s, k in enumerate(ks):
         for blk in range(k.shape[1] // t):
-            if (s, blk) not in listed:
-                k[:, blk * t : (blk + 1) * t] += 8.0 * e0
+            k[:, blk * t : (blk + 1) * t] += (lean if (s, blk) in listed else 8.0) * e0
     (s1, b1), (s2, b2) = listed
     table = torch.tensor([[[-1, 0], [s1, b1], [-1, 0], [s2, b2]]])
     keys = torch.cat([ks[s][:, b * t : (b + 1) * t] for s, b in listed], dim=1)
@@ -105,8 +98,33 @@ def test_block_table_stand_in_ignores_extreme_unlisted_blocks(listed: tuple[tupl
             if (s, blk) not in listed:
                 xu = scale * torch.einsum("bqhd,bkhd->bhqk", q, k[:, blk * t : (blk + 1) * t])
                 assert (xu.amin(-1) - x.amax(-1) > 88).all(), "the unlisted blocks must dominate every row"
+    if lean < 0:
+        assert (x.amax(-1) < -88).all(), "a zero key (score 0) must dominate every row too"
     out, lse = attention_block_table_emulated(q, ks, vs, table, [24], t, scale=scale, return_lse=True)
-    _check_close(out, lse, want_o, want_l, x, vals, f"block table, listed {listed}, extreme unlisted blocks")
+    _check_close(out, lse, want_o, want_l, x, vals, f"block table, listed {listed}, lean {lean}")
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize(
+    "listed",
+    [((0, 2), (0, 3)), ((0, 1), (0, 3)), ((0, 0), (0, 4)), ((0, 3), (1, 1))],
+    ids=["adjacent", "gap", "both-ends", "two-sources"],
+)
+def test_block_table_stand_in_ignores_extreme_unlisted_blocks(listed: tuple[tuple[int, int], ...]) -> None:
+    # the listed keys score within ~ +-40, every unlisted block ~ +250: a stand-in (the key block an empty
+    # entry loads) taken from any unlisted block shifts the row max by > 88 and every listed weight
+    # underflows. Listed blocks with a gap, at both ends or in two sources leave an unlisted block between
+    # or beside them, which adjacent ones hide.
+    _stand_in_case(listed, 0.0)
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("listed", [((0, 1), (0, 3)), ((0, 3), (1, 1))], ids=["gap", "two-sources"])
+def test_block_table_stand_in_is_a_listed_block_not_zeros(listed: tuple[tuple[int, int], ...]) -> None:
+    # the listed keys score ~ -250 +- 40: a stand-in that is no block at all (an empty entry whose loads
+    # all skip keeps the staging tile's zeros, or a stale tile) scores 0 there and moves the row max by
+    # > 88, so every listed weight underflows (out = 0, lse = -inf)
+    _stand_in_case(listed, -8.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
