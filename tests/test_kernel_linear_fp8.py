@@ -261,5 +261,5 @@ def test_op_weight_range_edge_is_e4m3_240() -> None:
     for bad in (256.0, -256.0, float("nan")):
         w = wq.clone()
         w[7, 11] = bad
-        with pytest.raises(ValueError, match=r"beyond \+-240 \(or NaN\)"):
+        with pytest.raises(ValueError, match=r"weight_q holds values beyond \+-240 \(or NaN\)"):
             ops.linear_fp8(x, w, ws, b, backend="reference")
