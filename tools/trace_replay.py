@@ -147,16 +147,25 @@ def cases() -> list[Case]:
         return Case(name, ("linear", "linear_kernel"), args, lnc)
 
     def conv(
-        name: str, ci: int, co: int, t: int, h: int, w: int, ks: tuple[int, int, int], dt: str, bias: bool
+        name: str,
+        ci: int,
+        co: int,
+        t: int,
+        h: int,
+        w: int,
+        ks: tuple[int, int, int],
+        dt: str,
+        bias: bool,
+        packing: tuple[int, int] | None = None,
     ) -> Case:
         taps = ks[0] * ks[1] * ks[2]
-        args = (
+        args: tuple[Any, ...] = (
             s(ci, t + ks[0] - 1, h, w, dtype=dt),
             s(taps, ci, co, dtype=dt),
             s(co, dtype=f32) if bias else None,
             ks,
         )
-        return Case(name, ("conv3d", "conv3d_causal_kernel"), args, 1)
+        return Case(name, ("conv3d", "conv3d_causal_kernel"), args + ((packing,) if packing else ()), 1)
 
     def elw(name: str, kern: str, args: tuple[Any, ...], lnc: int) -> Case:
         return Case(name, ("elementwise", kern), args, lnc)
@@ -206,7 +215,9 @@ def cases() -> list[Case]:
         lin("linear_bf16_bias_lnc1", 300, 200, 600, bf, True, 1),
         lin("linear_bf16_bias_lnc2", 1300, 260, 700, bf, True, 2),
         lin("linear_fp32_lnc1", 130, 96, 130, f32, False, 1),
-        conv("conv3d_bf16_k333_bias", 20, 24, 2, 9, 13, (3, 3, 3), bf, True),
+        # 3 output rows x 24 channels on the PE columns, 3 row phases x 20 channels on the contraction
+        # (zero-filled weight blocks), the time taps looped over a ring of frames
+        conv("conv3d_bf16_k333_bias", 20, 24, 2, 9, 13, (3, 3, 3), bf, True, (3, 1)),
         conv("conv3d_fp32_k133", 130, 20, 2, 5, 7, (1, 3, 3), f32, False),
         conv("conv3d_bf16_k311_cin_tiles", 140, 130, 1, 4, 5, (3, 1, 1), bf, True),
     ]
