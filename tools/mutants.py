@@ -40,6 +40,7 @@ _PIPE = ("tests/test_pipeline.py",)
 _CKPT = ("tests/test_checkpoint.py",)
 _MODEL = ("tests/test_model.py", "tests/test_checkpoint.py")
 _E2E = ("tests/test_perf_models.py", "tests/test_e2e_model.py")
+_CONV = ("tests/test_kernel_conv3d_packing.py", "tests/test_kernel_conv3d.py")
 _GUARD = ("tests/test_attention_guard_edges.py",)  # the static offset's guard at its bounds exactly
 _HAZ = ("tests/test_cost_schedule_hazards.py", "tests/test_cost_schedule.py")  # one test per hazard kind
 
@@ -139,6 +140,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "operand0=sx[s][:rr, t : t + 1],", "operand0=sx[s][:rr, 0:1],",
            ("tests/test_kernel_linear_fp8.py",),
            "FP8 linear dequantises every token tile with the first tile's per-token scales"),
+    Mutant("conv-column-block-row", "nki_kernels/conv3d.py", "u = S - 1 - v  # output row of column block v",
+           "u = v  # output row of column block v", _CONV,
+           "packed conv stores each column block's rows to the mirrored row of its row group (s > 1)"),
+    Mutant("conv-weight-zero-fill", "nki_kernels/conv3d.py", "if any(hi - lo + 1 < p.s for lo, hi in spans):",
+           "if any(hi < lo for lo, hi in spans):", _CONV,
+           "packed weight blocks with some taps outside the kernel keep unwritten entries"),
+    Mutant("conv-prefetch-busy-slot", "nki_kernels/conv3d.py",
+           "if (i, q) not in issued and used[q] not in busy:", "if (i, q) not in issued:", _CONV,
+           "the next band's frames are prefetched into a slot the current step still reads"),
     Mutant("kv-fp8-v-raw", "rolling_forcing/merged.py",
            "k_new, v_new = kv_fp8_roundtrip(k_new), kv_fp8_roundtrip(v_new)",
            "k_new, v_new = kv_fp8_roundtrip(k_new), v_new",
