@@ -444,7 +444,7 @@ def vae_components(
     ``end`` (the matmul blocks' engine times of that end).
 
     Convs: with a provider that has ``conv(...)`` (:class:`perf.matmul_model.TracedLinearProvider`), one
-    call of the project's causal conv kernel (``nki_kernels/conv3d.py``, a blocked implicit GEMM) on this
+    call of the project's causal conv kernel (``nki_kernels/conv3d.py``, a packed implicit GEMM) on this
     core's ``ceil(H / cores)`` rows (halos ignored); otherwise as implicit GEMMs: one ``[positions / cores,
     C_in] @ [C_in, C_out]`` GEMM per kernel tap (the matmul model's TensorE time x taps), floored by the
     input + output + weight HBM traffic; norms / activations / upsampling as elementwise passes; the
