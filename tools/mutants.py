@@ -457,7 +457,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)",
            "qd, own = qr[:, max(a, t) : b].contiguous(), "
            "(kr, v_all[:1].expand_as(v_all).contiguous())",
-           ("tests/test_batched_methods.py",), "every element's denoise queries attend element 0's own values"),
+           ("tests/test_batched_methods.py",), "denoise queries attend element 0's own values"),
     Mutant("shard-fused-gather-split", "sharding/attention.py",
            "            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])",
            "            _ = all_gather(sp_extra, plan.sp, groups.sp_group)\n"
