@@ -56,11 +56,10 @@ LNC: ``kernel[2]`` deals the (b, h) pairs round-robin to the two logical cores.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.attention_heads import HeadsPass, heads_fit
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
     PvQueue,
@@ -148,6 +147,11 @@ def _flash_rows(
     True): the static pass then streams the K/V chunk by chunk with one offset per query tile
     (:func:`~nki_kernels.attention_stream.stream_rows`, used when :func:`streams` holds).
     """
+    if isinstance(kT_sb, HeadsPass):  # every head's pass at the first head's guard (once)
+        if not static:
+            raise ValueError("_flash_rows: a HeadsPass is the static pass only")
+        kT_sb.run()
+        return n_grp
     if isinstance(kT_sb, KvStream):
         if not static:
             raise ValueError("_flash_rows: a KvStream streams the static pass only")
@@ -337,23 +341,25 @@ def _guarded_rows(
     of its own (allocated inside the loop: live only while a recompute runs)."""
     args = (w, kT_sb, v_sb, q, out, lse, b, h, q_lo, q_hi, chunks)
     stream = isinstance(kT_sb, KvStream)
+    heads = isinstance(kT_sb, HeadsPass)
 
     def running() -> int:
         """The running-max pass over the resident K/V (a stream's loaded first, into tiles of its own)."""
-        if stream:
-            kT, v = kT_sb.resident()
+        if stream or heads:
+            kT, v = kT_sb.resident(h) if heads else kT_sb.resident()
             w_run = _flash_buffers(q.shape[3], q.shape[3] + 1, KC_TWO_BYTE, 0, q.dtype)
             return _flash_rows(w_run, kT, v, *args[3:], n_grp, dma_chunks, scale, return_lse)
         return _flash_rows(*args, n_grp, dma_chunks, scale, return_lse)
 
     if not static:
         return running()
-    good, flag = w["good"], w["flag"]
-    nisa.memset(good, 1.0, engine=nisa.vector_engine)
-    if not stream:
+    good, flag = (kT_sb.good[:, h : h + 1] if heads else w["good"]), w["flag"]
+    if not heads:  # (a HeadsPass writes its flags)
+        nisa.memset(good, 1.0, engine=nisa.vector_engine)
+    if not stream and not heads:
         nisa.memset(w["alpha"], 1.0, engine=nisa.vector_engine)  # the o update becomes o + PV
     n_next = _flash_rows(*args, n_grp, dma_chunks, scale, return_lse, static=True)
-    cnt = w["cnt"] if stream else w["pv_ps"][0][:1, :1]  # the PV buffers are drained here
+    cnt = w["cnt"] if stream or heads else w["pv_ps"][0][:1, :1]  # the PV buffers are drained here
     nisa.nc_matmul(cnt, stationary=good[:, 0:1], moving=w["ones"][:, 0:1], accumulate=False)
     # failed rows = 128 - good rows; the loop bound is min(failed, 1)
     nisa.tensor_scalar(
@@ -384,6 +390,17 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     nprog = nl.num_programs()
 
     chunks = merge_remainder(_chunks(Lk, KC), KC)
+    if static and len(chunks) == 1 and heads_fit(segments, H, D, two_byte, dma_chunks):  # every head at once
+        w = guard_buffers(dt, count_psum=True)
+        ntl = (Lq + PMAX - 1) // PMAX  # the query tiles, split in contiguous ranges over the cores
+        lo, hi = min(Lq, pid * ntl // nprog * PMAX), min(Lq, (pid + 1) * ntl // nprog * PMAX)
+        for b in range(B if lo < hi else 0):
+            hp = HeadsPass(q, kbuf, vbuf, segments, b, lo, hi, out, lse, scale, return_lse,
+                           (GUARD_L_MIN, GUARD_L_MAX, L_FLOOR))  # fmt: skip
+            for h in range(H):
+                args = (q, out, lse, b, h, lo, hi, chunks, 0, dma_chunks, scale, return_lse, True)
+                _guarded_rows(w, hp, None, *args)
+        return (out, lse) if return_lse else out
     if static and streams(chunks, two_byte, dma_chunks):  # K/V streamed per unit: nothing resident
         w = guard_buffers(dt, count_psum=True)
         pairs = owned_pairs(B, H, pid, nprog)
@@ -462,124 +479,8 @@ def attention_segments_kernel(
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# torch-facing entries
-
-
-def _validate(q: Any, k: Any, v: Any, kname: str, vname: str) -> None:
-    import torch
-
-    for name, t in (("q", q), (kname, k), (vname, v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(
-                f"{name} must be a 4-D torch tensor [B, L, H, D], got {getattr(t, 'shape', t)!r}"
-            )
-        if t.dtype != q.dtype or t.dtype not in (torch.bfloat16, torch.float32):
-            raise TypeError(f"{name} dtype {t.dtype} must be bfloat16 or float32 and match q ({q.dtype})")
-    if k.shape != v.shape:
-        raise ValueError(f"{vname} shape {tuple(v.shape)} must equal {kname} shape {tuple(k.shape)}")
-    if (k.shape[0], k.shape[2], k.shape[3]) != (q.shape[0], q.shape[2], q.shape[3]):
-        raise ValueError(f"{kname} shape {tuple(k.shape)} must match q {tuple(q.shape)} in B, H and D")
-    if q.shape[3] > PMAX:
-        raise ValueError(f"head_dim D={q.shape[3]} must be <= {PMAX} (D lives on the partitions)")
-
-
-def _check_static(static: object) -> bool:
-    if not isinstance(static, bool):
-        raise TypeError(f"static must be a bool, got {type(static).__name__}")
-    return static
-
-
-def _finish(res: Any, q: Any, return_lse: bool) -> Any:
-    import torch
-
-    from nki_kernels.rope3d import _to_torch
-
-    if return_lse:
-        out, lse = res
-        return _to_torch(out, q.dtype), _to_torch(lse, torch.float32)
-    return _to_torch(res, q.dtype)
-
-
-def attention_emulated(
-    q: Any,
-    k: Any,
-    v: Any,
-    scale: float | None = None,
-    return_lse: bool = False,
-    lnc: int = 1,
-    static: bool = True,
-) -> Any:
-    """Attention through :func:`attention_kernel` on the emulator.
-
-    Args:
-        q: torch ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``; bf16 or fp32 (all the same); D <= 128; Lk >= 1.
-        scale: softmax scale (default ``1/sqrt(D)``).
-        return_lse: also return lse ``[B, Lq, H]`` fp32.
-        lnc: logical cores (1 or 2).
-        static: the guarded static softmax offset instead of the running max (same results within bf16
-            rounding; any row that would overflow is recomputed exactly, see :func:`_guarded_rows`).
-
-    Returns:
-        out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``.
-    """
-    from nki_kernels._nki import launch
-
-    _validate(q, k, v, "k", "v")
-    if k.shape[1] < 1:
-        raise ValueError("k must hold at least one key (Lk >= 1)")
-    sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    res, _ = launch(
-        attention_kernel, q.contiguous(), k.contiguous(), v.contiguous(), sc, bool(return_lse),
-        static=_check_static(static), lnc=lnc,
-    )  # fmt: skip
-    return _finish(res, q, return_lse)
-
-
-def attention_segments_emulated(
-    q: Any,
-    kv_k: Any,
-    kv_v: Any,
-    segments: Sequence[tuple[int, int]],
-    scale: float | None = None,
-    return_lse: bool = False,
-    lnc: int = 1,
-    static: bool = True,
-) -> Any:
-    """Attention over ordered ``(start, length)`` segments of KV buffers ``[B, S, H, D]``, read in place.
-
-    Segments with length 0 are skipped; each must satisfy ``0 <= start`` and ``start + length <= S``; at
-    least one key in total. Other arguments as :func:`attention_emulated`.
-    """
-    from nki_kernels._nki import launch
-
-    _validate(q, kv_k, kv_v, "kv_k", "kv_v")
-    s = kv_k.shape[1]
-    segs = []
-    for i, seg in enumerate(segments):
-        start, length = (int(x) for x in seg)
-        if start < 0 or length < 0 or start + length > s:
-            raise ValueError(
-                f"segments[{i}]=({start}, {length}) must satisfy 0 <= start, start + length <= S={s}"
-            )
-        if length:
-            segs.append((start, length))
-    if not segs:
-        raise ValueError("segments must hold at least one key in total")
-    sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    res, _ = launch(
-        attention_segments_kernel,
-        q.contiguous(),
-        kv_k.contiguous(),
-        kv_v.contiguous(),
-        tuple(segs),
-        sc,
-        bool(return_lse),
-        static=_check_static(static),
-        lnc=lnc,
-    )
-    return _finish(res, q, return_lse)
-
+# the torch-facing entries (nki_kernels.attention_entries), re-exported: ops dispatches to this module
+from nki_kernels.attention_entries import attention_emulated, attention_segments_emulated  # noqa: E402
 
 __all__ = [
     "DMA_GROUP_CHUNKS",

@@ -66,8 +66,9 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.attention import _check_static, _chunks, _guarded_rows, _validate, streams
+from nki_kernels.attention import _chunks, _guarded_rows, streams
 from nki_kernels.attention_block_table_stream import BlockTableStream
+from nki_kernels.attention_entries import _check_static, _validate
 from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.attention_stream import link_streams
 from nki_kernels.attention_tiles import (
@@ -490,7 +491,7 @@ def attention_block_table_emulated(
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``; a group without keys gives zeros / -inf.
     """
     from nki_kernels._nki import launch
-    from nki_kernels.attention import _finish
+    from nki_kernels.attention_entries import _finish
 
     ks, vs, tab, groups, t = _check_args(q, k_sources, v_sources, block_table, q_groups, block_tokens)
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
