@@ -198,7 +198,7 @@ def cases() -> list[Case]:
         blk("attention_block_table_bf16_lnc1_tail", bf, False, 1, (120,), (40, 50), 40, 2),
         blk("attention_block_table_fp32_lse_lnc1", f32, True, 1, (128, 64, 64), (64, 70), 64, 3),
         att("attention_bf16_lse_lnc2_static", 200, 1100, bf, True, 2, static=True),
-        att("attention_bf16_transposed_chunks_lnc1_static", 130, 2600, bf, True, 1, static=True),
+        att("attention_bf16_transposed_chunks_lnc1_static", 130, 2100, bf, True, 1, static=True),
         att("attention_bf16_dma_transpose_lnc2_static", 140, 4200, bf, True, 2, (1, 1), 1, static=True),
         seg("attention_segments_bf16_lse_lnc2_static", bf, True, 2, ((0, 64), (200, 300), (770, 130)), True),
         seg("attention_segments_fp32_lnc1_static", f32, False, 1, ((10, 530), (899, 1)), True),
@@ -206,7 +206,9 @@ def cases() -> list[Case]:
         blk("attention_block_table_fp32_lse_lnc1_static", f32, True, 1, (128, 64, 64), (64, 70), 64, 3, True),
         # 5 entries x 512 keys from 2 sources: the static pass streams K/V (2 full key chunks + 512, 2 entries
         # per chunk)
-        blk("attention_block_table_bf16_stream_static", bf, True, 2, (2048, 1024), (70,), 512, 5, True),
+        blk("attention_block_table_bf16_stream_static", bf, True, 2, (2048,), (70,), 512, 4, True),
+        # one key chunk in whole 16-key rows: every head of a query tile at once (cross-attention's pass)
+        att("attention_bf16_heads_static", 20, 128, bf, True, 1, static=True),
         kvw("kv_cache_write_bf16_lnc1", bf, 1),
         kvw("kv_cache_write_bf16_lnc2", bf, 2),
         kvw("kv_cache_write_fp32_lnc1", f32, 1),
