@@ -204,8 +204,7 @@ def cases() -> list[Case]:
         seg("attention_segments_fp32_lnc1_static", f32, False, 1, ((10, 530), (899, 1)), True),
         blk("attention_block_table_bf16_lse_lnc2_static", bf, True, 2, (256, 96), (32, 64), 32, 3, True),
         blk("attention_block_table_fp32_lse_lnc1_static", f32, True, 1, (128, 64, 64), (64, 70), 64, 3, True),
-        # 5 entries x 512 keys from 2 sources: the static pass streams K/V (2 full key chunks + 512, 2 entries
-        # per chunk)
+        # 4 entries x 512 keys: the static pass streams K/V (2 full key chunks, 2 entries per chunk)
         blk("attention_block_table_bf16_stream_static", bf, True, 2, (2048,), (70,), 512, 4, True),
         # one key chunk in whole 16-key rows: every head of a query tile at once (cross-attention's pass)
         att("attention_bf16_heads_static", 20, 128, bf, True, 1, static=True),
