@@ -243,13 +243,13 @@ def _pass(hp: HeadsPass) -> None:
             if kr:
                 nisa.activation(p[:kr, nbf, :qr], nl.exp, s[:kr, nbf, :qr], bias=nm[:kr, u : u + 1],
                                 scale=hp.scale)  # fmt: skip
+        for k in gturn.get(j, []):  # (before this turn's scores in TensorE's order: the broadcast is awaited)
+            offsets(k)
         step()
         if j + ns - 1 < len(seq):
             qk(s_ps[(j + ns - 1) % ns], *units[seq[j + ns - 1][1]])
         if j + qlead < len(seq):
             load_q(units[seq[j + qlead][1]][0])
-        for k in gturn.get(j, []):
-            offsets(k)
         if kind < 0:
             continue
         k = next(g for g, (tt, h0, h1) in enumerate(groups) if tt == t and h0 <= h < h1)
