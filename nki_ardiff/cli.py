@@ -1,4 +1,5 @@
-"""``rolling-forcing`` command line (typer): ``generate``, ``plan``, ``train-demo``, ``bench kernels|e2e``.
+"""``rolling-forcing`` command line (typer): ``generate``, ``plan``, ``train-demo``, ``serve``,
+``bench kernels|e2e``.
 
 ``rolling-forcing generate --seconds 10 --out demo.mp4`` streams a video on CPU with no download: the
 shipped trained demo model (``--preset demo``, the default: DiT, text encoder and autoencoder of
@@ -12,8 +13,9 @@ only.
 
 Layout: the options record and its command line (:mod:`nki_ardiff.cli_options`), the checks that run
 before any model is built (:mod:`nki_ardiff.cli_checks`), the run itself
-(:mod:`nki_ardiff.cli_run`), error reporting (:mod:`nki_ardiff.cli_errors`) and the benchmarks
-(:mod:`nki_ardiff.cli_bench`). Subcommands are registered from the tables at the end of this file.
+(:mod:`nki_ardiff.cli_run`), error reporting (:mod:`nki_ardiff.cli_errors`), the live server
+(:mod:`nki_ardiff.cli_serve`) and the benchmarks (:mod:`nki_ardiff.cli_bench`). Subcommands are
+registered from the tables at the end of this file.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from nki_ardiff.cli_options import (
     command_line,
 )
 from nki_ardiff.cli_run import run_generate
+from nki_ardiff.cli_serve import serve
 from nki_ardiff.cli_train import train_demo_cmd
-from rolling_forcing.serve.command import register_serve
 
 app = typer.Typer(
     name="rolling-forcing",
@@ -202,13 +204,17 @@ def plan(
 
 
 # Subcommands: name -> function (commands) and name -> typer app (groups). Registering one more is one line.
-COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "plan": plan, "train-demo": train_demo_cmd}
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "generate": generate,
+    "plan": plan,
+    "train-demo": train_demo_cmd,
+    "serve": serve,  # nki_ardiff/cli_serve.py (needs the serve extra only when run)
+}
 GROUPS: dict[str, typer.Typer] = {"bench": bench_app}
 for _name, _fn in COMMANDS.items():
     app.command(_name)(_fn)
 for _name, _group in GROUPS.items():
     app.add_typer(_group, name=_name)
-register_serve(app)  # `serve` (rolling_forcing/serve/command.py; needs the serve extra only when run)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

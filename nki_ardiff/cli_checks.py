@@ -75,16 +75,8 @@ def _same(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def _check_paths(opts: GenerateOptions) -> None:
-    _check_output(opts.out, "--out", ".mp4")
-    part = partial_path(opts.out)
-    if opts.report_json is not None:
-        _check_output(opts.report_json, "--report-json", ".json")
-        if _same(opts.report_json, opts.out) or _same(opts.report_json, part):
-            raise CliError(
-                "--report-json", f"must differ from --out ({str(opts.out)!r}): it would replace it"
-            )
-    inputs = {
+def _inputs(opts: GenerateOptions) -> dict[str, Path | None]:
+    return {
         "--checkpoint": opts.checkpoint,
         "--lora": opts.lora,
         "--vae": opts.vae,
@@ -92,14 +84,13 @@ def _check_paths(opts: GenerateOptions) -> None:
         "--prompt-embeds": opts.prompt_embeds,
         "--prompt-schedule": opts.prompt_schedule,
     }
-    for flag, p in inputs.items():
-        if p is None:
-            continue
-        if not p.exists():
+
+
+def _check_inputs(opts: GenerateOptions) -> None:
+    """Every input path exists (local only) and is a directory or a file as its option needs."""
+    for flag, p in _inputs(opts).items():
+        if p is not None and not p.exists():
             raise CliError(flag, f"{str(p)!r} does not exist (local paths only; nothing is downloaded)")
-        for oflag, o in (("--out", opts.out), ("--report-json", opts.report_json)):
-            if o is not None and _same(o, p):
-                raise CliError(oflag, f"must differ from {flag} ({str(p)!r}): it would overwrite the input")
     for flag, p, want_dir in (
         ("--vae", opts.vae, True),
         ("--text-encoder", opts.text_encoder, True),
@@ -111,6 +102,22 @@ def _check_paths(opts: GenerateOptions) -> None:
             raise CliError(flag, f"{str(p)!r} must be a {'directory' if want_dir else 'file'}")
     if opts.prompt_embeds is not None and opts.prompt_embeds.suffix != ".safetensors":
         raise CliError("--prompt-embeds", f"must be a .safetensors file, got {str(opts.prompt_embeds)!r}")
+
+
+def _check_paths(opts: GenerateOptions) -> None:
+    _check_output(opts.out, "--out", ".mp4")
+    part = partial_path(opts.out)
+    if opts.report_json is not None:
+        _check_output(opts.report_json, "--report-json", ".json")
+        if _same(opts.report_json, opts.out) or _same(opts.report_json, part):
+            raise CliError(
+                "--report-json", f"must differ from --out ({str(opts.out)!r}): it would replace it"
+            )
+    _check_inputs(opts)
+    for flag, p in _inputs(opts).items():
+        for oflag, o in (("--out", opts.out), ("--report-json", opts.report_json)):
+            if p is not None and o is not None and _same(o, p):
+                raise CliError(oflag, f"must differ from {flag} ({str(p)!r}): it would overwrite the input")
 
 
 def _check_numbers(opts: GenerateOptions) -> None:
@@ -229,9 +236,22 @@ def _check_extras_and_backend(opts: GenerateOptions) -> None:
             ) from None
 
 
+def check_demo_prompt(prompt: str, flag: str = "--prompt") -> None:
+    """A prompt the demo model can draw (:func:`rolling_forcing.prompts.check_scene_prompt`: vocabulary and
+    roles), else :class:`CliError` ``<flag>: demo preset: <rule and the words allowed in that role>``."""
+    from rolling_forcing.config import get_preset
+    from rolling_forcing.prompts import check_scene_prompt
+
+    try:
+        check_scene_prompt(prompt, get_preset("demo").text_len)
+    except ValueError as exc:
+        raise CliError(flag, f"demo preset: {exc}") from None
+
+
 def _check_demo(opts: GenerateOptions) -> None:
-    """The demo preset streams its shipped weights with its own text encoder and decoder."""
-    from rolling_forcing import procedural
+    """The demo preset streams its shipped weights with its own text encoder and decoder; its prompts
+    (``--prompt`` or every prompt of ``--prompt-schedule``) follow :func:`check_demo_prompt`."""
+    from rolling_forcing.prompts import parse_switch_frames, read_prompt_schedule
 
     for flag, value in (
         ("--text-encoder", opts.text_encoder),
@@ -242,17 +262,28 @@ def _check_demo(opts: GenerateOptions) -> None:
             raise CliError(
                 flag, "the demo preset has its own text encoder and decoder; use --preset tiny or mid with it"
             )
-    if opts.prompt_embeds is None and opts.prompt_schedule is None:
-        try:
-            procedural.prompt_words(opts.prompt)
-        except ValueError as exc:
-            raise CliError("--prompt", f"demo preset: {exc}") from None
+    if opts.prompt_embeds is not None:
+        return
+    if opts.prompt_schedule is None:
+        check_demo_prompt(opts.prompt)
+        return
+    if not opts.prompt_schedule.is_file():  # the path checks say what is wrong with it
+        return
+    try:
+        sw = None if opts.switch_frames is None else parse_switch_frames(opts.switch_frames)
+    except ValueError as exc:
+        raise CliError("--switch-frames", str(exc)) from None
+    try:
+        schedule = read_prompt_schedule(opts.prompt_schedule, sw)
+    except (ValueError, OSError) as exc:
+        raise CliError("--prompt-schedule", str(exc)) from None
+    for p in schedule.prompts:
+        check_demo_prompt(p, "--prompt-schedule")
 
 
-def _check_combinations(opts: GenerateOptions) -> None:
-    from rolling_forcing.methods import get_method
-
-    method = get_method(opts.method)
+def _check_sources(opts: GenerateOptions, *, typed_prompts: bool = False) -> None:
+    """Where the weights, the text conditioning and the decoder come from, for the preset.
+    ``typed_prompts``: the command encodes prompts as they come (``serve``: no ``--prompt-embeds``)."""
     if opts.prompt_embeds is not None and opts.text_encoder is not None:
         raise CliError("--prompt-embeds", "give at most one of --prompt-embeds and --text-encoder")
     if opts.preset == "demo":
@@ -260,13 +291,38 @@ def _check_combinations(opts: GenerateOptions) -> None:
     elif opts.preset != "tiny" and opts.checkpoint is None:
         raise CliError("--checkpoint", f"preset {opts.preset!r} needs weights (random ones only for tiny)")
     if opts.preset not in ("tiny", "demo") and opts.prompt_embeds is None and opts.text_encoder is None:
+        how = "--text-encoder DIR (umT5)"
+        how += "" if typed_prompts else " or --prompt-embeds FILE.safetensors"
         raise CliError(
             "--text-encoder",
-            f"preset {opts.preset!r} needs real text conditioning: pass --text-encoder DIR (umT5) or "
-            "--prompt-embeds FILE.safetensors (seeded embeddings are only for the tiny preset)",
+            f"preset {opts.preset!r} needs real text conditioning: pass {how} (seeded embeddings are only "
+            "for the tiny preset)",
         )
     if opts.lora is not None and opts.checkpoint is None:
         raise CliError("--lora", "needs --checkpoint (the base weights the LoRA is merged into)")
+
+
+def check_model_sources(opts: GenerateOptions, *, typed_prompts: bool = False) -> None:
+    """The checks of the model's sources shared by ``generate`` and ``serve``, before any build: the
+    preset, ``--checkpoint`` / ``--lora`` / ``--vae`` / ``--text-encoder`` / ``--prompt-embeds`` with it
+    (the demo preset's prompt rules included), the input paths and the hf extra they need.
+    ``typed_prompts``: as :func:`_check_sources`. Raises :class:`CliError` (exit code 2)."""
+    from rolling_forcing.config import get_preset
+
+    try:
+        get_preset(opts.preset)
+    except ValueError as exc:
+        raise CliError("--preset", str(exc)) from None
+    _check_sources(opts, typed_prompts=typed_prompts)
+    _check_inputs(opts)
+    _check_extras_and_backend(opts)
+
+
+def _check_combinations(opts: GenerateOptions) -> None:
+    from rolling_forcing.methods import get_method
+
+    method = get_method(opts.method)
+    _check_sources(opts)
     if opts.switch_frames is not None and opts.prompt_schedule is None:
         raise CliError("--switch-frames", "needs --prompt-schedule")
     if opts.prompt_schedule is not None and opts.prompt_embeds is not None:
@@ -317,7 +373,9 @@ __all__ = [
     "MAX_SECONDS",
     "CliError",
     "RunPlan",
+    "check_demo_prompt",
     "check_generate",
+    "check_model_sources",
     "noise_upfront",
     "partial_path",
 ]

@@ -197,7 +197,13 @@ class _Phases:
             sys.stderr.write(f" {time.perf_counter() - t0:.1f} s\n")
 
 
-def _build_text(opts: GenerateOptions, model_cfg: Any, demo: Any = None) -> tuple[Any, str]:
+def text_encoder_for(
+    opts: GenerateOptions, model_cfg: Any, demo: Any = None
+) -> tuple[Callable[[str], Any], str]:
+    """The text conditioning ``generate`` (and ``serve``) use: ``encode(prompt)`` -> float32
+    ``[1, text_len, text_dim]`` and its description. ``--prompt-embeds`` (the file, whatever the prompt),
+    ``--text-encoder`` (umT5, loaded once), the demo preset's own encoder, else seeded embeddings. Load and
+    encode errors are :class:`CliError` naming the option."""
     from rolling_forcing import text as text_mod
 
     if opts.prompt_embeds is not None:
@@ -207,24 +213,39 @@ def _build_text(opts: GenerateOptions, model_cfg: Any, demo: Any = None) -> tupl
             )
         except (ValueError, TypeError, OSError) as exc:
             raise CliError("--prompt-embeds", str(exc)) from None
-        return emb, f"precomputed embeddings {opts.prompt_embeds}"
+        return (lambda prompt: emb), f"precomputed embeddings {opts.prompt_embeds}"
     if opts.text_encoder is not None:
         try:
             enc = text_mod.UMT5TextEncoder(opts.text_encoder, model_cfg.text_len)
-            emb = text_mod.validate_prompt_embeds(
-                enc.encode([opts.prompt]), model_cfg.text_len, model_cfg.text_dim, batch=1, name="umT5 output"
-            )
         except (ValueError, TypeError, OSError) as exc:
             raise CliError("--text-encoder", str(exc)) from None
-        return emb, f"umT5 from {opts.text_encoder}"
+
+        def umt5(prompt: str) -> Any:
+            try:
+                return text_mod.validate_prompt_embeds(
+                    enc.encode([prompt]), model_cfg.text_len, model_cfg.text_dim, batch=1, name="umT5 output"
+                )
+            except (ValueError, TypeError, OSError) as exc:
+                raise CliError("--text-encoder", str(exc)) from None
+
+        return umt5, f"umT5 from {opts.text_encoder}"
     if demo is not None:
-        try:
-            return demo.text_encoder.encode([opts.prompt]), "demo text encoder (trained with the DiT)"
-        except ValueError as exc:
-            flag = "--prompt-schedule" if opts.prompt_schedule is not None else "--prompt"
-            raise CliError(flag, f"demo preset: {exc}") from None
+        flag = "--prompt-schedule" if opts.prompt_schedule is not None else "--prompt"
+
+        def trained(prompt: str) -> Any:
+            try:
+                return demo.text_encoder.encode([prompt])
+            except ValueError as exc:
+                raise CliError(flag, f"demo preset: {exc}") from None
+
+        return trained, "demo text encoder (trained with the DiT)"
     enc_s = text_mod.SeededTextEncoder(model_cfg.text_len, model_cfg.text_dim)
-    return enc_s.encode([opts.prompt]), "seeded embeddings (tiny preset; SHA-256 of the prompt)"
+    return (lambda prompt: enc_s.encode([prompt])), "seeded embeddings (tiny preset; SHA-256 of the prompt)"
+
+
+def _build_text(opts: GenerateOptions, model_cfg: Any, demo: Any = None) -> tuple[Any, str]:
+    encode, src = text_encoder_for(opts, model_cfg, demo)
+    return encode(opts.prompt), src
 
 
 def _build_decoder(opts: GenerateOptions, model_cfg: Any, spec: Any, demo: Any = None) -> tuple[Any, str]:
@@ -517,4 +538,4 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
     return dict(done["data"])
 
 
-__all__ = ["Interrupted", "run_generate", "temporary_path", "write_json_atomic"]
+__all__ = ["Interrupted", "run_generate", "temporary_path", "text_encoder_for", "write_json_atomic"]

@@ -1,4 +1,4 @@
-"""Prompt schedules in LongLive's format, for every method's ``set_prompt``.
+"""Prompt schedules in LongLive's format, for every method's ``set_prompt``; the demo model's prompt rules.
 
 LongLive 1.0 (github.com/NVlabs/LongLive, branch v1.0 @ e52d9ef: ``utils/dataset.py``,
 ``example/interactive_example.jsonl``, ``configs/longlive_interactive_inference.yaml``) reads a JSONL file,
@@ -7,6 +7,12 @@ and takes the switch points from its config as latent-frame indices (``switch_fr
 ...``): prompt ``i`` starts at the first block whose start frame is at or after switch ``i - 1`` (blocks
 start at multiples of 3, so a switch at frame 40 takes effect at frame 42). Here a line may also carry
 its own ``"switch_frame_indices"``; an explicit list given to :func:`read_prompt_schedule` wins.
+
+:func:`check_scene_prompt` checks a prompt for the demo model by role, not only by vocabulary: the model
+was trained on prompts of the procedural scenes (``rolling_forcing.procedural.scene_prompt``), 1 to
+:data:`MAX_OBJECTS` distinct ``<colour> <shape>`` objects on one ``<background colour> background``. A prompt
+outside that (a shape colour as the background, a shape without a colour, too many objects) would be
+drawn as something else, so it is refused with the rule and the words allowed in that role.
 """
 
 from __future__ import annotations
@@ -15,6 +21,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from rolling_forcing.procedural import BACKGROUNDS, COLORS, SHAPES, SceneConfig, prompt_words
+
+MAX_OBJECTS = SceneConfig().max_shapes
+"""Most objects in a demo prompt: the demo model's training scenes hold 1 to 3 shapes
+(``rolling_forcing.demo.data`` samples them with the default
+:class:`~rolling_forcing.procedural.SceneConfig`)."""
 
 
 @dataclass(frozen=True)
@@ -98,4 +111,92 @@ def read_prompt_schedule(
     return PromptSchedule(tuple(row["prompts"]), tuple(switch_frames))
 
 
-__all__ = ["PromptSchedule", "parse_switch_frames", "read_prompt_schedule"]
+@dataclass(frozen=True)
+class ScenePrompt:
+    """A demo prompt read by role: its objects ``(colour, shape)`` in order and its background colour."""
+
+    objects: tuple[tuple[str, str], ...]
+    background: str
+
+
+def _words(names: Sequence[str]) -> str:
+    return ", ".join(names)
+
+
+def check_scene_prompt(text: str, max_words: int | None = None) -> ScenePrompt:
+    """Read a demo-model prompt by role; ``ValueError`` with the broken rule and the words allowed in that
+    role (one line). Rules, in order:
+
+    * every word is in the vocabulary (:func:`rolling_forcing.procedural.prompt_words`);
+    * a shape (circle, square, triangle) follows its colour, one of the shape colours
+      (:data:`~rolling_forcing.procedural.COLORS`), and a shape colour is followed by a shape;
+    * ``background`` follows its colour, one of :data:`~rolling_forcing.procedural.BACKGROUNDS` (white is
+      a shape colour only), and a background colour is followed by ``background``; exactly one background;
+    * 1 to :data:`MAX_OBJECTS` objects, no object named twice;
+    * at most ``max_words`` words (the text encoder's ``text_len``; None: no limit).
+    """
+    words = prompt_words(text)
+    shape_colours, backgrounds, shapes = _words(tuple(COLORS)), _words(tuple(BACKGROUNDS)), _words(SHAPES)
+    objects: list[tuple[str, str]] = []
+    bgs: list[str] = []
+    for i, w in enumerate(words):
+        prev = words[i - 1] if i > 0 else None
+        nxt = words[i + 1] if i + 1 < len(words) else None
+        if w in SHAPES:
+            if prev in BACKGROUNDS:
+                raise ValueError(
+                    f"'{prev} {w}': {prev} is a background colour only; a shape's colour is one of "
+                    f"{shape_colours}"
+                )
+            if prev not in COLORS:
+                raise ValueError(
+                    f"'{w}' has no colour: every shape is '<colour> <shape>' with a colour of {shape_colours}"
+                )
+            objects.append((prev, w))
+        elif w == "background":
+            if prev in COLORS:
+                raise ValueError(
+                    f"'{prev} background': {prev} is a shape colour only; the background is one of "
+                    f"{backgrounds}"
+                )
+            if prev not in BACKGROUNDS:
+                raise ValueError(f"'background' has no colour: the background is one of {backgrounds}")
+            bgs.append(prev)
+        elif w in COLORS and nxt not in SHAPES and nxt != "background":
+            raise ValueError(f"'{w}' names no shape: a shape colour is followed by one of {shapes}")
+        elif w in BACKGROUNDS and nxt != "background" and nxt not in SHAPES:
+            raise ValueError(
+                f"'{w}' is a background colour: write '{w} background' (backgrounds: {backgrounds})"
+            )
+    if not objects:
+        raise ValueError(
+            f"names no object: 1 to {MAX_OBJECTS} '<colour> <shape>' objects, colours {shape_colours}; "
+            f"shapes {shapes}"
+        )
+    if len(objects) > MAX_OBJECTS:
+        raise ValueError(
+            f"{len(objects)} objects: the demo model was trained on 1 to {MAX_OBJECTS} '<colour> <shape>' "
+            f"objects (colours {shape_colours}; shapes {shapes})"
+        )
+    twice = [o for j, o in enumerate(objects) if o in objects[:j]]
+    if twice:
+        raise ValueError(
+            f"'{' '.join(twice[0])}' is named twice: the demo model's scenes hold distinct "
+            "'<colour> <shape>' objects"
+        )
+    if len(bgs) != 1:
+        got = "none" if not bgs else _words(bgs)
+        raise ValueError(f"needs one '<colour> background' with a colour of {backgrounds}, got {got}")
+    if max_words is not None and len(words) > max_words:
+        raise ValueError(f"{len(words)} words: the demo text encoder reads at most {max_words}")
+    return ScenePrompt(tuple(objects), bgs[0])
+
+
+__all__ = [
+    "MAX_OBJECTS",
+    "PromptSchedule",
+    "ScenePrompt",
+    "check_scene_prompt",
+    "parse_switch_frames",
+    "read_prompt_schedule",
+]

@@ -1,8 +1,10 @@
-"""``rolling-forcing serve`` through its HTTP/WebSocket API (starlette TestClient, in-process, tiny preset).
+"""``rolling-forcing serve`` through its HTTP/WebSocket API (starlette TestClient, in-process; the tiny
+preset, and the demo preset where the served model matters: frames, prompt rules, the model the page
+names).
 
-No browser runs here (Chromium is not installed on the development machine): the page's static content
-is checked, and everything the page does goes through the same API the tests drive. Frames are PNG in
-these tests so they can be compared exactly with the public stream API run offline.
+The page itself runs in a real browser in tests/test_serve_browser.py; here its static content is checked,
+and everything the page does goes through the same API the tests drive. Frames are PNG in these tests so
+they can be compared exactly with the public stream API run offline.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from rolling_forcing.video import VideoSpec
 from tests.pipeline_helpers import one_thread as one_thread
 
 TEST_CFG = ServeConfig(
-    image_format="png", session_interval_s=0.0, prompt_interval_s=0.3, calibration_chunks=2,
+    preset="tiny", image_format="png", session_interval_s=0.0, prompt_interval_s=0.3, calibration_chunks=2,
     fps=32.0, headroom=0.0, max_session_s=60.0, connect_timeout_s=30.0,
 )  # fmt: skip
 WS = "ws://127.0.0.1:8000"  # the test client's WebSocket base (its default host is not loopback)
@@ -74,37 +76,61 @@ def offline_frames(
     cfg: ServeConfig, seed: int, prompts: list[tuple[int, str, bool]], blocks: int
 ) -> dict[int, tuple[int, np.ndarray]]:
     """The stream the server should send, from the public stream API: ``prompts`` = (first block, prompt,
-    recache) in order, the first at block 0. Returns frame index -> (block, uint8 frame)."""
-    mcfg, pc = get_preset("tiny"), PipelineConfig(positions="relative")
-    model = CausalWanModel(mcfg).init_random(cfg.weights_seed).eval()
-    enc = SeededTextEncoder(mcfg.text_len, mcfg.text_dim)
+    recache) in order, the first at block 0. Returns frame index -> (block, uint8 frame). The tiny preset:
+    ``init_random(weights_seed)``, seeded embeddings, the preview decoder; the demo preset: ``load_demo``'s
+    DiT, text encoder and decoder."""
+    pc = PipelineConfig(positions="relative")
+    if cfg.preset == "demo":
+        from rolling_forcing.demo import load_demo
+
+        demo = load_demo()
+        mcfg, model, dec = demo.model_cfg, demo.model, demo.decoder
+
+        def encode(p: str) -> torch.Tensor:
+            return demo.text_encoder.encode([p])
+    else:
+        mcfg = get_preset("tiny")
+        model = CausalWanModel(mcfg).init_random(cfg.weights_seed).eval()
+        dec = PreviewDecoder(mcfg.out_channels, seed=cfg.weights_seed)
+        enc = SeededTextEncoder(mcfg.text_len, mcfg.text_dim)
+
+        def encode(p: str) -> torch.Tensor:
+            return enc.encode([p])
+
     num_blocks = VideoSpec().blocks_for_seconds(cfg.max_session_s, pc.frames_per_block)
     gen = torch.Generator().manual_seed(seed)
     noise = NoiseSource(
         1, mcfg.latent_frame_shape(), 3, num_blocks, torch.float32, generator=gen, upfront=False
     )
     pipe = RollingForcingPipeline(model, mcfg, pc)
-    dec = PreviewDecoder(mcfg.out_channels, seed=cfg.weights_seed)
     switches = {b: (p, r) for b, p, r in prompts[1:]}
     out: dict[int, tuple[int, np.ndarray]] = {}
     with torch.inference_mode():
-        for chunk in pipe.stream(enc.encode([prompts[0][1]]), num_blocks, noise=noise):
+        for chunk in pipe.stream(encode(prompts[0][1]), num_blocks, noise=noise):
             for f in to_uint8_frames(dec.decode(chunk.latents.float())):
                 out[len(out)] = (chunk.block, f)
             if chunk.block + 1 >= blocks:
                 break
             if chunk.block + 1 in switches:
                 p, r = switches[chunk.block + 1]
-                pipe.set_prompt(enc.encode([p]), recache=r)
+                pipe.set_prompt(encode(p), recache=r)
     return out
 
 
-@pytest.mark.parametrize("recache", [False, True])
-def test_prompt_switch_reaches_the_stream_frame_exact(recache: bool) -> None:
+DEMO_A = "a red circle and a blue square bouncing on a gray background"
+DEMO_B = "a yellow triangle bouncing on a navy background"
+
+
+@pytest.mark.parametrize(("preset", "recache"), [("tiny", False), ("tiny", True), ("demo", False)])
+def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, recache: bool) -> None:
     """The frames on the socket equal the public stream API's, with the switch before the block the
-    session report names; the switch shows within the buffer depth; without it the frames differ."""
+    session report names; the switch shows within the buffer depth; without it the frames differ. The
+    demo preset: the shipped DiT, text encoder and a decoder of the session's own."""
     seed, a, b = 5, "a red fox in the snow", "a blue whale in deep water"
-    with serve() as client:
+    cfg = TEST_CFG
+    if preset == "demo":
+        a, b, cfg = DEMO_A, DEMO_B, ServeConfig(**{**TEST_CFG.__dict__, "preset": "demo"})
+    with serve(cfg) as client:
         r = client.post("/api/sessions", json={"prompt": a, "seed": seed})
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
@@ -132,9 +158,10 @@ def test_prompt_switch_reaches_the_stream_frame_exact(recache: bool) -> None:
     # the switch acts on the first chunk produced after it was asked, and shows within the buffer depth
     assert sched[1]["first_frame_index"] == sched[1]["produced_index"]
     assert 0 <= sched[1]["frames_to_screen"] <= TEST_CFG.buffer_frames
+    assert rep["meta"]["preset"] == preset
     last = max_block(frames)
-    want = offline_frames(TEST_CFG, seed, [(0, a, False), (at, b, recache)], last + 1)
-    plain = offline_frames(TEST_CFG, seed, [(0, a, False)], last + 1)
+    want = offline_frames(cfg, seed, [(0, a, False), (at, b, recache)], last + 1)
+    plain = offline_frames(cfg, seed, [(0, a, False)], last + 1)
     assert frames, "no frames received"
     for index, (block, img) in frames.items():
         assert want[index][0] == block
@@ -315,3 +342,102 @@ def test_buffer_start_threshold_covers_the_measured_wait_of_every_session() -> N
     # enough frames to play through the wait (unless that is more than the buffer holds)
     assert b.buffer.start_frames >= min(TEST_CFG.buffer_frames, 2 * cost * TEST_CFG.fps)
     mgr.stop()
+
+
+def test_viewer_gone_under_a_send_is_one_info_line_and_frees_the_session(caplog) -> None:
+    """A tab closed while a frame is being sent: the server's send fails (uvicorn raises an OSError,
+    starlette turns it into WebSocketDisconnect 1006) before the receive side has seen the disconnect.
+    The handler logs one INFO line (no traceback, no error) and the session is closed and freed."""
+    import asyncio
+    import logging
+
+    from starlette.websockets import WebSocket
+
+    from rolling_forcing.serve.app import serve_viewer
+    from rolling_forcing.serve.engine import Engine
+    from rolling_forcing.serve.manager import SessionManager
+
+    engine = Engine(TEST_CFG)
+    engine.calibrate()
+    mgr = SessionManager(engine)
+    mgr.start()
+    try:
+        s = mgr.admit("a cat", 0)
+        sent: list[str] = []
+
+        async def receive() -> dict[str, Any]:
+            if not sent:
+                return {"type": "websocket.connect"}
+            await asyncio.Event().wait()  # the disconnect never reaches the receive side
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message["type"])
+            if message["type"] == "websocket.send" and message.get("bytes") is not None:
+                raise OSError("connection reset by peer")  # what uvicorn raises (ClientDisconnected)
+
+        scope = {"type": "websocket", "path": f"/api/sessions/{s.id}/ws", "headers": [], "query_string": b""}
+        with caplog.at_level(logging.DEBUG):
+            asyncio.run(asyncio.wait_for(serve_viewer(WebSocket(scope, receive, send), s.id, mgr), WAIT_S))
+        assert "websocket.send" in sent  # it did fail under a frame send
+        rep = _wait_report_mgr(mgr, s.id)
+        assert rep["serve"]["close_reason"] == "viewer disconnected" and s.stream is None
+        ours = [r for r in caplog.records if r.name.startswith("rolling_forcing.serve")]
+        line = (
+            f"viewer of session {s.id} went away during a send (code 1006): session closed, its stream freed"
+        )
+        assert [(r.levelno, r.getMessage()) for r in ours] == [(logging.INFO, line)]
+        assert all(r.exc_info is None and r.levelno < logging.WARNING for r in caplog.records)
+    finally:
+        mgr.stop()
+
+
+def _wait_report_mgr(mgr: Any, sid: str, within_s: float = 5.0) -> dict[str, Any]:
+    t_end = time.monotonic() + within_s
+    while time.monotonic() < t_end:
+        if sid in mgr.reports:
+            return mgr.reports[sid]  # type: ignore[no-any-return]
+        time.sleep(0.02)
+    raise AssertionError(f"session {sid} not closed within {within_s} s")
+
+
+def test_demo_preset_names_its_model_and_refuses_prompts_by_role_with_422() -> None:
+    """The demo preset (the default) says which model it serves and refuses a prompt it cannot draw with
+    the rule (the words allowed in that role), for a new session and for a switch."""
+    from rolling_forcing.prompts import check_scene_prompt
+
+    cfg = ServeConfig(**{**TEST_CFG.__dict__, "preset": "demo"})
+    assert cfg.preset == ServeConfig().preset
+    bad = [
+        "a red circle on a white background",  # white is a shape colour only
+        "a circle bouncing on a gray background",  # a shape without a colour
+        "a red circle and a blue square and a green triangle and a white circle on a gray background",
+        "a red fox in the snow",  # not in the vocabulary
+    ]
+    with serve(cfg) as client:
+        conf = client.get("/api/config").json()
+        assert conf["model"] == {
+            "preset": "demo",
+            "weights": "shipped demo weights",
+            "text": "demo text encoder (trained with the DiT)",
+            "decoder": "demo autoencoder (streaming decoder, trained)",
+            "prompt_rule": conf["model"]["prompt_rule"],
+        }
+        for word in ("red", "purple", "circle", "triangle", "black", "navy", "1 to 3"):
+            assert word in conf["model"]["prompt_rule"]
+        assert check_scene_prompt(conf["default_prompt"]).background == "gray"
+        for p in bad:
+            with pytest.raises(ValueError) as rule:
+                check_scene_prompt(p)
+            r = client.post("/api/sessions", json={"prompt": p})
+            assert r.status_code == 422 and r.json()["detail"] == f"prompt: demo preset: {rule.value}"
+        assert client.get("/api/sessions").json() == []  # nothing was admitted
+        r = client.post("/api/sessions", json={"prompt": conf["default_prompt"]})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        r = client.post(f"/api/sessions/{sid}/prompt", json={"prompt": bad[0]})
+        assert r.status_code == 422 and "white is a shape colour only" in r.json()["detail"]
+        r = client.post(f"/api/sessions/{sid}/prompt", json={"prompt": DEMO_B})
+        assert r.status_code == 202, r.text
+        page = client.get("/").text
+        assert 'id="model"' in page and "m.preset" in page and "default_prompt" in page

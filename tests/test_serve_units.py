@@ -110,7 +110,7 @@ def test_reaper_closes_sessions_without_a_viewer_and_never_a_watched_one(monkeyp
     monkeypatch.setattr(manager_mod, "time", clock)
     monkeypatch.setattr(session_mod, "time", clock)
     timeout = 10.0
-    engine = Engine(ServeConfig(session_interval_s=0.0, connect_timeout_s=timeout))
+    engine = Engine(ServeConfig(preset="tiny", session_interval_s=0.0, connect_timeout_s=timeout))
     engine.costs.add(0.01)  # stands in for calibrate(): admission needs a measured cost
     mgr = SessionManager(engine)
     watched, absent = mgr.admit("a cat", 1), mgr.admit("a dog", 2)
@@ -165,13 +165,14 @@ def test_metrics_text_parses_with_prometheus_client() -> None:
 
 def test_config_rules_name_the_field() -> None:
     assert ServeConfig().host == "127.0.0.1"  # loopback by default
+    assert ServeConfig().preset == "demo"  # the shipped trained model by default
     assert ServeConfig().deadline_s == pytest.approx(0.75)
     for kwargs, field in [
         ({"buffer_frames": 11}, "buffer_frames"),
         ({"headroom": 1.0}, "headroom"),
         ({"max_sessions": 0}, "max_sessions"),
         ({"image_format": "gif"}, "image_format"),
-        ({"preset": "wan2.1-1.3b"}, "preset"),
+        ({"preset": "wan9"}, "preset"),
         ({"fps": 0.0}, "fps"),
         ({"port": 70000}, "port"),
         ({"prompt_interval_s": -1.0}, "prompt_interval_s"),
@@ -237,17 +238,77 @@ def test_serve_extra_holds_what_the_command_checks_and_the_test_extra_the_server
     assert names(extras["test"]) >= set(SERVE_MODULES.values()) | {"httpx", "prometheus-client"}
 
 
-def test_serve_subcommand_is_registered_and_refuses_bad_options_before_starting() -> None:
+def _no_build(monkeypatch) -> None:
+    """Make building a model fail loudly: every refusal below must come before any build."""
+    from nki_ardiff import cli_serve
+
+    def boom(opts: object) -> None:
+        raise AssertionError("a model was built before the options were checked")
+
+    monkeypatch.setattr(cli_serve, "build_parts", boom)
+
+
+def test_serve_subcommand_is_registered_and_refuses_bad_options_before_starting(monkeypatch) -> None:
     from typer.testing import CliRunner
 
     from nki_ardiff.cli import app
 
+    _no_build(monkeypatch)
     runner = CliRunner()
     help_ = runner.invoke(app, ["serve", "--help"])
     assert help_.exit_code == 0 and "--max-sessions" in help_.output and "127.0.0.1" in help_.output
+    assert "--checkpoint" in help_.output and "--text-encoder" in help_.output and "--vae" in help_.output
     bad = runner.invoke(app, ["serve", "--buffer-frames", "5"])
+    assert bad.exit_code == 2
     assert (
-        bad.exit_code == 2 and "buffer_frames must hold at least one chunk (12 frames), got 5" in bad.output
+        bad.output
+        == "error: --buffer-frames: buffer_frames must hold at least one chunk (12 frames), got 5\n"
     )
-    bad = runner.invoke(app, ["serve", "--preset", "wan2.1-1.3b"])
-    assert bad.exit_code == 2 and "preset: serve runs the tiny preset" in bad.output
+    bad = runner.invoke(app, ["serve", "--threads", "0"])
+    assert bad.exit_code == 2 and bad.output == "error: --threads: threads must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--preset", "wan2.1-1.3b"],  # weights needed
+        ["--preset", "tiny", "--checkpoint", "nope.safetensors"],  # a missing input
+        ["--vae", "."],  # the demo preset (the default) has its own decoder
+        ["--text-encoder", "."],
+        ["--preset", "tiny", "--lora", "pyproject.toml"],  # a LoRA without base weights
+        ["--preset", "tiny", "--vae", "pyproject.toml"],  # a file where a directory is needed
+        ["--preset", "nope"],  # not a preset (click's choice error)
+    ],
+)
+def test_serve_refuses_model_options_with_generates_line(
+    args: list[str], monkeypatch, capsys, tmp_path
+) -> None:
+    """The model options are generate's, checked by the same code: the same one error line, exit 2."""
+    from nki_ardiff.cli import main
+
+    _no_build(monkeypatch)
+    lines = {}
+    for cmd in (["serve"], ["generate", "--out", str(tmp_path / "a.mp4")]):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, *args])
+        assert e.value.code == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1, out
+        lines[cmd[0]] = out.err.strip()
+    assert lines["serve"].startswith("error: --")
+    assert lines["serve"] == lines["generate"].replace("rolling-forcing generate", "rolling-forcing serve")
+
+
+def test_serve_text_encoder_rule_names_only_serves_options(monkeypatch) -> None:
+    """A preset without seeded embeddings needs a text encoder; serve has no --prompt-embeds (typed
+    prompts), so its rule names --text-encoder only."""
+    from typer.testing import CliRunner
+
+    from nki_ardiff.cli import app
+
+    _no_build(monkeypatch)
+    r = CliRunner().invoke(app, ["serve", "--preset", "mid", "--checkpoint", "pyproject.toml"])
+    assert r.exit_code == 2 and r.output == (
+        "error: --text-encoder: preset 'mid' needs real text conditioning: pass --text-encoder DIR (umT5) "
+        "(seeded embeddings are only for the tiny preset)\n"
+    )

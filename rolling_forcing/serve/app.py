@@ -4,16 +4,19 @@ import: the model is built and its chunk cost measured when the app starts, in i
 HTTP API (JSON; errors are ``{"detail": "..."}`` naming the rule):
 
 * ``GET /``: the single page (live canvas, prompt box, start/stop, readout).
-* ``GET /api/config``: deadline, fps, frame size, limits.
+* ``GET /api/config``: the served model (preset, weights, text, decoder, prompt rule, first prompt),
+  deadline, fps, frame size, limits.
 * ``POST /api/sessions`` ``{"prompt": str, "seed": int}`` -> 201 ``{"id", "ws", "stats"}``; 503 when
-  admission refuses (the reason), 429 over the admission rate, 422 for a bad prompt.
+  admission refuses (the reason), 429 over the admission rate, 422 for a bad prompt (the rule; for the
+  demo preset its roles, :func:`rolling_forcing.prompts.check_scene_prompt`).
 * ``GET /api/sessions/{id}``: the session's live readout.
 * ``POST /api/sessions/{id}/prompt`` ``{"prompt": str, "recache": bool}`` -> 202; 429 over the rate.
 * ``DELETE /api/sessions/{id}``: close it; returns its JSON report (also ``GET /api/reports/{id}``).
 * ``WS /api/sessions/{id}/ws``: one viewer; the server sends each frame in its playback slot as a binary
   message (8-byte header: frame index and block, big-endian uint32; then the JPEG/PNG bytes) and a JSON
   text message ``{"type": "stats", ...}`` a few times a second; ``{"type": "closed", "reason"}`` last.
-  Closing the socket closes the session (its stream and KV cache are freed at once).
+  Closing the socket closes the session (its stream and KV cache are freed at once); a viewer that goes
+  away is a normal event: one INFO line on the ``rolling_forcing.serve`` logger, no traceback.
 * ``GET /metrics``: Prometheus text format.
 
 The client never names a file: requests carry a prompt string, a seed and a flag only. A loopback server
@@ -26,18 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import struct
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rolling_forcing.serve.config import ServeConfig
-from rolling_forcing.serve.engine import Engine
+from rolling_forcing.serve.engine import Engine, ModelParts
 from rolling_forcing.serve.guard import GuardMiddleware
 from rolling_forcing.serve.manager import SessionManager
 from rolling_forcing.serve.metrics import CONTENT_TYPE
@@ -46,6 +50,7 @@ from rolling_forcing.serve.session import RuleError, Session, check_prompt, json
 
 FRAME_HEADER = struct.Struct(">II")  # frame index, block
 STATS_PERIOD_S = 0.25
+LOG = logging.getLogger("rolling_forcing.serve")
 
 
 class NewSession(BaseModel):
@@ -67,29 +72,35 @@ def _error(exc: RuleError) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
 
-def build_engine(cfg: ServeConfig) -> Engine:
-    """Build the model and measure its chunk cost (the start-up work of the app; blocking)."""
+def build_engine(cfg: ServeConfig, parts: ModelParts | None = None) -> Engine:
+    """Build the engine (over ``parts``, default :func:`~rolling_forcing.serve.engine.default_parts`) and
+    measure its chunk cost (the start-up work of the app; blocking)."""
     import torch
 
     torch.set_num_threads(cfg.threads)
-    engine = Engine(cfg)
+    engine = Engine(cfg, parts)
     engine.calibrate()
     return engine
 
 
-def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) -> FastAPI:
-    """The server app of ``cfg`` (default :class:`ServeConfig`). ``engine``: reuse a built engine (its
-    config must be ``cfg``); otherwise one is built and calibrated at start-up."""
+def create_app(
+    cfg: ServeConfig | None = None, *, engine: Engine | None = None, parts: ModelParts | None = None
+) -> FastAPI:
+    """The server app of ``cfg`` (default :class:`ServeConfig`: the demo preset). ``engine``: reuse a built
+    engine (its config must be ``cfg``); otherwise one is built over ``parts`` (default: the preset's
+    :func:`~rolling_forcing.serve.engine.default_parts`) and calibrated at start-up."""
     cfg = ServeConfig() if cfg is None else cfg
     if engine is not None and engine.cfg != cfg:
         raise ValueError("engine was built for another ServeConfig than cfg")
+    if engine is not None and parts is not None:
+        raise ValueError("give at most one of engine and parts")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         import torch
 
         saved_threads = torch.get_num_threads()  # restored at shutdown (in-process use, tests)
-        eng = engine if engine is not None else await asyncio.to_thread(build_engine, cfg)
+        eng = engine if engine is not None else await asyncio.to_thread(build_engine, cfg, parts)
         mgr = SessionManager(eng)
         mgr.start()
         app.state.manager = mgr
@@ -120,6 +131,8 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
         h, w = eng.frame_shape
         return {
             "preset": cfg.preset,
+            "model": eng.parts.describe(),
+            "default_prompt": eng.parts.default_prompt,
             "fps": cfg.fps,
             "deadline_ms": cfg.deadline_s * 1e3,
             "chunk_frames": cfg.chunk_frames,
@@ -135,8 +148,9 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
 
     @app.post("/api/sessions", status_code=201)
     async def new_session(body: NewSession, request: Request) -> dict[str, Any]:
-        prompt = check_prompt(body.prompt, cfg.max_prompt_chars)
-        s = await asyncio.to_thread(manager(request).admit, prompt, body.seed)
+        mgr = manager(request)
+        prompt = check_prompt(body.prompt, cfg.max_prompt_chars, mgr.engine)
+        s = await asyncio.to_thread(mgr.admit, prompt, body.seed)
         return {"id": s.id, "ws": f"/api/sessions/{s.id}/ws", "stats": s.stats()}
 
     @app.get("/api/sessions")
@@ -150,7 +164,7 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
     @app.post("/api/sessions/{sid}/prompt", status_code=202)
     async def switch_prompt(sid: str, body: PromptSwitch, request: Request) -> dict[str, Any]:
         s = manager(request).get(sid)
-        prompt = check_prompt(body.prompt, cfg.max_prompt_chars)
+        prompt = check_prompt(body.prompt, cfg.max_prompt_chars, s.engine)
         sw = await asyncio.to_thread(s.request_prompt, prompt, body.recache)
         return {"prompt": sw.prompt, "recache": sw.recache, "requested_play_index": sw.requested_play_index}
 
@@ -171,28 +185,39 @@ def create_app(cfg: ServeConfig | None = None, *, engine: Engine | None = None) 
 
     @app.websocket("/api/sessions/{sid}/ws")
     async def viewer(websocket: WebSocket, sid: str) -> None:
-        mgr = manager(websocket)
-        s = mgr.sessions.get(sid)
-        await websocket.accept()
-        if s is None or s.connected:
-            why = "no open session" if s is None else "session already has a viewer"
-            await websocket.send_text(json.dumps({"type": "closed", "reason": f"{why} {sid!r}"}))
-            await websocket.close(code=1008)
-            return
-        s.connected = True
-        receiver = asyncio.create_task(_receive_until_gone(websocket))
-        try:
-            await _send_frames(websocket, s, mgr, receiver)
-        finally:
-            receiver.cancel()
-            s.connected = False
-            s.last_seen = time.monotonic()
-            if not s.closed:  # in a thread: this runs even when the handler is being cancelled
-                threading.Thread(
-                    target=mgr.close_if_open, args=(sid, "viewer disconnected"), daemon=True
-                ).start()
+        await serve_viewer(websocket, sid, manager(websocket))
 
     return app
+
+
+async def serve_viewer(websocket: WebSocket, sid: str, mgr: SessionManager) -> None:
+    """One viewer of session ``sid``: frames in their slots and the readout until the session closes or
+    the viewer goes away. A viewer going away (a closed tab: the socket ends, even in the middle of a
+    send) is a normal event: one INFO line, no traceback; the session is closed and its stream freed."""
+    s = mgr.sessions.get(sid)
+    await websocket.accept()
+    if s is None or s.connected:
+        why = "no open session" if s is None else "session already has a viewer"
+        await websocket.send_text(json.dumps({"type": "closed", "reason": f"{why} {sid!r}"}))
+        await websocket.close(code=1008)
+        return
+    s.connected = True
+    receiver = asyncio.create_task(_receive_until_gone(websocket))
+    gone: str | None = None
+    try:
+        await _send_frames(websocket, s, mgr, receiver)
+        if receiver.done() and not s.closed:
+            gone = "closed the connection"
+    except WebSocketDisconnect as exc:  # the socket ended under a send
+        gone = f"went away during a send (code {exc.code})"
+    finally:
+        receiver.cancel()
+        s.connected = False
+        s.last_seen = time.monotonic()
+        if not s.closed:  # in a thread: this runs even when the handler is being cancelled
+            threading.Thread(target=mgr.close_if_open, args=(sid, "viewer disconnected"), daemon=True).start()
+    if gone is not None:
+        LOG.info("viewer of session %s %s: session closed, its stream freed", sid, gone)
 
 
 async def _receive_until_gone(websocket: WebSocket) -> None:
@@ -226,4 +251,4 @@ async def _send_frames(
         await asyncio.wait({receiver}, timeout=delay)
 
 
-__all__ = ["FRAME_HEADER", "build_engine", "create_app"]
+__all__ = ["FRAME_HEADER", "LOG", "build_engine", "create_app", "serve_viewer"]

@@ -1,9 +1,10 @@
-"""Measurements behind docs/serve.md (CPU wall clock, *measured*; tiny preset, one torch thread).
+"""Measurements behind docs/serve.md (CPU wall clock, *measured*; one torch thread).
 
 ``python -m rolling_forcing.serve.bench batching``: the per-chunk time of two streams batched into one
-forward (``B=2``) against two ``B=1`` streams interleaved chunk by chunk.
+forward (``B=2``) against two ``B=1`` streams interleaved chunk by chunk (tiny preset).
 
-``python -m rolling_forcing.serve.bench sessions --sessions 1,2,4,8 --seconds 10``: N sessions on the
+``python -m rolling_forcing.serve.bench sessions --sessions 1,2,4,8 --seconds 10 [--preset demo]``: N
+sessions of the preset (``demo``, the served default, or ``tiny``; each with its preset's first prompt) on the
 server's scheduler (no HTTP; a viewer thread polls every buffer at its slots) for the given time each:
 chunk cost p50/p99, frames sent and dropped, late chunks, and what admission would have said.
 """
@@ -69,8 +70,9 @@ def bench_batching(chunks: int = 20, repeats: int = 3) -> dict[str, Any]:
     }
 
 
-def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]]:
-    """Run each count of sessions for ``seconds`` on one scheduler; measured figures per count."""
+def bench_sessions(counts: Sequence[int], seconds: float, preset: str = "demo") -> list[dict[str, Any]]:
+    """Run each count of sessions of ``preset`` (``demo`` or ``tiny``) for ``seconds`` on one scheduler;
+    measured figures per count."""
     import torch
 
     from rolling_forcing.report import percentile
@@ -80,7 +82,9 @@ def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]
     from rolling_forcing.serve.playout import start_threshold
     from rolling_forcing.serve.session import Session
 
-    cfg = ServeConfig(max_sessions=max(counts), session_interval_s=0.0, connect_timeout_s=3600.0)
+    cfg = ServeConfig(
+        preset=preset, max_sessions=max(counts), session_interval_s=0.0, connect_timeout_s=3600.0
+    )
     torch.set_num_threads(cfg.threads)
     rows = []
     for n in counts:
@@ -89,7 +93,8 @@ def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]
         mgr = SessionManager(engine)
         # past admission on purpose (to see what it protects against): sessions are added by hand
         start = start_threshold(n * engine.chunk_cost_s(), cfg.fps, cfg.buffer_frames)
-        sessions = [Session(f"s{i}", engine, f"prompt {i}", i, start) for i in range(n)]
+        prompt = engine.parts.default_prompt
+        sessions = [Session(f"s{i}", engine, prompt, i, start) for i in range(n)]
         for s in sessions:
             s.connected = True
             mgr.sessions[s.id] = s
@@ -118,6 +123,7 @@ def bench_sessions(counts: Sequence[int], seconds: float) -> list[dict[str, Any]
         mgr.stop()
         rows.append({
             "kind": "measured",
+            "preset": preset,
             "sessions": n,
             "calibration_p50_ms": percentile(calib, 50) * 1e3,
             "seconds": seconds,
@@ -149,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("sessions", help="N concurrent sessions on one scheduler")
     s.add_argument("--sessions", default="1,2,4,8", help="comma-separated session counts")
     s.add_argument("--seconds", type=float, default=10.0)
+    s.add_argument("--preset", choices=["demo", "tiny"], default="demo")
     args = ap.parse_args(argv)
     if args.what == "batching":
         print(json.dumps(bench_batching(args.chunks, args.repeats), indent=2))
@@ -156,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts = [int(x) for x in args.sessions.split(",")]
         if any(c < 1 for c in counts):
             ap.error(f"--sessions: counts must be >= 1, got {args.sessions}")
-        for row in bench_sessions(counts, args.seconds):
+        for row in bench_sessions(counts, args.seconds, args.preset):
             print(json.dumps(row))
     return 0
 

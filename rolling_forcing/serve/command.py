@@ -1,17 +1,28 @@
-"""The ``rolling-forcing serve`` subcommand, registered on the CLI's typer app by :func:`register_serve`
-(imports only typer and the standard library until the command runs)."""
+"""Running ``rolling-forcing serve``: the serve extra's check, the listening socket and uvicorn with the
+server's log lines (imports only the standard library until :func:`run_server` runs).
+
+The command itself (its options, ``generate``'s checks and model builders) is ``nki_ardiff/cli_serve.py``:
+the face builds the :class:`~rolling_forcing.serve.engine.ModelParts` and hands them to
+:func:`run_server`.
+"""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import socket
-from pathlib import Path
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import typer
+if TYPE_CHECKING:
+    from rolling_forcing.serve.config import ServeConfig
+    from rolling_forcing.serve.engine import ModelParts
 
 # import name -> distribution name, of the `serve` extra in pyproject.toml
 SERVE_MODULES = {"fastapi": "fastapi", "uvicorn": "uvicorn", "websockets": "websockets", "PIL": "pillow"}
+
+SERVE_LOGGER = "rolling_forcing.serve"
+"""The server's own log lines (a viewer that went away, ...): INFO and up, printed like uvicorn's."""
 
 
 def missing_serve_modules() -> list[str]:
@@ -33,60 +44,31 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(
-    preset: Annotated[str, typer.Option(help="model preset (tiny: seeded random weights)")] = "tiny",
-    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0: a free one, printed)")] = 8000,
-    max_sessions: Annotated[int, typer.Option(help="most concurrent sessions")] = 4,
-    headroom: Annotated[float, typer.Option(help="share of the chunk deadline admission keeps free")] = 0.2,
-    buffer_frames: Annotated[int, typer.Option(help="playout buffer depth per session (video frames)")] = 24,
-    image_format: Annotated[str, typer.Option(help="frame encoding: jpeg or png")] = "jpeg",
-    seed: Annotated[int, typer.Option(help="seed of the tiny preset's weights")] = 0,
-    threads: Annotated[int, typer.Option(help="torch CPU threads of the worker")] = 1,
-    report_dir: Annotated[
-        Path | None, typer.Option(help="write each closed session's JSON report here (server-side)")
-    ] = None,
-) -> None:
-    """Serve live streams to a browser page with a prompt box (FastAPI + uvicorn; docs/serve.md)."""
-    from rolling_forcing.serve.config import ServeConfig
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration plus the :data:`SERVE_LOGGER` logger on uvicorn's stderr handler
+    (same format: ``INFO:     viewer of session ... closed the connection: ...``)."""
+    from uvicorn.config import LOGGING_CONFIG
 
-    try:
-        cfg = ServeConfig(
-            preset=preset, host=host, port=port, max_sessions=max_sessions, headroom=headroom,
-            buffer_frames=buffer_frames, image_format=image_format, weights_seed=seed, threads=threads,
-            report_dir=None if report_dir is None else str(report_dir),
-        )  # fmt: skip
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(code=2) from exc
-    missing = missing_serve_modules()
-    if missing:
-        typer.secho(
-            f"error: serve needs the serve extra ({', '.join(missing)} not installed): "
-            "pip install -e '.[serve]'",
-            err=True,
-            fg=typer.colors.RED,
-        )
-        raise typer.Exit(code=2)
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["loggers"][SERVE_LOGGER] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return cfg
+
+
+def run_server(
+    cfg: ServeConfig, sock: socket.socket, parts: ModelParts | None = None, echo: Callable[[str], Any] = print
+) -> None:
+    """Serve ``cfg`` on the bound ``sock`` until stopped (SIGINT / SIGTERM): print the URL, build the app
+    over ``parts`` (calibrated at start-up) and run uvicorn."""
     import uvicorn
 
     from rolling_forcing.serve.app import create_app
 
-    try:
-        sock = bind_socket(cfg.host, cfg.port)
-    except OSError as exc:
-        typer.secho(f"error: cannot bind {cfg.host}:{cfg.port}: {exc}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(code=2) from exc
     bound = sock.getsockname()[1]
     shown = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    typer.echo(f"rolling-forcing serve: open http://{shown}:{bound}/ (building the model first)", err=False)
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), log_level="info", ws="websockets"))
+    echo(f"rolling-forcing serve: open http://{shown}:{bound}/ (measuring the chunk cost first)")
+    app = create_app(cfg, parts=parts)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=log_config(), ws="websockets"))
     server.run(sockets=[sock])
 
 
-def register_serve(app: typer.Typer) -> None:
-    """Add the ``serve`` command to the CLI's typer ``app``."""
-    app.command("serve")(serve)
-
-
-__all__ = ["bind_socket", "missing_serve_modules", "register_serve", "serve"]
+__all__ = ["SERVE_LOGGER", "bind_socket", "log_config", "missing_serve_modules", "run_server"]

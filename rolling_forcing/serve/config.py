@@ -13,7 +13,9 @@ class ServeConfig:
     """Everything the server needs; every field is checked in ``__post_init__`` (``ValueError`` naming it).
 
     Attributes:
-        preset: model preset; ``serve`` runs the ``tiny`` preset's seeded random weights.
+        preset: model preset (``rolling_forcing.config.PRESETS``); ``demo`` by default (the shipped trained
+            model). ``demo`` and ``tiny`` need no files; the others are built by ``rolling-forcing serve``
+            from ``--checkpoint`` and ``--text-encoder`` (see :mod:`rolling_forcing.serve.engine`).
         host, port: where uvicorn binds (127.0.0.1 by default: loopback only).
         max_sessions: hard cap on concurrent sessions (admission refuses beyond it).
         headroom: fraction of the per-chunk deadline kept free by admission, in [0, 1).
@@ -21,13 +23,13 @@ class ServeConfig:
         fps: playback rate of the decoded video (Wan2.1: 16); the deadline is ``12 / fps`` per chunk.
         image_format: ``"jpeg"`` (default) or ``"png"`` (lossless: the tests compare frames exactly).
         jpeg_quality: 1..95.
-        weights_seed: seed of the tiny preset's random weights.
+        weights_seed: seed of the tiny preset's random weights (and of the calibration stream's noise).
         max_prompt_chars: longest prompt accepted (characters, after stripping).
         prompt_interval_s: least time between two prompt switches of one session.
         session_interval_s: least time between two admitted sessions (server-wide).
         max_session_s: longest stream of one session (video seconds); its block count bounds the stream.
         connect_timeout_s: a session whose viewer has not connected (or has gone) for this long is closed.
-        threads: torch intra-op threads while serving (1: the tiny preset gains nothing from more).
+        threads: torch intra-op threads while serving (1: the tiny and demo presets gain nothing from more).
         calibration_chunks: steady chunks of the untimed start-up stream that measure the chunk cost.
         cost_window: per-session chunk costs kept for its p99 (admission and buffer start).
         allowed_hosts: Host header names accepted; None: the loopback names when ``host`` is loopback,
@@ -36,7 +38,7 @@ class ServeConfig:
             reports are also returned by ``DELETE /api/sessions/{id}`` and ``GET /api/reports/{id}``).
     """
 
-    preset: str = "tiny"
+    preset: str = "demo"
     host: str = "127.0.0.1"
     port: int = 8000
     max_sessions: int = 4
@@ -58,11 +60,10 @@ class ServeConfig:
     allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.preset != "tiny":
-            raise ValueError(
-                f"preset: serve runs the tiny preset's random weights only (no checkpoint loading yet), "
-                f"got {self.preset!r}"
-            )
+        from rolling_forcing.config import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not self.host:

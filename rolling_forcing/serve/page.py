@@ -1,9 +1,14 @@
 """The single static page of ``rolling-forcing serve`` (HTML + inline JS, no external resources).
 
-The page creates a session (``POST /api/sessions``), opens its WebSocket, draws each binary frame message
+On load the page reads ``GET /api/config`` and says which model it shows (preset, weights, text encoder,
+decoder and, for the demo preset, the prompt rule) and fills the prompt box with the model's first prompt.
+It creates a session (``POST /api/sessions``), opens its WebSocket, draws each binary frame message
 (8-byte header, then a JPEG/PNG) on a canvas with ``createImageBitmap``, switches the prompt
 (``POST /api/sessions/{id}/prompt``, with or without re-cache), stops (``DELETE``: shows the report
-summary) and shows the readout the server sends.
+summary) and shows the readout the server sends, plus the time from *start* to the first frame on the
+canvas (measured in the browser, ``performance.now()``). After drawing a frame it dispatches a
+``rf-frame`` event on ``document`` (``detail``: ``index``, ``block``, ``t_ms``) for scripts that read the
+canvas (the browser test).
 """
 
 from __future__ import annotations
@@ -27,18 +32,20 @@ _PAGE = """<!doctype html>
 <div class="row">
  <div>
   <canvas id="video" width="64" height="64"></canvas>
-  <p class="muted">tiny preset: seeded random weights, preview decoder (colours show the stream's structure,
-  not a picture). Figures are measured (CPU wall clock).</p>
+  <p class="muted" id="model">model: loading ...</p>
+  <p class="muted" id="rule"></p>
+  <p class="muted">Figures are measured (CPU wall clock).</p>
  </div>
  <div>
-  <p><label>prompt <input id="prompt" type="text" value="a red fox running through fresh snow"></label></p>
+  <p><label>prompt <input id="prompt" type="text" value=""></label></p>
   <p><label>seed <input id="seed" type="number" value="0" min="0"></label>
-     <button id="start">start</button> <button id="stop" disabled>stop</button></p>
+     <button id="start" disabled>start</button> <button id="stop" disabled>stop</button></p>
   <p><button id="switch" disabled>switch prompt</button>
      <label><input id="recache" type="checkbox"> re-cache the KV cache</label></p>
   <p id="error"></p>
   <table id="readout">
    <tr><td>status</td><td id="r-status">idle</td></tr>
+   <tr><td>first frame after start</td><td id="r-first">-</td></tr>
    <tr><td>chunk latency (last / p99)</td><td id="r-latency">-</td></tr>
    <tr><td>deadline / headroom</td><td id="r-deadline">-</td></tr>
    <tr><td>buffer (frames held / depth, lead)</td><td id="r-buffer">-</td></tr>
@@ -54,7 +61,7 @@ _PAGE = """<!doctype html>
 "use strict";
 const $ = (id) => document.getElementById(id);
 const ctx = $("video").getContext("2d");
-let session = null, ws = null, mime = "image/jpeg";
+let session = null, ws = null, mime = "image/jpeg", tStart = null, shown = 0;
 function setError(msg) { $("error").textContent = msg || ""; }
 async function api(method, url, body) {
   const res = await fetch(url, {method, headers: {"content-type": "application/json"},
@@ -87,16 +94,31 @@ async function drawFrame(buf) {
   if (c.width !== bmp.width || c.height !== bmp.height) { c.width = bmp.width; c.height = bmp.height; }
   ctx.drawImage(bmp, 0, 0);
   $("r-frame").textContent = index + " / " + block;
+  const t = performance.now() - tStart;
+  if (shown++ === 0) $("r-first").textContent = t.toFixed(0) + " ms";
+  document.dispatchEvent(new CustomEvent("rf-frame", {detail: {index, block, t_ms: t}}));
 }
 function idle() {
   $("start").disabled = false; $("stop").disabled = true; $("switch").disabled = true;
   session = null; ws = null;
 }
-$("start").onclick = async () => {
-  setError(""); $("report").textContent = "";
+async function loadModel() {
   try {
-    const cfg = await api("GET", "/api/config");
+    const cfg = await api("GET", "/api/config"), m = cfg.model;
     mime = cfg.image_format === "png" ? "image/png" : "image/jpeg";
+    $("model").textContent = "model: " + m.preset + " preset; weights: " + m.weights + "; text: " +
+      m.text + "; decoder: " + m.decoder + " (" + cfg.frame_width + " x " + cfg.frame_height + " at " +
+      cfg.fps + " fps)";
+    $("rule").textContent = m.prompt_rule ? "prompts: " + m.prompt_rule : "";
+    if (!$("prompt").value) $("prompt").value = cfg.default_prompt;
+    $("start").disabled = false;
+  } catch (e) { setError(e.message); }
+}
+loadModel();
+$("start").onclick = async () => {
+  setError(""); $("report").textContent = ""; $("r-first").textContent = "-";
+  tStart = performance.now(); shown = 0;
+  try {
     session = await api("POST", "/api/sessions", {prompt: $("prompt").value, seed: Number($("seed").value)});
   } catch (e) { setError(e.message); return; }
   $("start").disabled = true; $("stop").disabled = false; $("switch").disabled = false;

@@ -36,9 +36,10 @@ class RuleError(ValueError):
         self.retry_after_s = retry_after_s
 
 
-def check_prompt(prompt: object, max_chars: int) -> str:
-    """The stripped prompt, or :class:`RuleError` 422 naming the rule (a non-empty string of at most
-    ``max_chars`` characters)."""
+def check_prompt(prompt: object, max_chars: int, engine: Engine | None = None) -> str:
+    """The stripped prompt, or :class:`RuleError` 422 naming the rule: a non-empty string of at most
+    ``max_chars`` characters that ``engine``'s model can draw (:meth:`Engine.check_prompt`, e.g. the demo
+    preset's roles: ``prompt: demo preset: <rule and the words allowed in that role>``)."""
     if not isinstance(prompt, str):
         raise RuleError(422, f"prompt must be a string, got {type(prompt).__name__}")
     p = prompt.strip()
@@ -46,6 +47,11 @@ def check_prompt(prompt: object, max_chars: int) -> str:
         raise RuleError(422, "prompt must not be empty")
     if len(p) > max_chars:
         raise RuleError(422, f"prompt must be at most {max_chars} characters, got {len(p)}")
+    if engine is not None:
+        try:
+            engine.check_prompt(p)
+        except ValueError as exc:
+            raise RuleError(422, f"prompt: {engine.cfg.preset} preset: {exc}") from None
     return p
 
 
@@ -89,6 +95,7 @@ class Session:
         self.rows: list[ChunkTiming] = []
         self.switches: list[Switch] = [Switch(prompt, False, 0.0, 0, 0, 0)]
         self._pending: Switch | None = None
+        self._pending_emb: Any = None
         self._last_switch_s = -float("inf")
         self.connected = False
         self.last_seen = time.monotonic()
@@ -103,6 +110,7 @@ class Session:
         of the previous one, 409 once the session is closed. Blocks while a chunk of this session is
         being produced (call it off the event loop)."""
         cfg = self.engine.cfg
+        emb = self.engine.encode(prompt)  # before the lock: a chunk may be in flight meanwhile
         now = time.perf_counter() - self.start
         with self.lock:
             if self.closed:
@@ -120,7 +128,7 @@ class Session:
             sw = Switch(
                 prompt, bool(recache), now, self.buffer.sent + self.buffer.dropped, self.buffer.next_index
             )
-            self._pending = sw
+            self._pending, self._pending_emb = sw, emb
             return sw
 
     # ---- scheduler side -----------------------------------------------------------------------
@@ -140,7 +148,8 @@ class Session:
                 return None
             if self._pending is not None:
                 sw, self._pending = self._pending, None
-                sw.applied_block = self.stream.set_prompt(self.engine.encode(sw.prompt), sw.recache)
+                sw.applied_block = self.stream.set_prompt(self._pending_emb, sw.recache)
+                self._pending_emb = None
                 self.switches.append(sw)
                 self.prompt = sw.prompt
             out = self.stream.next_chunk()
@@ -212,9 +221,9 @@ class Session:
             "positions": e.pipe_cfg.positions,
             "dtype": e.pipe_cfg.dtype,
             "seed": self.seed,
-            "weights": f"random (init_random({e.cfg.weights_seed}))",
-            "text": "seeded embeddings (tiny preset; SHA-256 of the prompt)",
-            "decoder": "preview decoder (fixed linear latent->RGB, not a trained VAE)",
+            "weights": e.parts.weights,
+            "text": e.parts.text,
+            "decoder": e.parts.decoder,
             "image_format": e.cfg.image_format,
         }
         rep = LatencyReport(e.cfg.deadline_s, e.cfg.fps, tuple(self.rows), meta).to_json_dict()
