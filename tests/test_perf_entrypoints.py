@@ -18,6 +18,7 @@ WRITERS = (
     "perf.e2e.cli",
     "perf.footprint_check",
     "perf.fp8_psnr",
+    "perf.serve_switch",
 )
 """Entry points that can write tracked results (each: ``build_parser()``, --save off by default)."""
 PRINT_ONLY = (
