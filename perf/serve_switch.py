@@ -12,7 +12,7 @@ The project's detector (:mod:`perf.quality.detect`: ``read_backgrounds``, ``dete
 session's prompt schedule names: chunk 1), the chunk in which the new prompt is on screen in ``hold``
 (4) consecutive frames, three ways: its background; its background and every colour it names (any shape
 kind); its background and every ``(colour, kind)`` object (metric (a)'s frame rule,
-:func:`perf.quality.metrics.presence_mask`). Targets (issue 26): background and colours within 2 chunks,
+:func:`perf.quality.metrics.presence_mask`). Targets: background and colours within 2 chunks,
 shapes within 4. The page also measures, in the browser, the time from *start* to the first frame drawn,
 and from each switch click to the first frame of the new prompt's block and to each criterion.
 
@@ -51,7 +51,7 @@ WAIT_S = 60.0
 START_S = 120.0  # model build + calibration on a busy 2-core machine
 CHUNK_FRAMES = 12
 TARGETS = {"background": 2, "colours": 2, "shapes": 4}
-"""Chunks after the switch within which each criterion must be on screen (issue 26)."""
+"""Chunks after the switch within which each criterion must be on screen (the serving targets)."""
 
 START_PROMPT = "a red circle and a blue square bouncing on a gray background"  # the page's first prompt
 SWITCHES = (

@@ -5,7 +5,7 @@ read back from the canvas (the frames the server sent, as shown) and measured wi
 (perf/quality/detect.py); stop shows the report. A screenshot of the page is written
 (``RF_SERVE_SCREENSHOT=path.png`` keeps it, e.g. ``docs/serve_page.png``).
 
-Targets (issue 26): the new prompt's background and colours on screen within 2 chunks of the switch, its
+Targets: the new prompt's background and colours on screen within 2 chunks of the switch, its
 shapes within 4. The shipped demo model meets all three for a one-object prompt; for a two-object prompt
 it meets the background only (colours and shapes take longer or never come; measured by
 ``python -m perf.serve_switch``, docs/serve.md), so the second switch asserts the background and prints
