@@ -87,6 +87,57 @@ def test_cs149_kernels_match_numpy() -> None:
         assert tr.count(op="tensor_copy", engine=eng) == 6
 
 
+def test_agentic_transpose_kernel_matches_numpy() -> None:
+    a = RNG.standard_normal((256, 384)).astype(BF16)  # A[M, K]
+    b = RNG.standard_normal((384, 1024)).astype(BF16)
+    out, tr = emu.run(km.agentic_transpose_kernel, a, b, transpose_lhs=True)
+    _assert_matmul(out, np.ascontiguousarray(a.T), b, BF16)  # the transposes move bf16 values exactly
+    assert tr.count(op="nc_transpose") == tr.count(op="nc_matmul") == 2 * 2 * 3
+    out, tr = emu.run(km.agentic_transpose_kernel, np.ascontiguousarray(a.T), b, transpose_lhs=False)
+    _assert_matmul(out, np.ascontiguousarray(a.T), b, BF16)
+    assert tr.count(op="nc_transpose") == 0 and tr.count(op="nc_matmul") == 12
+
+
+def test_new_points_trace_the_published_profile_counts() -> None:
+    """Trace facts of the re-implementations against the counters the sources publish: the CS149
+    profiles' dma_transfer_count, dma_transfer_total_bytes, hbm_read/write_bytes and instruction counts
+    (their transpose profile counts 129 transfers and 8,454,144 B: one 64 KiB transfer more than the
+    kernel's 128), and the agentic investigation's 1,024 TRANSPOSE + 1,024 REGULAR MATMULs (V0)."""
+    pts = {q.name: q for q in POINTS}
+    for name, dmas in (("cs149p_stream_fd1k", 6), ("cs149p_stream_fd2k", 3)):
+        prof = cost.profile(harness.capture_trace(pts[name].runs[0]))
+        assert prof.num_dma == dmas
+        assert (prof.dma_bytes, prof.hbm_bytes_read, prof.hbm_bytes_written) == (
+            3_072_000,
+            2_048_000,
+            1_024_000,
+        )
+    tr = harness.capture_trace(pts["cs149p_transpose"].runs[0])
+    prof = cost.profile(tr)
+    assert prof.num_dma == 129 - 1 and prof.dma_bytes == 8_454_144 - 65_536
+    assert tr.count(op="nc_transpose") == 64 and tr.count(op="tensor_copy", engine="scalar") == 64
+    v0 = harness.capture_trace(pts["agentic_tp_v0"].runs[0])
+    v1 = harness.capture_trace(pts["agentic_tp_v1"].runs[0])
+    assert v0.count(op="nc_transpose") == v0.count(op="nc_matmul") == 1024
+    assert v1.count(op="nc_transpose") == 0 and v1.count(op="nc_matmul") == 1024
+    assert {p.dge_mode for p in POINTS if p.source.repo == "rishic3/asst4-trainium2"} == {"none"}
+
+
+def test_point_params_apply_the_stated_dge_mode() -> None:
+    pts = {q.name: q for q in POINTS}
+    assert harness.point_params(pts["cs149_transpose"], None) is None
+    got = harness.point_params(pts["cs149p_transpose"], cost.Trn2CostParams(dma_issue_ns=700.0))
+    assert got.default_dge_mode == "none" and got.dma_issue_ns == 700.0
+    assert harness.point_params(pts["cs149p_transpose"], None).default_dge_mode == "none"
+    assert harness.point_params(pts["cs149p_transpose"], "other model") == "other model"
+    # the same trace priced with static descriptors: the issue price is dge_none_issue_ns
+    p = cost.Trn2CostParams()
+    run = pts["cs149p_transpose"].runs[0]
+    assert run == pts["cs149_transpose"].runs[0]
+    none = cost.profile(harness.capture_trace(run), harness.point_params(pts["cs149p_transpose"], p))
+    assert none.dma_issue_ns == pytest.approx(128 * p.dge_none_issue_ns)
+
+
 def test_micro_kernels_match_numpy() -> None:
     a, b = _mm_inputs(128, 128, 512, BF16)
     out, tr = emu.run(ks.matmul_chain_kernel, a, b, reps=4)
@@ -179,7 +230,9 @@ def test_cheap_point_full_shape_isolates_dma_costs() -> None:
     fixed_us, _ = harness.modelled_us(pts["fixed_idle"])
     assert bn == "dma"
     assert issue_us == pytest.approx(p.dma_issue_ns / p.dma_issue_lanes / 1e3, rel=1e-9)
-    exposed = 2 * (p.dma_issue_ns + p.dma_completion_ns)
+    # fixed_idle's source profiled static descriptors (--disable-dge): the prebuilt-descriptor issue price
+    assert pts["fixed_idle"].dge_mode == "none"
+    exposed = 2 * (p.dge_none_issue_ns + p.dma_completion_ns)
     assert fixed_us == pytest.approx((p.kernel_fixed_ns + exposed) / 1e3, rel=1e-9)
 
 
@@ -198,7 +251,7 @@ def test_calibration_rows_one_per_point_with_published_figure(monkeypatch: pytes
 
     rows = harness.calibration_rows("P", model=model)
     assert [r.name for r in rows] == [p.name for p in POINTS]
-    assert len({r.name for r in rows}) == len(POINTS) == 24
+    assert len({r.name for r in rows}) == len(POINTS) == 29
     for r, p in zip(rows, POINTS):
         assert (r.measured_lo_us, r.measured_hi_us) == p.measured_us
         assert r.source_url.startswith("https://github.com/") and p.source.commit[:7] in r.source_url
@@ -252,6 +305,8 @@ def test_point_validation() -> None:
         Point("x", "k", src, "s", (1.0, 1.0), "p", "q", "slope", (run,))
     with pytest.raises(ValueError, match="different counts"):
         Point("x", "k", src, "s", (1.0, 1.0), "p", "q", "intercept", (run, run))
+    with pytest.raises(ValueError, match="dge_mode"):
+        Point("x", "k", src, "s", (1.0, 1.0), "p", "q", "latency", (run,), dge_mode="static")
 
 
 def test_cli_prints_table_without_writing(capsys: pytest.CaptureFixture[str], tmp_path) -> None:

@@ -115,7 +115,12 @@ def _loso(points: Sequence[Point], events: bool, by: str) -> None:
     from perf.calibration.refit import TRN2_KNOBS, loso_lines, run_loso
 
     t0 = time.perf_counter()
-    res, fitter = run_loso(points, by=by, keep_events=events)
+    res, fitter = run_loso(
+        points,
+        by=by,
+        keep_events=events,
+        progress=lambda m: print(f"[{time.perf_counter() - t0:7.1f} s] {m}", file=sys.stderr, flush=True),
+    )
     wall = time.perf_counter() - t0
     defaults = {k.name: k.get(Trn2CostParams()) for k in TRN2_KNOBS}
     print()

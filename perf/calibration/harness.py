@@ -38,6 +38,7 @@ __all__ = [
     "model_latency_ns",
     "modelled_us",
     "point_figure_us",
+    "point_params",
     "trace_wall_s",
     "worst_rows",
 ]
@@ -46,6 +47,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "agentic_v0": km.agentic_v0_kernel,
     "agentic_v1": km.agentic_v1_kernel,
     "agentic_v2": km.agentic_v2_kernel,
+    "agentic_transpose": km.agentic_transpose_kernel,
     "mixed_tiles": km.mixed_tiles_kernel,
     "sdk_tiled": km.sdk_tiled_kernel,
     "sdk_hoisted": km.sdk_hoisted_kernel,
@@ -136,8 +138,25 @@ def modelled_us(
 ) -> tuple[float, str]:
     """Modelled figure of ``point`` in microseconds and the bottleneck engine (of the larger run), by the
     point's method (``points`` module docstring)."""
-    res = [model(capture_trace(r, keep_events=keep_events), params) for r in point.runs]
+    pp = point_params(point, params)
+    res = [model(capture_trace(r, keep_events=keep_events), pp) for r in point.runs]
     return point_figure_us(point, [lat for lat, _ in res]), res[-1][1]
+
+
+def point_params(point: Point, params: Any) -> Any:
+    """The parameters ``point`` is modelled with: ``params`` (``None`` = the cost model's defaults), with
+    ``default_dge_mode`` set to the point's ``dge_mode`` when its source states one.  Parameters of
+    another model (no ``default_dge_mode`` field) are passed unchanged: the DGE mode is a
+    ``Trn2CostParams`` notion."""
+    if point.dge_mode is None:
+        return params
+    if params is None:
+        from nki_kernels.emulator.cost import Trn2CostParams
+
+        params = Trn2CostParams()
+    if not hasattr(params, "default_dge_mode"):
+        return params
+    return dataclasses.replace(params, default_dge_mode=point.dge_mode)
 
 
 def point_figure_us(point: Point, latencies_ns: Sequence[float]) -> float:

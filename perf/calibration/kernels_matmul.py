@@ -11,6 +11,9 @@ can be checked against the published trn2 measurements; none is a production ker
   tiles (the TE-inefficiency investigation of the same repository).
 * :func:`sdk_tiled_kernel`, :func:`sdk_hoisted_kernel`, :func:`sdk_blocked_mn_kernel`,
   :func:`sdk_blocked_mnk_kernel`: the fp32 versions of the Neuron SDK "kernel optimization" tutorial.
+* :func:`agentic_transpose_kernel`: the 2048^3 bf16 tiled matmul of the same repository's
+  redundant-TE-transposes investigation, V0 (``A[M, K]`` transposed tile by tile on TensorE) and V1
+  (``lhsT`` given pre-transposed).
 
 Layouts: ``lhsT`` ``[K, M]`` and ``rhs`` ``[K, N]`` row-major HBM, same dtype (bf16 for the agentic set,
 fp32 for the SDK set); result ``[M, N]`` in ``shared_hbm``.  Limits are checked by the kernels' own
@@ -30,6 +33,7 @@ __all__ = [
     "agentic_v0_kernel",
     "agentic_v1_kernel",
     "agentic_v2_kernel",
+    "agentic_transpose_kernel",
     "mixed_tiles_kernel",
     "sdk_tiled_kernel",
     "sdk_hoisted_kernel",
@@ -331,3 +335,45 @@ def sdk_blocked_mnk_kernel(lhsT: Any, rhs: Any, bm: int = 16, bn: int = 2, bk: i
                 nisa.dma_copy(dst=result[m0 : m0 + TILE_M, nb * block_n : (nb + 1) * block_n], src=packed)
         acc_sb = []
     return result
+
+
+def agentic_transpose_kernel(lhs: Any, rhs: Any, transpose_lhs: bool = True) -> Any:
+    """Tiled matmul with loads per (m, n, k) (loops m, n, k over 128 x 512 x 128 tiles), bf16.
+
+    ``transpose_lhs=True`` (the investigation's V0): ``lhs`` is ``A[M, K]``; per (m, n, k) the ``A``
+    tile ``[128 (m), 128 (k)]`` is loaded, transposed on TensorE (``nc_transpose`` into PSUM) and copied
+    to SBUF as the stationary ``[128 (k), 128 (m)]`` tile.  ``transpose_lhs=False`` (V1): ``lhs`` is
+    ``lhsT[K, M]`` and the stationary tile is loaded directly.  Then the rhs tile ``[128, 512]`` is
+    loaded and multiplied into the (m, n) PSUM accumulator; after the K loop the accumulator is evicted
+    (VectorE, fp32 -> input dtype) and stored.  Result ``[M, N]`` in ``shared_hbm``."""
+    M, K = lhs.shape if transpose_lhs else lhs.shape[::-1]
+    _dims(_Shape((K, M)), rhs)
+    N = rhs.shape[1]
+    result = nl.ndarray((M, N), dtype=lhs.dtype, buffer=nl.shared_hbm)
+    for m in range(M // TILE_M):
+        ms = slice(m * TILE_M, (m + 1) * TILE_M)
+        for n in range(N // TILE_N):
+            acc = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+            for k in range(K // TILE_K):
+                ks = slice(k * TILE_K, (k + 1) * TILE_K)
+                lt = nl.ndarray((TILE_K, TILE_M), dtype=lhs.dtype, buffer=nl.sbuf)
+                if transpose_lhs:
+                    at = nl.ndarray((TILE_M, TILE_K), dtype=lhs.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=at, src=lhs[ms, ks])
+                    tp = nl.ndarray((TILE_K, TILE_M), dtype=lhs.dtype, buffer=nl.psum)
+                    nisa.nc_transpose(dst=tp, data=at)
+                    nisa.tensor_copy(dst=lt, src=tp)
+                else:
+                    nisa.dma_copy(dst=lt, src=lhs[ks, ms])
+                rt = nl.ndarray((TILE_K, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=rt, src=rhs[ks, n * TILE_N : (n + 1) * TILE_N])
+                nisa.nc_matmul(dst=acc, stationary=lt, moving=rt, accumulate=k > 0)
+            _evict_store(result, acc, m * TILE_M, n * TILE_N, lhs.dtype)
+    return result
+
+
+class _Shape:
+    """A stand-in exposing only ``.shape`` (for :func:`_dims` on a transposed view's dimensions)."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        self.shape = shape

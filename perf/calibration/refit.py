@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perf.calibration.fit import Fitter, Knob, LosoResult, geo_summary, leave_one_source_out
-from perf.calibration.harness import Model, capture_trace, model_latency_ns, point_figure_us
+from perf.calibration.harness import Model, capture_trace, model_latency_ns, point_figure_us, point_params
 from perf.calibration.points import POINTS, KernelRun, Point
 
 __all__ = [
@@ -110,6 +110,14 @@ def _trn2_knobs() -> tuple[Knob, ...]:
             stated_range=rng[ADDITIVE_FIELD],
         ),  # fmt: skip
         _field("dma_issue_ns", (100.0, 2_000.0), 600.0, "DGE: ~600 ns per hardware-DGE DMA instruction"),
+        _field(
+            "dge_none_issue_ns",
+            (20.0, 2_000.0),
+            300.0,
+            "DGE: 'none' (descriptors prebuilt in HBM) has the lowest per-transfer cost; no figure: the "
+            "parameter's own nominal",
+            stated_range=rng["dge_none_issue_ns"],
+        ),  # fmt: skip
         Knob(
             name="dma_issue_lanes",
             get=lambda p: float(p.dma_issue_lanes),
@@ -177,7 +185,8 @@ class CalibrationPredictor:
         out = {}
         for n in names:
             p = self.points[n]
-            lat = [self.run_latency_ns(r, params) for r in p.runs]
+            pp = point_params(p, params)
+            lat = [self.run_latency_ns(r, pp) for r in p.runs]
             out[n] = point_figure_us(p, lat) / p.measured_mid_us
         return out
 
@@ -286,5 +295,5 @@ def run_loso(
     fitter.sensitivity(start)
     if progress:
         progress(f"sensitivity done ({fitter.evaluations} points priced); fitting")
-    res = leave_one_source_out(fitter, start, source_groups(points, by), method=method)
+    res = leave_one_source_out(fitter, start, source_groups(points, by), method=method, progress=progress)
     return res, fitter
