@@ -368,7 +368,9 @@ def run_page_session(
                 mid = VideoSpec().video_frames(block + 1, 3) + CHUNK_FRAMES // 2
                 dt.wait_for(f"{_LAST_INDEX} >= {mid}", f"frame {mid} on the canvas")
                 shot = base64.b64decode(dt.send("Page.captureScreenshot", {"format": "png"})["data"])
-            last = block + chunks_after - 1
+            # the watched chunks drawn whole: the next chunk's first frame (a next switch's buffered
+            # frames of this prompt are drawn while it is applied)
+            last = block + chunks_after - (0 if k == len(switches) - 1 else 1)
             dt.wait_for(f"{_LAST_BLOCK} >= {last}", f"{chunks_after} chunks of switch {k}")
             clicks.append(float(t_click))
             applied.append(block)
@@ -388,7 +390,7 @@ def run_page_session(
     runs = []
     for k, (prompt, recache) in enumerate(switches):
         lo = applied[k]
-        hi = applied[k + 1] if k + 1 < len(switches) else max(blk) + 1
+        hi = applied[k + 1] if k + 1 < len(switches) else lo + chunks_after
         sel = [i for i, b in enumerate(blk) if lo <= b < hi]
         res = switch_on_screen(frames[sel], [blk[i] for i in sel], prompt, lo)
         first = next((tms[i] for i in sel), None)
