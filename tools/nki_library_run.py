@@ -90,7 +90,7 @@ def _run_in_process(checkout: Path, out: Path, pytest_args: list[str]) -> int:
 
     # The suite's simulation path never compiles, yet Orchestrator.execute reads ``self._compiled_kernel``
     # after inference (set only by compilation): give the class that attribute's "no compiled kernel" value.
-    from test.utils import test_orchestrator  # type: ignore[import-not-found]
+    from test.utils import test_orchestrator
 
     if not hasattr(test_orchestrator.Orchestrator, "_compiled_kernel"):
         test_orchestrator.Orchestrator._compiled_kernel = None
@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     a, extra = ap.parse_known_args(argv)
     checkout = a.checkout.resolve()
     if not (checkout / "test" / "conftest.py").is_file() or not (checkout / "src" / "nkilib_src").is_dir():
-        ap.error(f"checkout: {checkout} is not an nki-library checkout (needs test/conftest.py and src/nkilib_src)")
+        ap.error(
+            f"checkout: {checkout} is not an nki-library checkout (needs test/conftest.py and src/nkilib_src)"
+        )
     if a._inproc is not None:
         return _run_in_process(checkout, a._inproc, a.paths + (["-k", a.k] if a.k else []) + extra)
     paths = a.paths or ["test/integration/nkilib/core"]
@@ -184,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 subprocess.run(cmd, cwd=_REPO, timeout=a.timeout, capture_output=True, check=False)
             except subprocess.TimeoutExpired:
-                print(f"{f}: timed out after {a.timeout:.0f} s (its finished cases are kept)", file=sys.stderr)
+                print(
+                    f"{f}: timed out after {a.timeout:.0f} s (its finished cases are kept)", file=sys.stderr
+                )
             if out.is_file():
                 rows += [json.loads(line) for line in out.read_text().splitlines()]
             else:

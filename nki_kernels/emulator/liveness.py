@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import AllocationError, PsumLimitError, SbufCapacityError
 from .hw import HwConfig
+from .placement import min_peak
 
 KINDS = ("sbuf", "psum")
 _SHOWN = 12  # tiles listed in an error message
@@ -37,8 +38,8 @@ LAST, FIRST, PBYTES, KIND, NAME, SHAPE, DTYPE, ADDRESS = range(8)
 class OnChipLiveness:
     """The on-chip allocations of one program and their live ranges (see the module docstring)."""
 
-    __slots__ = ("hw", "open", "c_first", "c_last", "c_pbytes", "c_kind", "c_desc", "descs", "_desc_index",
-                 "placed")  # fmt: skip
+    __slots__ = ("hw", "open", "c_first", "c_last", "c_pbytes", "c_kind", "c_desc", "c_parts", "c_start",
+                 "descs", "_desc_index", "placed")  # fmt: skip
 
     def __init__(self, hw: HwConfig) -> None:
         self.hw = hw
@@ -48,6 +49,8 @@ class OnChipLiveness:
         self.c_pbytes = array("q")
         self.c_kind = array("B")
         self.c_desc = array("I")
+        self.c_parts = array("H")  # partitions of the tile (shape[0])
+        self.c_start = array("h")  # address= start partition, -1 when the allocator places it
         self.descs: list[tuple] = []  # interned (name, shape, dtype, address)
         self._desc_index: dict[tuple, int] = {}
         self.placed: list[tuple] = []  # (first, last, kind, p0, p1, b0, b1, desc) of address= tiles
@@ -77,6 +80,8 @@ class OnChipLiveness:
         self.c_pbytes.append(pbytes)
         self.c_kind.append(kind)
         self.c_desc.append(d)
+        self.c_parts.append(shape[0])
+        self.c_start.append(-1 if address is None else address[0])
         if address is not None:
             p, b = address
             self.placed.append((first, last, kind, p, p + shape[0], b, b + pbytes, d))
@@ -105,13 +110,15 @@ class OnChipLiveness:
                 continue
             f, la, p = first[sel], last[sel], pbytes[sel]
             n = max(nseq, int(la.max())) + 2
-            # live at instruction t: first accessed at f <= t and last accessed at la >= t
+            # bytes live at instruction t if all tiles shared partitions: first access f <= t, last la >= t
             delta = np.bincount(f, weights=p, minlength=n) - np.bincount(la + 1, weights=p, minlength=n)
             live = np.cumsum(delta)
-            t = int(np.argmax(live))
-            peak = int(round(live[t]))
-            if peak <= budget:
+            if live.max() <= budget:  # fits even with every tile on the same partitions
                 continue
+            over = self._placed_peak(sel, f, la, p, live, budget)
+            if over is None:
+                continue
+            t, peak, exact = over
             at = np.nonzero((f <= t) & (la >= t))[0]
             at = at[np.lexsort((f[at], -p[at]))]  # largest first, then by first access
             descs = np.frombuffer(self.c_desc, dtype=np.uint32)[sel]
@@ -119,7 +126,9 @@ class OnChipLiveness:
             more = f"; ... and {len(at) - _SHOWN} more" if len(at) > _SHOWN else ""
             where = (
                 f"program {program_id}: live {KINDS[k].upper()} peaks at {peak} B/partition at instruction "
-                f"#{t} of the program (a tile is live from its first to its last access)"
+                f"#{t} of the program (a tile is live from its first to its last access and occupies its own "
+                f"partitions; the peak is that of the best placement of their start partitions"
+                f"{'' if exact else ' found in a bounded search'})"
             )
             if k == 0:
                 raise SbufCapacityError(
@@ -131,6 +140,35 @@ class OnChipLiveness:
                 f"{hw.psum_bank_bytes} B; {len(at)} tiles live there: {tiles}{more}"
             )
         self._check_placed(program_id)
+
+    def _placed_peak(
+        self, sel: np.ndarray, f: np.ndarray, la: np.ndarray, p: np.ndarray, live: np.ndarray, budget: int
+    ) -> tuple[int, int, bool] | None:
+        """Instructions whose all-partitions sum exceeds ``budget``: place the live tiles on their partitions
+        (:func:`~nki_kernels.emulator.placement.min_peak`).  Returns the instruction where the best placement
+        peaks highest over ``budget`` (the first such on ties) as ``(instruction, peak, exact)``, or None when
+        every instruction fits."""
+        parts = np.frombuffer(self.c_parts, dtype=np.uint16)[sel]
+        start = np.frombuffer(self.c_start, dtype=np.int16)[sel]
+        over = np.nonzero(live > budget)[0]
+        # the live set changes only where a tile starts or ends: one check per constant stretch
+        changes = np.zeros(len(live) + 1, dtype=bool)
+        changes[f] = True
+        changes[la + 1] = True
+        seg = np.cumsum(changes)[over]
+        firsts = over[np.r_[True, seg[1:] != seg[:-1]]]
+        seen: dict[tuple, tuple[int, bool]] = {}
+        worst: tuple[int, int, bool] | None = None
+        for t in firsts:
+            at = np.nonzero((f <= t) & (la >= t))[0]
+            key = tuple(sorted((int(parts[i]), int(p[i]), int(start[i])) for i in at))
+            got = seen.get(key)
+            if got is None:
+                tiles = [(n, b, None if s0 < 0 else s0) for n, b, s0 in key]
+                got = seen[key] = min_peak(tiles, budget)
+            if got[0] > budget and (worst is None or got[0] > worst[1]):
+                worst = (int(t), got[0], got[1])
+        return worst
 
     def _check_placed(self, program_id: int) -> None:
         placed = sorted(self.placed)
