@@ -15,7 +15,10 @@ before attention (it is never attended).
 Per call: one all-to-all in the TP group (q, k, v fused) regroups token shards into
 (head group x query shard), one all-gather in the SP group (k, v fused) collects all keys of the local
 heads, attention runs through ``nki_kernels.ops.attention`` on local heads and local queries, and one
-inverse all-to-all (plus one for the lse if requested) restores token shards.
+inverse all-to-all (plus one for the lse if requested) restores token shards. With ``sp_extra`` (the
+SP-sharded KV cache's share of the layer) one more SP all-gather, issued first and waited for only
+before the local step: it does not depend on this call's q, k, v, so it may run under the projection
+that made them and under the all-to-all (``perf.e2e.overlap`` prices what it hides).
 
 The rolling KV cache is the pipeline's concern: per head group (:func:`local_heads`), sharded along SP by
 :mod:`sharding.kv_shard`.
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sharding.collectives import all_gather, all_to_all
+from sharding.collectives import all_gather, all_gather_start, all_gather_wait, all_to_all
 from sharding.plan import ShardingPlan
 
 __all__ = [
@@ -146,16 +149,6 @@ def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=1)
 
 
-def _bytes(x: torch.Tensor) -> torch.Tensor:
-    """``x``'s bytes as a flat uint8 tensor (to put tensors of different dtypes in one collective)."""
-    return x.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _from_bytes(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`_bytes`: ``b`` as a tensor of ``like``'s dtype and shape."""
-    return b.view(like.dtype).view(like.shape)
-
-
 def _tp_all_to_all(chunks: list[torch.Tensor], group: Any) -> list[torch.Tensor]:
     """Send ``chunks[i]`` to the i-th rank of the TP group; return what each peer sent (same shapes)."""
     return list(all_to_all(torch.stack(chunks), group).unbind(0))
@@ -202,10 +195,12 @@ def sharded_attention(
         backend: forwarded to ``nki_kernels.ops.attention``.
         attention_fn: override of the local attention (same signature as ``nki_kernels.ops.attention``);
             default ``nki_kernels.ops.attention``.
-        sp_extra: a tensor (any shape and dtype, the same on every SP rank of the group) all-gathered in
-            the SAME collective as the keys (one collective per call, not two: the SP-sharded KV cache's
-            share of the layer); ``attention_fn`` then also gets ``sp_extra=`` ``[sp, *sp_extra.shape]``
-            in SP-rank order (``[1, ...]`` when ``sp == 1``).
+        sp_extra: a tensor (any shape and dtype, the same on every SP rank of the group; the SP-sharded
+            KV cache's share of the layer) all-gathered in its OWN collective, issued before the TP
+            all-to-all and waited for just before ``attention_fn``: it does not depend on q, k, v, so
+            the graph lets it overlap their projection and collectives (a fused gather with the keys
+            would wait for them). ``attention_fn`` then also gets ``sp_extra=`` ``[sp,
+            *sp_extra.shape]`` in SP-rank order (``[1, ...]`` when ``sp == 1``).
 
     Returns:
         out ``[B, Lq_local, H, D]`` (q's dtype) for this rank's tokens, and with ``return_lse`` the lse
@@ -247,6 +242,11 @@ def sharded_attention(
     tp_ranks = groups.tp_ranks
     qmax, kmax = max(q_splits), max(k_splits)
 
+    # 0. the SP-sharded cache's share: its own all-gather, issued before anything that needs q, k, v.
+    extra_started = None
+    if sp_extra is not None and plan.sp > 1:
+        extra_started = all_gather_start(sp_extra, groups.sp_group)
+
     # 1. all-to-all in the TP group: token shard (all heads) -> query shard s (heads of group g).
     if tp > 1:
         qkv = torch.cat([_pad_tokens(q, qmax), _pad_tokens(k, kmax), _pad_tokens(v, kmax)], dim=1)
@@ -265,14 +265,10 @@ def sharded_attention(
         shard_len = [sum(k_splits[t * tp : (t + 1) * tp]) for t in range(plan.sp)]
         smax = max(shard_len)
         kv = torch.stack([_pad_tokens(k_s, smax), _pad_tokens(v_s, smax)])
-        if sp_extra is None:
-            gathered = all_gather(kv, plan.sp, groups.sp_group)
-        else:  # one collective for both: their bytes side by side
-            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])
-            both = all_gather(payload, plan.sp, groups.sp_group)
-            n_kv = payload.numel() - _bytes(sp_extra).numel()
-            gathered = torch.stack([_from_bytes(r[:n_kv], kv) for r in both])
-            extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both])
+        gathered = all_gather(kv, plan.sp, groups.sp_group)
+        if sp_extra is not None:
+            assert extra_started is not None
+            extra_parts = all_gather_wait(extra_started, plan.sp, sp_extra)
         k_all = torch.cat([gathered[t][0][:, : shard_len[t]] for t in range(plan.sp)], dim=1)
         v_all = torch.cat([gathered[t][1][:, : shard_len[t]] for t in range(plan.sp)], dim=1)
     else:

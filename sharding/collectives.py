@@ -8,6 +8,11 @@ ops that return a new tensor, then ``wait_tensor``), not the in-place ``torch.di
 in-place host collective cuts a compiled graph in two, a functional one is an op of the graph (the form
 Dynamo traces and an XLA backend lowers to a device collective). In eager mode they run the same
 collective on the same process group (and its timeout) and move the same bytes.
+
+:func:`all_gather_start` / :func:`all_gather_wait` split one all-gather into its issue and its completion
+(the functional op and its ``wait_tensor``) so a caller can issue a gather whose input is ready early
+(the SP-sharded KV cache's share, written in earlier chunks) and wait for it only where its result is
+used: in the graph, nothing between the two depends on it, so a scheduler may run it under that work.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed._functional_collectives as funcol
 
-__all__ = ["all_gather", "all_to_all"]
+__all__ = ["all_gather", "all_gather_start", "all_gather_wait", "all_to_all"]
 
 
 def all_to_all(send: torch.Tensor, group: Any) -> torch.Tensor:
@@ -32,3 +37,21 @@ def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     ``group`` of ``n`` ranks."""
     out = funcol.wait_tensor(funcol.all_gather_single(x.contiguous(), 0, group))
     return out.view(n, *x.shape)
+
+
+def all_gather_start(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Issue the all-gather of ``x`` over ``group`` (the ``_c10d_functional`` op, not yet waited for);
+    :func:`all_gather_wait` completes it. Collective over ``group``: every rank issues it in the same order
+    relative to its other collectives."""
+    return funcol.all_gather_single(x.contiguous(), 0, group)
+
+
+def all_gather_wait(started: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
+    """``[n, *like.shape]``: the result of :func:`all_gather_start` of ``like`` in a group of ``n`` ranks
+    (group-rank order), waited for here."""
+    if started.numel() != n * like.numel():
+        raise ValueError(
+            f"all_gather_wait: the gathered tensor has {started.numel()} elements, expected n={n} x "
+            f"{like.numel()} (like {tuple(like.shape)})"
+        )
+    return funcol.wait_tensor(started).view(n, *like.shape)

@@ -6,6 +6,11 @@ _merged_forward`) and, when asked to compile, records what every compiled graph 
 not counted) and its kernel calls (the ``nki_ardiff::*`` ops of :mod:`nki_kernels.ops`). These are the
 counts the end-to-end model prices per forward (``perf.e2e``: one NEFF per forward, ``collectives`` and
 ``kernel calls`` per chunk), measured from the graph the rank really runs.
+
+It also records, per collective in graph order, whether the collective depends on compute of the forward
+(:attr:`GraphRecord.collective_order`: a matmul or a kernel call among its inputs' ancestors): a
+collective that does not (the SP-sharded cache's share of a layer) may be issued before any compute of
+the forward and run under it, the dependency the overlap model (``perf.e2e.overlap``) relies on.
 """
 
 from __future__ import annotations
@@ -16,17 +21,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["CompiledForward", "GraphRecord", "graph_record"]
+__all__ = ["CompiledForward", "GraphRecord", "graph_record", "COMPUTE_OPS"]
+
+COMPUTE_OPS = frozenset({"linear", "matmul", "mm", "addmm", "bmm", "baddbmm", "einsum"})
+"""Names of the torch/aten ops counted as compute of the forward (with every ``nki_ardiff`` kernel call)."""
 
 
 @dataclass(frozen=True)
 class GraphRecord:
     """What one compiled graph holds: ``collectives`` (name -> count, e.g. ``"all_to_all_single"``),
-    ``kernels`` (``nki_ardiff`` op name -> count) and its FX node count."""
+    ``kernels`` (``nki_ardiff`` op name -> count), its FX node count and :attr:`collective_order`."""
 
     nodes: int
     collectives: tuple[tuple[str, int], ...]
     kernels: tuple[tuple[str, int], ...]
+    collective_order: tuple[tuple[str, bool], ...] = ()
+    """Every collective in graph order: ``(name, after_compute)``, ``after_compute`` True when a compute
+    op (:data:`COMPUTE_OPS` or a kernel call) of the graph is among its ancestors."""
 
     @property
     def num_collectives(self) -> int:
@@ -48,22 +59,40 @@ def _op_name(target: Any) -> tuple[str, str] | None:
     return ns, op.split(".")[0]
 
 
+def _is_compute(target: Any, got: tuple[str, str] | None) -> bool:
+    """True for a kernel call or a matmul-family op (:data:`COMPUTE_OPS`), whatever its namespace."""
+    if got is not None:
+        return got[0] == "nki_ardiff" or got[1] in COMPUTE_OPS
+    return getattr(target, "__name__", "") in COMPUTE_OPS
+
+
 def graph_record(gm: torch.fx.GraphModule) -> GraphRecord:
-    """Count the collectives and kernel calls of a Dynamo graph (see the module docstring)."""
+    """Count the collectives and kernel calls of a Dynamo graph and order its collectives (module
+    docstring). Graph order is topological, so one pass marks every node that follows compute."""
     coll: dict[str, int] = {}
     kern: dict[str, int] = {}
+    order: list[tuple[str, bool]] = []
+    after: set[torch.fx.Node] = set()  # nodes with a compute op among their ancestors (or themselves)
     for node in gm.graph.nodes:
+        follows = any(a in after for a in node.all_input_nodes)  # through every node kind (methods too)
         if node.op != "call_function":
+            if follows or (node.op == "call_method" and node.target in COMPUTE_OPS):
+                after.add(node)
             continue
         got = _op_name(node.target)
+        if follows or _is_compute(node.target, got):
+            after.add(node)
         if got is None:
             continue
         ns, op = got
         if ns == "_c10d_functional" and op != "wait_tensor":
             coll[op] = coll.get(op, 0) + 1
+            order.append((op, follows))
         elif ns == "nki_ardiff":
             kern[op] = kern.get(op, 0) + 1
-    return GraphRecord(len(gm.graph.nodes), tuple(sorted(coll.items())), tuple(sorted(kern.items())))
+    return GraphRecord(
+        len(gm.graph.nodes), tuple(sorted(coll.items())), tuple(sorted(kern.items())), tuple(order)
+    )
 
 
 class CompiledForward:

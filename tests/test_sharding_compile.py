@@ -17,6 +17,7 @@ from perf.e2e.params import E2EParams
 from perf.matmul_model import AnalyticMatmulProvider
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
+from sharding.layer_comm import layer_collectives
 from sharding.pipeline import ShardedRollingForcingPipeline
 from tests.pipeline_helpers import text_embeds, tiny_model
 
@@ -75,10 +76,17 @@ def test_sharded_stream_compiles_to_one_graph_as_the_model_prices(model: CausalW
         assert len(r["graphs"]) == 1, r["graphs"]  # one graph for every forward of the stream
         g = r["graphs"][0]
         coll = dict(g["collectives"])
-        # per layer the plan's collectives (TP: all-to-all in and out; SP: ONE K/V all-gather, the SP
-        # cache's shares included), per forward the head all-gather
-        assert sum(coll.values()) == M.num_layers * plan.comm.collectives + 1, coll
+        # per layer the collectives the model prices (sharding.layer_comm: SP: the cache share's gather,
+        # then TP: all-to-all in, SP: the new keys' gather, TP: all-to-all out), per forward the head
+        # all-gather; in graph order, and only the cache share's gather free of the forward's compute
+        # (the dependency the overlap model hides it by)
+        per_layer = layer_collectives(
+            plan, tokens=24, cache_slots=P.buffer_slots, tokens_per_block=P.tokens_per_block(M)
+        )
+        assert sum(coll.values()) == M.num_layers * len(per_layer) + 1, coll
         assert coll.get("all_to_all_single", 0) == (2 * M.num_layers if plan.tp > 1 else 0)
+        want = [(c.op, not c.independent) for c in per_layer] * M.num_layers
+        assert [tuple(x) for x in g["collective_order"]] == [*want, ("all_gather_into_tensor", True)]
         kernels = dict(g["kernels"])
         assert kernels == {
             "attention_block_table": M.num_layers,

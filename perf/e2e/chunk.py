@@ -1,7 +1,13 @@
 """The chunk model: the forwards of one steady-state chunk + VAE decode + the Neuron execution overheads.
 
-Chunk time = sum over components of (modelled time per call x calls per chunk); components run back to
-back (no overlap between kernels or with collectives, except the FSDP prefetch).  On top of the kernels'
+Chunk time = sum over components of (modelled time per call x calls per chunk); kernels run back to
+back.  The per-layer collectives of the sharded stream (replicated weights) are charged by
+``comm_schedule`` (:data:`perf.e2e.overlap.COMM_SCHEDULES`): by default (one graph per forward) only
+the part of them compute waits for (:mod:`perf.e2e.overlap`'s critical path over the collectives the
+code issues, :func:`sharding.layer_comm.layer_collectives`, component ``sharding_comm``) plus their
+DMA/HBM contention with the compute they run under (``comm_contention``); ``serial_split`` charges the
+same collectives back to back, ``serial_plan`` the plan's three (the model before the overlap);
+the FSDP prefetch overlaps as :func:`chunk_model` says.  On top of the kernels'
 own times (:mod:`perf.e2e.components`), three overhead components, each counted, not guessed:
 
 * ``kernel_fixed``: ``kernel_fixed_s`` x the chunk's kernel calls (sum of every component's
@@ -24,6 +30,7 @@ from typing import Any
 from perf.e2e.components import GROUPS, Component, Forward, forward_components, vae_components
 from perf.e2e.kernels import KernelProvider
 from perf.e2e.launches import LaunchPlan, neffs_per_chunk
+from perf.e2e.overlap import COMM_SCHEDULES, CommAlternative, ForwardOverlap, forward_overlap
 from perf.e2e.params import E2EParams
 from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, tp_linear_comm
 from perf.footprint import VaeProbe, merged_tokens, vae_strides
@@ -57,6 +64,25 @@ class ChunkModel:
     params: E2EParams
     end: str = "optimistic"
     launch_plan: LaunchPlan | None = None
+    comm_schedule: str = "serial_plan"
+    overlaps: tuple[ForwardOverlap, ...] = ()
+    comm_alternatives: tuple[CommAlternative, ...] = ()
+
+    def comm_alternative(self, schedule: str) -> CommAlternative:
+        """The per-layer collectives' charge under ``schedule`` (one of ``COMM_SCHEDULES``)."""
+        for a in self.comm_alternatives:
+            if a.schedule == schedule:
+                return a
+        raise ValueError(f"chunk has no comm alternative {schedule!r} (has {self.comm_alternatives})")
+
+    def chunk_s_under(self, schedule: str) -> float:
+        """Chunk time with the per-layer collectives charged by ``schedule`` instead of
+        :attr:`comm_schedule`: the components are additive, so the comm charge and the collective
+        barriers of the difference in collectives are swapped (NEFF launches unchanged: exact for one
+        graph per forward, where collectives do not cut graphs)."""
+        cur, alt = self.comm_alternative(self.comm_schedule), self.comm_alternative(schedule)
+        barrier = self.params.at(self.end).collective_barrier_s
+        return self.chunk_s - cur.comm_s + alt.comm_s + (alt.collectives - cur.collectives) * barrier
 
     def time(self, groups: Sequence[str] | None = None) -> float:
         return sum(c.total_s for c in self.components if groups is None or c.group in groups)
@@ -176,6 +202,7 @@ def chunk_model(
     vae_layers: str = "steady",
     weights: str = "replicated",
     compile_mode: str = "fullgraph",
+    comm_schedule: str | None = None,
 ) -> ChunkModel:
     """Modelled chunk at ``end``: the forwards (default: steady state of ``variant``) + VAE decode of the
     block + kernel fixed costs, collective barriers and NEFF launches (module docstring).
@@ -191,13 +218,32 @@ def chunk_model(
       gather are charged in full once per forward.  Assumes the gather's DMA does not slow compute.
     * ``"tp_linear"``: Megatron linears (``linear_mode="tp_linear"``); per layer the plan's SP K/V
       all-gather + :func:`tp_linear_comm`, serial with compute.
+
+    ``comm_schedule`` (one of :data:`perf.e2e.overlap.COMM_SCHEDULES`; replicated weights only, the
+    others are ``serial_plan``): None picks ``overlap`` for ``compile_mode="fullgraph"`` (collectives
+    inside the one graph, issued asynchronously) and ``serial_split`` otherwise (host collectives cut
+    the graph).  Every choice's charge is kept in :attr:`ChunkModel.comm_alternatives`.
     """
     if weights not in WEIGHT_VARIANTS:
         raise ValueError(f"chunk_model: weights must be one of {WEIGHT_VARIANTS}, got {weights!r}")
+    if comm_schedule is None:
+        if weights != "replicated":
+            comm_schedule = "serial_plan"
+        else:
+            comm_schedule = "overlap" if compile_mode == "fullgraph" else "serial_split"
+    if comm_schedule not in COMM_SCHEDULES:
+        raise ValueError(f"chunk_model: comm_schedule must be one of {COMM_SCHEDULES}, got {comm_schedule!r}")
+    if weights != "replicated" and comm_schedule != "serial_plan":
+        raise ValueError(
+            f"chunk_model: comm_schedule={comm_schedule!r} models the sharded stream's own collectives "
+            f"(weights='replicated'); weights={weights!r} takes 'serial_plan'"
+        )
     point = params.at(end)
     cmodel = point.comm_model if comm_model is None else comm_model
     fwds = steady_forwards(m, p, variant) if forwards is None else forwards
     comps: list[Component] = []
+    overlaps: list[ForwardOverlap] = []
+    alts: list[CommAlternative] = []
     pl = None
     for fwd in fwds:
         lq = sum(a[1] for a in fwd.attention)
@@ -230,6 +276,10 @@ def chunk_model(
         )
         if not has_head:
             cs = [c for c in cs if c.name != "head_gather"]
+        if weights == "replicated" and comm_s > 0:
+            cs, fo, alt = _stream_comm(m, p, fwd, pl, cs, comm_schedule, point.end, params.hbm_Bps_per_core)
+            overlaps.append(fo)
+            alts = _add_alternatives(alts, alt)
         if weights == "fsdp":
             layer_s = sum(c.time_s for c in cs if c.per_layer)
             _, g_blk, _, g_out = fsdp_gather(m, pl.tp * pl.sp, pl.model)
@@ -298,8 +348,79 @@ def chunk_model(
     ]
     t_stride = vae.temporal_stride if vae is not None else vae_strides()[0]
     return ChunkModel(
-        variant, cores, pl.name, pl.tp, pl.sp, tuple(comps), p.frames_per_block * t_stride, params, end, lp
+        variant,
+        cores,
+        pl.name,
+        pl.tp,
+        pl.sp,
+        tuple(comps),
+        p.frames_per_block * t_stride,
+        params,
+        end,
+        lp,
+        comm_schedule if overlaps else "serial_plan",
+        tuple(overlaps),
+        tuple(alts),
     )
+
+
+def _add_alternatives(a: list[CommAlternative], b: list[CommAlternative]) -> list[CommAlternative]:
+    """Per-schedule sums of two forwards' charges (``a`` empty: ``b``)."""
+    if not a:
+        return b
+    return [
+        replace(x, comm_s=x.comm_s + y.comm_s, collectives=x.collectives + y.collectives)
+        for x, y in zip(a, b, strict=True)
+    ]
+
+
+def _stream_comm(
+    m: ModelConfig,
+    p: PipelineConfig,
+    fwd: Forward,
+    pl: Any,
+    cs: list[Component],
+    schedule: str,
+    end: str,
+    hbm_Bps: float,
+) -> tuple[list[Component], ForwardOverlap, list[CommAlternative]]:
+    """One forward's per-layer collectives as the stream's code issues them
+    (:func:`sharding.layer_comm.layer_collectives`, SP-sharded cache), charged by ``schedule``: the
+    ``sharding_comm`` component replaced (and ``comm_contention`` added for ``overlap``); returns the
+    forward's overlap and the three schedules' charges (per forward)."""
+    from sharding.layer_comm import layer_collectives
+
+    L = m.num_layers
+    colls = layer_collectives(
+        pl, tokens=fwd.tokens, cache_slots=p.buffer_slots, tokens_per_block=p.tokens_per_block(m)
+    )
+    times = {c.name: c.time_s * c.calls / L for c in cs if c.per_layer and c.group != "comm"}
+    fo = forward_overlap(fwd.name, times, colls, L, end=end, hbm_Bps=hbm_Bps)
+    n = len(colls)
+    alts = [
+        CommAlternative("overlap", fo.charge_s, n * L),
+        CommAlternative("serial_split", fo.serial_s, n * L),
+        CommAlternative("serial_plan", pl.comm_time_s * L, pl.comm.collectives * L),
+    ]
+    if schedule == "serial_plan":
+        return cs, fo, alts
+    src = f"{n} collectives per layer ({'/'.join(c.role for c in colls)}; {pl.model.name})"
+    out: list[Component] = []
+    for c in cs:
+        if c.name != "sharding_comm":
+            out.append(c)
+        elif schedule == "serial_split":
+            out.append(replace(c, time_s=fo.serial_s / L, collectives=n, source=f"serialised: {src}"))
+        else:
+            tag = f"overlap critical path: {src}"
+            out.append(replace(c, time_s=fo.exposed_s / L, collectives=n, source=tag))
+            out.append(
+                Component(
+                    "comm_contention", "comm", fo.contention_s / L, L, 0, 0, True,
+                    f"hidden collectives' HBM time x {end} contention", bound="collective",
+                )
+            )  # fmt: skip
+    return out, fo, alts
 
 
 def summarize(components: Sequence[Component]) -> dict[str, float]:
