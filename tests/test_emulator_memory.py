@@ -252,8 +252,7 @@ def test_nkiobject_subclasses_get_a_dataclass_like_init():
     assert (u.rows, u.cols, u.scale, u.depth, u.tags, u.size) == (1, 2, 3.0, 4, [], 2)
     assert v.tags == [] and v.tags is not u.tags  # default_factory: a fresh list each
     assert repr(_Tile(2, 3)) == "_Tile(rows=2, cols=3, scale=1.0)"
-    with pytest.raises(TypeError, match="missing a value for field 'rows'"):
-        _Tile()
+    # a field without a default defaults to None (NKI 0.6): tests/test_emulator_nkiobject.py
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['colz'\\]"):
         _Tile(1, colz=2)
     with pytest.raises(TypeError, match="takes 3 positional arguments"):
