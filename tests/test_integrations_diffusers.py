@@ -186,18 +186,23 @@ def test_rotary_tables_are_the_projects_own() -> None:
         assert torch.equal(cos[0, :, 0, 0::2], want_cos) and torch.equal(sin[0, :, 0, 1::2], want_sin)
 
 
-def test_self_attention_without_rotary_matches_diffusers_processor() -> None:
-    """A self-attention call with ``rotary_emb=None`` is diffusers' plain attention (no rotation)."""
+@pytest.mark.parametrize("module, fused", [("attn1", False), ("attn1", True), ("attn2", True)])
+def test_attention_without_rotary_or_text_matches_diffusers_processor(module: str, fused: bool) -> None:
+    """A call with ``rotary_emb=None`` and no ``encoder_hidden_states`` is diffusers' plain attention over
+    hidden_states (no rotation); with fused projections the module's kind picks the fused weight, as in
+    diffusers (a cross-attention module called alone projects q with ``to_q`` and k/v with ``to_kv``)."""
     model = wan_transformer(2, 64, 1)
-    attn = model.blocks[0].attn1
+    if fused:
+        model.fuse_qkv_projections()
+    attn = getattr(model.blocks[0], module)
     hs = torch.randn(2, 24, 128, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         base = copy.deepcopy(attn).double()(hs.double())
         want = attn(hs)
-        attn.set_processor(NkiWanAttnProcessor("blocks.0.attn1", "reference"))
+        attn.set_processor(NkiWanAttnProcessor(f"blocks.0.{module}", "reference"))
         got = attn(hs)
     numerics.assert_within(
-        got, base, torch.float32, numerics.max_abs_err(want, base), "no-rope self-attention"
+        got, base, torch.float32, numerics.max_abs_err(want, base), f"{module} fused={fused} without rope"
     )
 
 
@@ -235,13 +240,31 @@ def test_compiles_to_one_graph_with_the_ops_inside() -> None:
 # ------------------------------------------------------------------------------ refusals
 
 
-def test_attention_mask_is_refused_naming_the_module() -> None:
+@pytest.mark.parametrize("module", ["attn1", "attn2"])
+def test_attention_mask_is_refused_naming_the_module(module: str) -> None:
+    """Even an all-true mask (which would not change the result): the processor never drops a mask."""
     model = wan_transformer(2, 64, 1)
     install_nki_attention(model)
-    attn = model.blocks[0].attn2
-    hs, enc = torch.randn(1, 8, 128), torch.randn(1, 5, 128)
-    with pytest.raises(ValueError, match=r"^blocks\.0\.attn2: attention_mask is not supported"):
-        attn(hs, enc, attention_mask=torch.ones(1, 8, 5, dtype=torch.bool))
+    attn = getattr(model.blocks[0], module)
+    hs = torch.randn(1, 8, 128)
+    enc = torch.randn(1, 5, 128) if module == "attn2" else None
+    mask = torch.ones(1, 8, 5 if module == "attn2" else 8, dtype=torch.bool)
+    with pytest.raises(ValueError, match=rf"^blocks\.0\.{module}: attention_mask is not supported"):
+        attn(hs, enc, attention_mask=mask)
+
+
+def test_key_value_head_size_other_than_the_querys_is_refused() -> None:
+    """``cross_attention_dim_head`` != the query's head size: refused at install and, when the processor
+    is set by hand, at the call; both name the module."""
+    from diffusers.models.transformers.transformer_wan import WanAttention
+
+    odd = WanAttention(dim=128, heads=2, dim_head=64, cross_attention_dim_head=32)
+    model = torch.nn.ModuleDict({"wan": wan_transformer(1, 64, 1), "odd": odd})
+    with pytest.raises(ValueError, match=r"^odd \(WanAttention\): key/value width 64 != query width 128"):
+        install_nki_attention(model)
+    odd.set_processor(NkiWanAttnProcessor("odd", "reference"))
+    with pytest.raises(ValueError, match=r"^odd \(WanAttention\): key/value width 64"):
+        odd(torch.randn(1, 4, 128), torch.randn(1, 3, 128))
 
 
 def test_image_cross_attention_is_refused_at_install_and_nothing_changes() -> None:
@@ -261,6 +284,27 @@ def test_a_diffusers_attention_backend_set_later_is_refused() -> None:
     x, t, text = _inputs(CASES["h2d64"])
     with pytest.raises(ValueError, match=r"^blocks\.0\.attn1: a diffusers attention backend"):
         _run(model, x[:1, :, :1], t[:1], text[:1])
+
+
+def test_a_context_parallel_config_set_later_is_refused() -> None:
+    """diffusers' ``enable_parallelism`` writes ``_parallel_config`` on every processor (it needs a
+    process group, so the attribute is written here as diffusers writes it)."""
+    model = wan_transformer(2, 64, 1)
+    procs = install_nki_attention(model)
+    procs["blocks.0.attn1"]._parallel_config = object()
+    with pytest.raises(ValueError, match=r"^blocks\.0\.attn1: diffusers context parallelism"):
+        model.blocks[0].attn1(torch.randn(1, 4, 128))
+
+
+def test_malformed_activations_are_refused_before_any_projection() -> None:
+    model = wan_transformer(2, 64, 1)
+    install_nki_attention(model)
+    with pytest.raises(ValueError, match=r"^blocks\.0\.attn1: hidden_states must be a \[B, L, dim\] tensor"):
+        model.blocks[0].attn1(torch.randn(4, 128))
+    with pytest.raises(ValueError, match=r"^blocks\.0\.attn2: encoder_hidden_states must be \[B, Lt, dim\]"):
+        model.blocks[0].attn2(torch.randn(2, 4, 128), torch.randn(1, 3, 128))
+    with pytest.raises(ValueError, match=r"^blocks\.0\.attn1: rotary_emb must be .* got \[\(\(1, 5, 1, 64\)"):
+        model.blocks[0].attn1(torch.randn(1, 4, 128), rotary_emb=(torch.ones(1, 5, 1, 64),) * 2)
 
 
 def test_float16_is_refused_naming_the_module() -> None:

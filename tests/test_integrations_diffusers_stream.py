@@ -142,6 +142,48 @@ def test_config_variants_are_refused_naming_the_field(field: str, value: object,
         model_config_from_diffusers(cfg, latent_size=LATENT, text_len=M.text_len)
 
 
+def test_every_config_field_reaches_the_model_config() -> None:
+    """Non-default values in every field the wrapper reads (eps, freq_dim, ffn_dim, text_dim, patch, in/out
+    channels; ``out_channels=None`` means in_channels, as in diffusers), against a hand-written
+    ModelConfig."""
+    cfg = {
+        **_diffusers_config(),
+        "num_attention_heads": 3,
+        "attention_head_dim": 8,
+        "in_channels": 5,
+        "out_channels": None,
+        "text_dim": 7,
+        "freq_dim": 10,
+        "ffn_dim": 48,
+        "num_layers": 4,
+        "patch_size": [1, 2, 4],
+        "eps": 1e-5,
+        "rope_max_seq_len": 1024,
+        "qk_norm": "rms_norm_across_heads",
+    }
+    got = model_config_from_diffusers(cfg, latent_size=(6, 8), text_len=9, name="mine")
+    want = replace(
+        get_preset("tiny"),
+        name="mine",
+        num_layers=4,
+        dim=24,
+        num_heads=3,
+        ffn_dim=48,
+        freq_dim=10,
+        text_dim=7,
+        text_len=9,
+        latent_height=6,
+        latent_width=8,
+        patch_size=(1, 2, 4),
+        in_channels=5,
+        out_channels=5,
+        eps=1e-5,
+    )
+    assert got == want
+    got = model_config_from_diffusers({**cfg, "out_channels": 6}, latent_size=(6, 8), text_len=9, name="mine")
+    assert got == replace(want, out_channels=6)
+
+
 def test_arguments_are_checked() -> None:
     cfg = _diffusers_config()
     with pytest.raises(ValueError, match=r"^latent_size must be \(latent_height, latent_width\)"):
@@ -158,7 +200,9 @@ def test_arguments_are_checked() -> None:
 
 def test_models_the_stream_cannot_share_are_refused(own: CausalWanModel, tmp_path: Path) -> None:
     dm = _as_diffusers(own)
-    with pytest.raises(ValueError, match=r"parameters are torch.float32 but the stream runs in torch.bfloat16"):
+    with pytest.raises(
+        ValueError, match=r"parameters are torch.float32 but the stream runs in torch.bfloat16"
+    ):
         stream_from_diffusers(dm, PipelineConfig(dtype="bfloat16"), latent_size=LATENT, text_len=M.text_len)
     mixed = _as_diffusers(own)
     mixed.blocks[0].norm2.to(torch.bfloat16)  # as from_pretrained(torch_dtype=...) leaves some modules
@@ -175,6 +219,42 @@ def test_models_the_stream_cannot_share_are_refused(own: CausalWanModel, tmp_pat
     ck.save_safetensors(own.state_dict(), wan_dir / "model.safetensors")
     with pytest.raises(ValueError, match=r"holds Wan-layout weights; load them with CausalWanModel"):
         causal_wan_from_diffusers(wan_dir, latent_size=LATENT, text_len=M.text_len)
+
+
+def test_a_forward_diffusers_would_change_is_refused_naming_the_module(own: CausalWanModel) -> None:
+    """Cache hooks, a custom attention processor and an attention backend change what diffusers' forward
+    runs; the stream runs the project's forward and would ignore them, so each is refused. The project's
+    own processor (the same math) is accepted."""
+    from diffusers import FirstBlockCacheConfig
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    from nki_ardiff.integrations.diffusers import install_nki_attention
+
+    dm = _as_diffusers(own)
+    dm.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with pytest.raises(ValueError, match=r"^transformer(\.\S+)? \(\w+\): diffusers hooks \['\w+'\]"):
+        causal_wan_from_diffusers(dm, latent_size=LATENT, text_len=M.text_len)
+    dm.disable_cache()
+    causal_wan_from_diffusers(dm, latent_size=LATENT, text_len=M.text_len)  # hooks removed: accepted
+
+    class Tweaked(WanAttnProcessor):  # a user's variant: other math under diffusers' processor type
+        pass
+
+    dm.blocks[1].attn2.set_processor(Tweaked())
+    with pytest.raises(
+        ValueError, match=r"^transformer\.blocks\.1\.attn2 \(WanAttention\): attention processor Tweaked"
+    ):
+        causal_wan_from_diffusers(dm, latent_size=LATENT, text_len=M.text_len)
+    dm.set_attn_processor(WanAttnProcessor())
+    dm.blocks[0].attn1.set_attention_backend("native")
+    with pytest.raises(
+        ValueError, match=r"^transformer\.blocks\.0\.attn1 \(WanAttention\): a diffusers attention backend"
+    ):
+        causal_wan_from_diffusers(dm, latent_size=LATENT, text_len=M.text_len)
+    dm.reset_attention_backend()
+    install_nki_attention(dm, backend="reference")
+    model, _ = causal_wan_from_diffusers(dm, latent_size=LATENT, text_len=M.text_len)
+    assert model.blocks[0].self_attn.q.weight is dm.blocks[0].attn1.to_q.weight
 
 
 def test_installed_diffusers_has_no_rolling_kv_cache_api() -> None:

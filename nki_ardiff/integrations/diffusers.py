@@ -181,7 +181,7 @@ class NkiWanAttnProcessor:
         a: Any = attn
         src = encoder_hidden_states if encoder_hidden_states is not None else hidden_states
         if getattr(a, "fused_projections", False):
-            if cross:
+            if a.is_cross_attention:  # diffusers' rule: the module's kind picks the fused weight
                 q = a.to_q(hidden_states)
                 k, v = a.to_kv(src).chunk(2, dim=-1)
             else:

@@ -31,7 +31,10 @@ Refused (``ValueError`` naming the config field or parameter): image-to-video an
 patch size with more than one frame per token, parameters that have no Wan name (a PEFT adapter not fused,
 fused q/k/v projections), parameters of several dtypes or devices (a model loaded with
 ``torch_dtype=bfloat16`` keeps some in fp32: cast it with ``.to(dtype)`` first), a dtype other than the
-stream's (``pipe_cfg.dtype``).
+stream's (``pipe_cfg.dtype``), and anything diffusers' forward would run that the stream's would not
+(diffusers hooks such as ``enable_cache`` or offloading, a custom attention processor, a diffusers
+attention backend: ``ValueError`` naming the module). Diffusers' ``WanAttnProcessor`` and the project's
+``NkiWanAttnProcessor`` are both accepted: the stream attends with the project's ops either way.
 """
 
 from __future__ import annotations
@@ -160,6 +163,45 @@ def _config_dir(path: Path) -> Path:
     )
 
 
+def _check_plain_forward(transformer: torch.nn.Module) -> None:
+    """Refuse what diffusers' forward would run but the stream's would not (it would be ignored, silently).
+
+    ``ValueError`` naming the module for: diffusers hooks registered on any module (``enable_cache``,
+    group offloading, layerwise casting, context parallelism), an attention processor other than diffusers'
+    ``WanAttnProcessor`` or the project's ``NkiWanAttnProcessor`` (both the stream's math), and a diffusers
+    attention backend set on a processor (``set_attention_backend``).
+    """
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    from nki_ardiff.integrations.diffusers import NkiWanAttnProcessor
+
+    for name, mod in transformer.named_modules():
+        where = f"transformer{'.' + name if name else ''} ({type(mod).__name__})"
+        registry = getattr(mod, "_diffusers_hook", None)
+        hooks = getattr(registry, "hooks", None)
+        if hooks:
+            raise ValueError(
+                f"{where}: diffusers hooks {sorted(hooks)} are registered (caching, offloading, layerwise "
+                "casting or parallelism); the stream runs the project's forward, which would ignore them: "
+                "remove them first (e.g. transformer.disable_cache())"
+            )
+        proc = getattr(mod, "processor", None)
+        if proc is None or not hasattr(mod, "set_processor"):
+            continue
+        if type(proc) not in (WanAttnProcessor, NkiWanAttnProcessor):  # a subclass may change the math
+            raise ValueError(
+                f"{where}: attention processor {type(proc).__name__} would be ignored (the stream attends "
+                "with the project's ops, the math of WanAttnProcessor); restore diffusers' processor first "
+                "(transformer.set_attn_processor(WanAttnProcessor()))"
+            )
+        if getattr(proc, "_attention_backend", None) is not None:
+            raise ValueError(
+                f"{where}: a diffusers attention backend ({proc._attention_backend}) is set; the stream runs "
+                "the project's ops (backend= of stream_from_diffusers) and would ignore it: "
+                "transformer.reset_attention_backend() first"
+            )
+
+
 def _shared_model(
     transformer: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype | None
 ) -> CausalWanModel:
@@ -224,6 +266,12 @@ def causal_wan_from_diffusers(
 
     Returns:
         ``(model, model_cfg)``, the model in eval mode.
+
+    Raises ``TypeError`` for another source type; ``ValueError`` naming the field, parameter or module for a
+    config variant (:func:`model_config_from_diffusers`), a model in memory whose forward diffusers would
+    change (hooks, a custom attention processor, an attention backend), parameters of several dtypes or
+    devices or of another dtype than ``dtype``, parameters without a Wan name, or a directory without a
+    diffusers config and weights.
     """
     if dtype is not None and dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or None, got {dtype!r}")
@@ -237,6 +285,7 @@ def causal_wan_from_diffusers(
             )
         config: Mapping[str, Any] = source.config  # type: ignore[assignment]
         cfg = model_config_from_diffusers(config, latent_size=latent_size, text_len=text_len)
+        _check_plain_forward(source)
         return _shared_model(source, cfg, dtype), cfg
     if not isinstance(source, (str, Path)):
         raise TypeError(
