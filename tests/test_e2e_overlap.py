@@ -204,3 +204,26 @@ def test_chunk_charges_and_alternatives_are_consistent():
         _wan("optimistic", comm_schedule="hidden")
     with pytest.raises(ValueError, match="replicated"):
         _wan("optimistic", comm_schedule="overlap", weights="fsdp")
+
+
+def test_report_section_lists_what_overlaps_and_what_waits():
+    from perf.e2e.report_overlap import overlap_lines
+
+    lo, hi = _wan("pessimistic"), _wan("optimistic")
+    text = "\n".join(overlap_lines(lo, hi))
+    assert "## Per-layer critical path" in text
+    # the headline row (bold) is the chunk as modelled; the other two are the serialised alternatives
+    assert f"**{lo.chunk_s * 1e3:,.2f}-{hi.chunk_s * 1e3:,.2f}**" in text
+    for s in ("serial_split", "serial_plan"):
+        assert f"{lo.chunk_s_under(s) * 1e3:,.2f}-{hi.chunk_s_under(s) * 1e3:,.2f}" in text
+    rows = {r.split("|")[1].strip(): r for r in text.splitlines() if r.startswith("| ") and "comm |" in r}
+    assert set(rows) == {"kv_cache", "qkv_in", "kv_fresh", "out"}
+    assert "under 0:o_proj" in rows["kv_cache"] and "hidden 0 of" in rows["qkv_in"]
+    waits = [r for r in text.splitlines() if r.startswith("| rope3d |")]
+    assert len(waits) == 1 and "waits" in waits[0] and "1:kv_fresh" in waits[0]
+    prm = E2EParams()
+    one = chunk_model(
+        WAN, PIPE, cores=1, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
+        params=prm,
+    )  # fmt: skip
+    assert one.overlaps == () and overlap_lines(one, one) == []  # one core: no collectives, no section

@@ -36,6 +36,7 @@ LAYER_ORDER = (
     "rope3d",
     "kv_cache_write",
     "sharding_comm",
+    "comm_contention",
     "attn_merged",
     "attn_update",
     "attn_denoise",

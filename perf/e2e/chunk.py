@@ -369,7 +369,12 @@ def _add_alternatives(a: list[CommAlternative], b: list[CommAlternative]) -> lis
     if not a:
         return b
     return [
-        replace(x, comm_s=x.comm_s + y.comm_s, collectives=x.collectives + y.collectives)
+        replace(
+            x,
+            comm_s=x.comm_s + y.comm_s,
+            collectives=x.collectives + y.collectives,
+            bytes_per_layer=x.bytes_per_layer + y.bytes_per_layer,
+        )
         for x, y in zip(a, b, strict=True)
     ]
 
@@ -397,10 +402,11 @@ def _stream_comm(
     times = {c.name: c.time_s * c.calls / L for c in cs if c.per_layer and c.group != "comm"}
     fo = forward_overlap(fwd.name, times, colls, L, end=end, hbm_Bps=hbm_Bps)
     n = len(colls)
+    moved = sum(c.bytes for c in colls)
     alts = [
-        CommAlternative("overlap", fo.charge_s, n * L),
-        CommAlternative("serial_split", fo.serial_s, n * L),
-        CommAlternative("serial_plan", pl.comm_time_s * L, pl.comm.collectives * L),
+        CommAlternative("overlap", fo.charge_s, n * L, moved),
+        CommAlternative("serial_split", fo.serial_s, n * L, moved),
+        CommAlternative("serial_plan", pl.comm_time_s * L, pl.comm.collectives * L, pl.comm.total_bytes),
     ]
     if schedule == "serial_plan":
         return cs, fo, alts

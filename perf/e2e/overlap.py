@@ -345,8 +345,10 @@ def forward_overlap(
 @dataclass(frozen=True)
 class CommAlternative:
     """The chunk's per-layer collectives under one of :data:`COMM_SCHEDULES`: their charge per chunk
-    (seconds, the ``sharding_comm`` + ``comm_contention`` components) and their count per chunk."""
+    (seconds, the ``sharding_comm`` + ``comm_contention`` components), their count per chunk and the
+    bytes one rank moves per layer (sent by all-to-alls + received by all-gathers, summed over forwards)."""
 
     schedule: str
     comm_s: float
     collectives: int
+    bytes_per_layer: int = 0

@@ -17,6 +17,7 @@ from perf.e2e.peer import PUBLISHED
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
 from perf.e2e.report_guard import guard_headline_lines, guard_lines, read_guard_rows
 from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
+from perf.e2e.report_overlap import overlap_lines
 from perf.e2e.report_peer import calibration_verdict, peer_breakdown_lines, peer_table
 from perf.e2e.run import E2EResult
 from perf.e2e.weights import WEIGHT_VARIANTS
@@ -417,6 +418,7 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     L.append("")
     L += layer_path_lines(mg_hi, mg_lo)
     L.append("")
+    L += overlap_lines(mg_lo, mg_hi)  # pessimistic, optimistic
     L.append("## Per-chunk breakdown (modelled, merged forward, both ends)\n")
     L.append("| group | pessimistic ms | share | optimistic ms | share |")
     L.append("|---|---|---|---|---|")
@@ -548,8 +550,10 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
     L += _footprint_check_lines()
     L.append("## Assumptions (all modelled)\n")
     L.append(
-        "- components run back to back (no overlap between kernels or with communication; the one exception "
-        "is the FSDP weight prefetch); inside one kernel cost model v2's schedule overlaps engines as far as "
+        "- kernels run back to back (no overlap between kernels); the sharded stream's per-layer collectives "
+        "overlap compute only where the stream's data dependencies allow (`perf/e2e/overlap.py`, one graph "
+        "per forward; serialised without `--compile` and for the FSDP / TP-linear variants), the FSDP "
+        "weight prefetch as stated; inside one kernel cost model v2's schedule overlaps engines as far as "
         "the kernel's dependencies allow (read-after-write and write-after-read through its tiles) and "
         "prices the VectorE/GpSimd shared SBUF port; the end-to-end `vector_gpsimd_contention` applies only "
         "to kernels not priced by that schedule (the analytic fallback)."
