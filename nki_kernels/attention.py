@@ -59,6 +59,7 @@ from __future__ import annotations
 from typing import Any
 
 from nki_kernels._nki import nisa, nki, nl
+from nki_kernels.attention_fp8 import FP8_GUARD_L_MIN
 from nki_kernels.attention_heads import HeadsPass, heads_fit
 from nki_kernels.attention_pv import (
     ALPHA_SETS,
@@ -155,7 +156,7 @@ def _flash_rows(
     if isinstance(kT_sb, KvStream):
         if not static:
             raise ValueError("_flash_rows: a KvStream streams the static pass only")
-        bounds = (GUARD_L_MIN, GUARD_L_MAX, L_FLOOR)
+        bounds = (GUARD_L_MIN if kT_sb.v_scale is None else FP8_GUARD_L_MIN, GUARD_L_MAX, L_FLOOR)
         stream_rows(kT_sb, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, w["good"], bounds, w["carry"])
         return n_grp
     D = q.shape[3]
@@ -376,7 +377,9 @@ def _guarded_rows(
     return n_next
 
 
-def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_group, static=False):
+def _attention_body(
+    q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_group, static=False, v_scale=None
+):
     B, Lq, H, D = q.shape
     Lk = sum(n for _, n in segments)
     dt = q.dtype
@@ -390,6 +393,11 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
     nprog = nl.num_programs()
 
     chunks = merge_remainder(_chunks(Lk, KC), KC)
+    if v_scale is not None and not (static and streams(chunks, two_byte, dma_chunks)):
+        raise ValueError(
+            "attention: v_scale (FP8 P.V) needs the streamed static pass: a 2-byte dtype, static=True, no "
+            f"DMA transpose share and a second full 1,024-key chunk (Lk >= 2048), got Lk={Lk}, dtype={dt}"
+        )
     if static and len(chunks) == 1 and heads_fit(segments, H, D, two_byte, dma_chunks):  # every head at once
         w = guard_buffers(dt, count_psum=True)
         ntl = (Lq + PMAX - 1) // PMAX  # the query tiles, split in contiguous ranges over the cores
@@ -405,6 +413,8 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
         w = guard_buffers(dt, count_psum=True)
         pairs = owned_pairs(B, H, pid, nprog)
         units = [(SegmentStream(kbuf, vbuf, b, h, segments, D, dt), b, h, 0, Lq) for b, h in pairs]
+        for kv, *_ in units:
+            kv.v_scale = v_scale
         link_streams(units)
         for kv, b, h, lo, hi in units:
             _guarded_rows(
@@ -437,14 +447,18 @@ def _attention_body(q, kbuf, vbuf, segments, scale, return_lse, dma_chunks, dma_
 
 
 @nki.jit
-def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_group=None, static=True):
+def attention_kernel(
+    q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_group=None, static=True, v_scale=None
+):
     """Flash attention ``[B, Lq, H, D] x [B, Lk, H, D]`` -> out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]``).
 
     ``scale`` (float) and ``return_lse`` (bool) are compile-time constants; ``dma_transpose_chunks``
     (``(num, den)``, default :data:`DMA_TRANSPOSE_CHUNKS`) is the fraction of full 2048-key chunks whose P is
     transposed by the DMA instead of TensorE (``(0, 1)``: all on TensorE). Results are bit-identical either
     way. ``static`` (default): the guarded static softmax offset (:func:`_guarded_rows`,
-    :data:`GUARD_L_MAX`); False: the running max.
+    :data:`GUARD_L_MAX`); False: the running max. ``v_scale`` (HBM ``[B, H, D]`` fp32, V's per-channel
+    dequantisation scales ``max_j |v| / 240``): FP8 attention, P.V in e4m3 on the streamed static pass
+    (:mod:`nki_kernels.attention_fp8`; ValueError where that pass does not run); None (default): bf16.
     """
     return _attention_body(
         q,
@@ -456,15 +470,17 @@ def attention_kernel(q, k, v, scale, return_lse, dma_transpose_chunks=None, dma_
         _dma_chunks(dma_transpose_chunks),
         _dma_group(dma_group),
         bool(static),
+        v_scale,
     )
 
 
 @nki.jit
 def attention_segments_kernel(
-    q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None, dma_group=None, static=True
-):
+    q, kv_k, kv_v, segments, scale, return_lse, dma_transpose_chunks=None, dma_group=None, static=True,
+    v_scale=None,
+):  # fmt: skip
     """Attention over keys/values read in place from ordered ``(start, length)`` segments of ``[B, S, H, D]``
-    buffers (compile-time tuple of int pairs); ``dma_transpose_chunks``, ``static`` as
+    buffers (compile-time tuple of int pairs); ``dma_transpose_chunks``, ``static``, ``v_scale`` as
     :func:`attention_kernel`."""
     return _attention_body(
         q,
@@ -476,6 +492,7 @@ def attention_segments_kernel(
         _dma_chunks(dma_transpose_chunks),
         _dma_group(dma_group),
         bool(static),
+        v_scale,
     )
 
 

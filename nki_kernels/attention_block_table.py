@@ -68,7 +68,7 @@ import numpy as np
 from nki_kernels._nki import nisa, nki, nl
 from nki_kernels.attention import _chunks, _guarded_rows, streams
 from nki_kernels.attention_block_table_stream import BlockTableStream
-from nki_kernels.attention_entries import _check_static, _validate
+from nki_kernels.attention_entries import _check_fp8, _check_static, _validate, fp8_v_scale
 from nki_kernels.attention_pv import ALPHA_SETS
 from nki_kernels.attention_stream import link_streams
 from nki_kernels.attention_tiles import (
@@ -279,8 +279,9 @@ def _load_group(kT_sb, v_sb, k_st, kT_ps, k_sources, v_sources, offs, b, h, T, D
 
 
 def _block_table_body(
-    q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks, dma_group, static=False
-):
+    q, k_sources, v_sources, table, q_groups, T, scale, return_lse, dma_chunks, dma_group, static=False,
+    v_scale=None,
+):  # fmt: skip
     B, Lq, H, D = q.shape
     G, NB, _ = table.shape
     n_src = len(k_sources)
@@ -301,6 +302,11 @@ def _block_table_body(
 
     offs = [_offset_tiles(table, g, n_src, nblk, B, T, M, nkt) for g in range(G)]
     chunks = merge_remainder(_chunks(Lk, KC), KC)
+    if v_scale is not None and not (static and streams(chunks, two_byte, dma_chunks)):
+        raise ValueError(
+            "attention_block_table: v_scale (FP8 P.V) needs the streamed static pass: a 2-byte dtype, "
+            f"static=True, no DMA transpose share and NB*T >= 2048 key positions, got {Lk}, dtype={dt}"
+        )
     if static and streams(chunks, two_byte, dma_chunks):  # K/V streamed per (b, h, group): none resident
         w = guard_buffers(dt, count_psum=True)
         units = []
@@ -309,6 +315,7 @@ def _block_table_body(
             for g in range(G):
                 res = _resident_group(k_sources, v_sources, offs[g], b, h, T, D, nkt, dt)
                 kv = BlockTableStream(k_sources, v_sources, offs[g], b, h, T, D, dt, res)
+                kv.v_scale = v_scale
                 units.append((kv, b, h, lo, lo + q_groups[g]))
                 lo += q_groups[g]
         link_streams(units)
@@ -383,6 +390,7 @@ def attention_block_table_kernel(
     dma_transpose_chunks=None,
     dma_group=None,
     static=True,
+    v_scale=None,
 ):
     """Grouped flash attention over key blocks picked at runtime from ``k_sources``/``v_sources``.
 
@@ -391,7 +399,8 @@ def attention_block_table_kernel(
     source -1 = empty). Compile-time: ``q_groups`` (tuple of G ints summing to Lq), ``block_tokens`` (T),
     ``scale``, ``return_lse``, ``dma_transpose_chunks`` (as :func:`nki_kernels.attention.attention_kernel`;
     default :data:`DMA_TRANSPOSE_CHUNKS`), ``static`` (the guarded static softmax offset,
-    :func:`nki_kernels.attention._guarded_rows`; per (b, h, group)).
+    :func:`nki_kernels.attention._guarded_rows`; per (b, h, group)), ``v_scale`` (FP8 P.V, as
+    :func:`nki_kernels.attention.attention_kernel`; one ``[B, H, D]`` scale for every source).
     Returns out ``[B, Lq, H, D]`` (+ lse ``[B, Lq, H]`` fp32).
     """
     return _block_table_body(
@@ -406,6 +415,7 @@ def attention_block_table_kernel(
         _dma_chunks(DMA_TRANSPOSE_CHUNKS if dma_transpose_chunks is None else dma_transpose_chunks),
         _dma_group(DMA_GROUP_CHUNKS if dma_group is None else dma_group),
         bool(static),
+        v_scale,
     )
 
 
@@ -471,6 +481,7 @@ def attention_block_table_emulated(
     lnc: int = 1,
     dma_transpose_chunks: tuple[int, int] | None = None,
     static: bool = True,
+    fp8: bool = False,
 ) -> Any:
     """:func:`nki_kernels.ops.attention_block_table` through :func:`attention_block_table_kernel` (emulator).
 
@@ -486,6 +497,7 @@ def attention_block_table_emulated(
         scale: softmax scale (default ``1/sqrt(D)``). return_lse: also return lse ``[B, Lq, H]`` fp32.
         lnc: logical cores (1 or 2). dma_transpose_chunks: see :func:`attention_block_table_kernel`.
         static: the guarded static softmax offset (:func:`nki_kernels.attention.attention_emulated`).
+        fp8: P.V in e4m3 (:func:`nki_kernels.attention.attention_emulated`); V's scales over every source.
 
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``; a group without keys gives zeros / -inf.
@@ -495,6 +507,7 @@ def attention_block_table_emulated(
 
     ks, vs, tab, groups, t = _check_args(q, k_sources, v_sources, block_table, q_groups, block_tokens)
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    extra = {"v_scale": fp8_v_scale(vs, "v_sources")} if _check_fp8(fp8) else {}
     res, _ = launch(
         attention_block_table_kernel,
         q.contiguous(),
@@ -508,6 +521,7 @@ def attention_block_table_emulated(
         dma_transpose_chunks,
         static=_check_static(static),
         lnc=lnc,
+        **extra,
     )
     return _finish(res, q, return_lse)
 

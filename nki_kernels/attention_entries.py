@@ -35,6 +35,24 @@ def _check_static(static: object) -> bool:
     return static
 
 
+def _check_fp8(fp8: object) -> bool:
+    if not isinstance(fp8, bool):
+        raise TypeError(f"fp8 must be a bool, got {type(fp8).__name__}")
+    return fp8
+
+
+def fp8_v_scale(v_parts: Sequence[Any], name: str) -> Any:
+    """V's FP8 dequantisation scales ``[B, H, D]`` fp32 over the keys of every ``[B, L, H, D]`` tensor in
+    ``v_parts`` (:func:`reference.attention_fp8.v_scales`, the one definition); bf16 inputs only."""
+    import torch
+
+    from reference.attention_fp8 import v_scales
+
+    if any(t.dtype != torch.bfloat16 for t in v_parts):
+        raise TypeError(f"fp8=True needs bfloat16 inputs ({name} is {v_parts[0].dtype})")
+    return v_scales(torch.cat([t.float() for t in v_parts], dim=1)).contiguous()
+
+
 def _finish(res: Any, q: Any, return_lse: bool) -> Any:
     import torch
 
@@ -54,6 +72,7 @@ def attention_emulated(
     return_lse: bool = False,
     lnc: int = 1,
     static: bool = True,
+    fp8: bool = False,
 ) -> Any:
     """Attention through :func:`attention_kernel` on the emulator.
 
@@ -64,6 +83,8 @@ def attention_emulated(
         lnc: logical cores (1 or 2).
         static: the guarded static softmax offset instead of the running max (same results within bf16
             rounding; any row that would overflow is recomputed exactly, see :func:`_guarded_rows`).
+        fp8: P.V in e4m3 (:mod:`nki_kernels.attention_fp8`, reference ``reference.attention_fp8``): bf16
+            inputs, the streamed static pass (``static``, Lk >= 2048), V's scales over the keys.
 
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)``.
@@ -75,9 +96,10 @@ def attention_emulated(
     if k.shape[1] < 1:
         raise ValueError("k must hold at least one key (Lk >= 1)")
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    extra = {"v_scale": fp8_v_scale([v], "v")} if _check_fp8(fp8) else {}
     res, _ = launch(
         attention_kernel, q.contiguous(), k.contiguous(), v.contiguous(), sc, bool(return_lse),
-        static=_check_static(static), lnc=lnc,
+        static=_check_static(static), lnc=lnc, **extra,
     )  # fmt: skip
     return _finish(res, q, return_lse)
 
@@ -91,6 +113,7 @@ def attention_segments_emulated(
     return_lse: bool = False,
     lnc: int = 1,
     static: bool = True,
+    fp8: bool = False,
 ) -> Any:
     """Attention over ordered ``(start, length)`` segments of KV buffers ``[B, S, H, D]``, read in place.
 
@@ -114,6 +137,9 @@ def attention_segments_emulated(
     if not segs:
         raise ValueError("segments must hold at least one key in total")
     sc = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    extra = {}
+    if _check_fp8(fp8):
+        extra["v_scale"] = fp8_v_scale([kv_v[:, a : a + n] for a, n in segs], "kv_v")
     res, _ = launch(
         attention_segments_kernel,
         q.contiguous(),
@@ -124,5 +150,6 @@ def attention_segments_emulated(
         bool(return_lse),
         static=_check_static(static),
         lnc=lnc,
+        **extra,
     )
     return _finish(res, q, return_lse)

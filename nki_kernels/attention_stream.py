@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nki_kernels._nki import nisa, nl
+from nki_kernels.attention_fp8 import Fp8Pv
 from nki_kernels.attention_tiles import KC_TWO_BYTE, _load_kv, _load_transposed
 from nki_kernels.hw_limits import PMAX
 
@@ -99,6 +100,8 @@ class KvStream:
         # chunk are loaded while this stream's last unit runs (set by the kernel, None for the last one)
         self.nxt: KvStream | None = None
         self.nxt_rows: tuple[int, int, int, int] | None = None
+        # FP8 attention (P.V in e4m3): V's dequantisation scales, HBM [B, H, D] fp32; None: bf16 P.V
+        self.v_scale: Any = None
 
     def slot(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -264,6 +267,7 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, ca
         nx = _Loads(nxt[0], q, *nxt[1:])
         carry[(id(nxt[0]), *nxt[1:4])] = nx
 
+    f8 = Fp8Pv(kv, b, h, D)
     o_all = nl.ndarray((PMAX, nt, D + 1), dtype=f32, buffer=nl.sbuf)
     bmax = nl.ndarray((PMAX, nt), dtype=f32, buffer=nl.sbuf)
     mx = nl.ndarray((1, nt), dtype=f32, buffer=nl.sbuf)
@@ -273,7 +277,7 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, ca
     s_ps = [nl.ndarray((PMAX, NB, PMAX), dtype=f32, buffer=nl.psum) for _ in range(RING)]
     pv_ps = [nl.ndarray((PMAX, D + 1), dtype=f32, buffer=nl.psum) for _ in range(PV_RING)]
     bc = nl.ndarray((PMAX, nt), dtype=f32, buffer=nl.psum)
-    pT = [nl.ndarray((PMAX, NB, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(RING)]
+    pT = [nl.ndarray((PMAX, NB, PMAX), dtype=f8.p_dtype(dt), buffer=nl.sbuf) for _ in range(RING)]
     o_out = [nl.ndarray((PMAX, D), dtype=dt, buffer=nl.sbuf) for _ in range(2)]
     rl = nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf)
     lse_t = [nl.ndarray((PMAX, 1), dtype=f32, buffer=nl.sbuf) for _ in range(4)]
@@ -324,11 +328,13 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, ca
         """nm[:, t] = -scale * (max over partitions of bmax[:, t]) on every partition, tiles [t0, t1)."""
         nisa.tensor_partition_reduce(mx[0:1, t0:t1], nl.maximum, bmax[:, t0:t1])
         nisa.nc_matmul(bc[:, t0:t1], stationary=ones_row[0:1, :PMAX], moving=mx[0:1, t0:t1], accumulate=False)
-        nisa.tensor_scalar(nm[:, t0:t1], bc[:, t0:t1], nl.multiply, -scale, engine=nisa.vector_engine)
+        nisa.tensor_scalar(nm[:, t0:t1], bc[:, t0:t1], nl.multiply, -scale, engine=nisa.vector_engine,
+                           **f8.offset_shift())  # fmt: skip
 
     for t in range(min(nt, QLEAD)):
         ld.load_q(t)
     ensure(0)
+    f8.start(ld.slot(0), chunks[0][1])  # FP8: V's scales for this (b, h) and chunk 0 quantised
     ensure(1, finish=False)
     for j in range(min(2, len(seq))):
         produce(j)
@@ -356,6 +362,8 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, ca
             pending.pop()()
         if j + 2 < len(seq):
             produce(j + 2)
+        if c >= 0 and t == nt // 2 and c + 1 < nch:  # FP8: the next chunk's V quantised on GpSimd
+            f8.quantize(ld.slot(c + 1), c + 1, chunks[c + 1][1])
         if j + QLEAD < len(seq):
             ld.load_q(seq[j + QLEAD][1])
         for t0, t1 in batches.get(j, []):
@@ -363,7 +371,9 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, ca
         if c < 0:
             continue
         pv, v = pv_ps[i % PV_RING], ld.slot(c)["v"]
-        for blk in range(nbf + (1 if kr else 0)):
+        if f8.on:  # e4m3 P^T and V: double-row matmuls over pairs of 128-key blocks
+            f8.pv(pv, p, ld.slot(c), kc)
+        for blk in range(0 if f8.on else nbf + (1 if kr else 0)):
             kb = min(PMAX, kc - blk * PMAX)
             nisa.nc_matmul(
                 pv[:, : D + 1], stationary=p[:kb, blk, :], moving=v[:kb, blk, : D + 1], accumulate=blk > 0
@@ -378,20 +388,24 @@ def _unit(kv, q, out, lse, b, h, q_lo, q_hi, scale, return_lse, good, bounds, ca
                 nisa.tensor_tensor(acc, acc, pv[:qr, : D + 1], nl.add)
             if c == nch - 1:
                 _finalize(o_all, t, qr, D, rl, o_out[t % 2], lse_t[t % 4], nm, good, bounds, out, lse, b, h,
-                          q_lo + t * PMAX, return_lse)  # fmt: skip
+                          q_lo + t * PMAX, return_lse, f8)  # fmt: skip
 
         pending.append(update)
     while pending:
         pending.pop()()
 
 
-def _finalize(o_all, t, qr, D, rl, ob, lt, nm, good, bounds, out, lse, b, h, q0, return_lse) -> None:
-    """Tile ``t``'s output ``o / max(l, l_floor)`` (stored), its guard flags and its lse."""
+def _finalize(o_all, t, qr, D, rl, ob, lt, nm, good, bounds, out, lse, b, h, q0, return_lse, f8) -> None:
+    """Tile ``t``'s output ``o / max(l, l_floor)`` (times V's scales with FP8, :class:`Fp8Pv`; stored), its
+    guard flags and its lse."""
     l_min, l_max, l_floor = bounds
     l_col = o_all[:qr, t, D : D + 1]
     nisa.tensor_scalar(rl[:qr], l_col, nl.maximum, l_floor, engine=nisa.vector_engine)
     nisa.reciprocal(rl[:qr], rl[:qr])
-    nisa.tensor_scalar(ob[:qr], o_all[:qr, t, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
+    if f8.on:
+        f8.output(ob, o_all[:qr, t, :D], rl, qr)
+    else:
+        nisa.tensor_scalar(ob[:qr], o_all[:qr, t, :D], nl.multiply, rl[:qr], engine=nisa.vector_engine)
     nisa.dma_copy(dst=out[b, q0 : q0 + qr, h, :], src=ob[:qr, :D])
     g = good[:qr]  # a row whose l overflowed, underflowed or is NaN clears its flag
     for cmp, bound in ((nl.less_equal, l_max), (nl.greater_equal, l_min)):
