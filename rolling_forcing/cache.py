@@ -68,6 +68,7 @@ class RollingKVCache:
         num_heads: int | None = None,
         kv_dtype: str | None = None,
         block_tokens: tuple[int, int] | None = None,
+        num_slots: int | None = None,
     ) -> None:
         """``num_heads`` defaults to the model's (a tensor-parallel shard passes its local head count);
         ``pipe_cfg`` (or a sequential ``StreamMethod``) gives the block and buffer sizes.  ``kv_dtype``:
@@ -75,7 +76,9 @@ class RollingKVCache:
         :mod:`rolling_forcing.fp8`).  ``block_tokens=(a, b)``: a sequence-parallel rank's share of the
         cache (``sharding.kv_shard``): every slot keeps only tokens ``[a, b)`` of its block
         (``0 <= a < b <= T``), so each layer is ``[B, buffer_slots * (b - a), H, D]``; None: whole
-        blocks."""
+        blocks. ``num_slots``: block slots per layer (None: ``pipe_cfg.buffer_slots``; fewer only for a
+        caller that maps the schedule's slots onto a shorter ring itself, ``sharding.kv_shard``'s
+        ``"sp_compact"`` layout)."""
         if kv_dtype not in (None, KV_FP8):
             raise ValueError(f"kv_dtype must be None or {KV_FP8!r}, got {kv_dtype!r}")
         self.kv_dtype = kv_dtype
@@ -93,8 +96,12 @@ class RollingKVCache:
                 f"block_tokens must be (a, b) with 0 <= a < b <= T={t_block}, got {block_tokens!r}"
             )
         self.block_tokens = (a, b)
+        slots = pipe_cfg.buffer_slots if num_slots is None else num_slots
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= pipe_cfg.buffer_slots:
+            raise ValueError(f"num_slots must be an int in [1, {pipe_cfg.buffer_slots}], got {num_slots!r}")
+        self.text_share: tuple[int, int] | None = None  # (index, count): this cache keeps a text share
         t = b - a
-        shape = (batch, pipe_cfg.buffer_slots * t, h, model_cfg.head_dim)
+        shape = (batch, slots * t, h, model_cfg.head_dim)
         self.layers = [
             LayerKVCache(
                 torch.zeros(shape, dtype=dt, device=device),
@@ -106,11 +113,30 @@ class RollingKVCache:
         ]
 
     def set_text(self, text_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Install per-layer cross-attention k/v (the text cache) computed for a prompt."""
+        """Install per-layer cross-attention k/v (the text cache) computed for a prompt (with a
+        :meth:`share_text` share set: only that share of the text tokens, copied)."""
         if len(text_kv) != len(self.layers):
             raise ValueError(f"text_kv has {len(text_kv)} layers, the cache has {len(self.layers)}")
         for layer, (k, v) in zip(self.layers, text_kv):
+            if self.text_share is not None:
+                a, b = text_share_range(k.shape[1], *self.text_share)
+                k, v = k[:, a:b].clone(), v[:, a:b].clone()
             layer.text_k, layer.text_v = k, v
+
+    def share_text(self, index: int, count: int) -> None:
+        """Keep only share ``index`` of ``count`` of the text tokens (:func:`text_share_range`) of the text
+        k/v installed now and by every later :meth:`set_text` (a sharded stream gathers the shares per
+        layer). ``ValueError`` unless ``0 <= index < count``; RuntimeError if a share is set already."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"share_text: count must be a positive int, got {count!r}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise ValueError(f"share_text: index must be an int in [0, {count}), got {index!r}")
+        if self.text_share is not None:
+            raise RuntimeError(f"share_text: the cache keeps text share {self.text_share} already")
+        whole = [(la.text_k, la.text_v) for la in self.layers]
+        self.text_share = (index, count)
+        if all(k is not None and v is not None for k, v in whole):
+            self.set_text(whole)  # type: ignore[arg-type]
 
     def text_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer text ``(k, v)``, each ``[B, text_len, H, D]``; RuntimeError before :meth:`set_text`."""
@@ -143,4 +169,12 @@ class RollingKVCache:
         return round(sum(la.k.numel() * 2 * per for la in self.layers))
 
 
-__all__ = ["LayerKVCache", "RollingKVCache"]
+def text_share_range(tokens: int, index: int, count: int) -> tuple[int, int]:
+    """Tokens ``[a, b)`` of share ``index`` of ``count`` near-equal shares of ``tokens`` text tokens (the
+    first ``tokens % count`` shares hold one token more; a share may be empty when ``tokens < count``)."""
+    base, extra = divmod(tokens, count)
+    a = index * base + min(index, extra)
+    return a, a + base + (index < extra)
+
+
+__all__ = ["LayerKVCache", "RollingKVCache", "text_share_range"]

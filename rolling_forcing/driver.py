@@ -338,14 +338,15 @@ class StreamDriver:
         num_heads: int | None = None,
         kv_dtype: str | None = None,
         block_tokens: tuple[int, int] | None = None,
+        num_slots: int | None = None,
     ) -> StreamState:
         """The state of a new stream: its noise (``noise``: initial noise ``[B, num_blocks*fpb, C, H, W]``
         or a :class:`NoiseSource`; None: drawn from ``generator`` up front, the originals' order), a KV
         cache on the model's device in ``pipe_cfg``'s dtype (``num_heads``: a tensor-parallel rank's head
         count; None: all) holding the text k/v of ``text_embeds`` ``[B, L<=text_len, text_dim]`` (all
-        heads; ``kv_dtype``, ``block_tokens`` (a sequence-parallel rank's share of every block): see
-        :class:`rolling_forcing.cache.RollingKVCache`). Inputs are checked by the front before
-        (``check_method_stream``)."""
+        heads; ``kv_dtype``, ``block_tokens`` (a sequence-parallel rank's share of every block),
+        ``num_slots``: see :class:`rolling_forcing.cache.RollingKVCache`). Inputs are checked by the front
+        before (``check_method_stream``)."""
         tim, dtype = self.timing, self.spec.pipe_cfg.torch_dtype
         bsz = text_embeds.shape[0]
         if isinstance(noise, NoiseSource):
@@ -358,7 +359,7 @@ class StreamDriver:
         device = self.model.patch_embedding.weight.device
         cache = RollingKVCache(
             model_cfg, tim, bsz, device=device, dtype=dtype, num_heads=num_heads, kv_dtype=kv_dtype,
-            block_tokens=block_tokens,
+            block_tokens=block_tokens, num_slots=num_slots,
         )  # fmt: skip
         cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
         return StreamState(num_blocks, cache, src)

@@ -104,7 +104,7 @@ from sharding.attention import (
     build_groups,
     local_heads,
 )
-from sharding.kv_shard import check_kv_cache_layout
+from sharding.kv_shard import check_compact_layout, check_kv_cache_layout
 from sharding.launch import DEFAULT_PRELOAD, LaunchError, launch
 from sharding.plan import AttentionShape, ShardingPlan
 from sharding.plan import plan as make_plan
@@ -271,6 +271,7 @@ def _rank_main(
         "kv_bytes": runner.kv_bytes,
         "text_kv_bytes": runner.text_kv_bytes,
         "kv_gather_bytes": runner.kv_gather_bytes,
+        "text_gather_bytes": runner.text_gather_bytes,
         "weight_bytes": sum(p.nbytes for p in job.model.parameters()),
         "latents": latents,
         "forwards": dict(runner.stats.forwards),
@@ -347,6 +348,7 @@ class ShardedRollingForcingPipeline:
         self.merged: bool = upd_mode is not UpdateMode.TWO_PASS
         self.static = static
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
+        check_compact_layout(self.kv_cache, self.method.sequential, compile, self.plan)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend, self.positions, self.timeout_s = backend, mode, timeout_s
         self.last_results: list[dict[str, Any]] | None = None

@@ -8,16 +8,14 @@ spawns CPU ranks around it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from nki_kernels import ops
 from rolling_forcing import sequential
-from rolling_forcing.attend import attend_cache
-from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.driver import (
     DriverSpec,
@@ -33,45 +31,32 @@ from rolling_forcing.driver import (
 from rolling_forcing.merged import MergedIndex, MergedLayout
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, TextKV
-from rolling_forcing.schedule import KeyBlock, PassPlan, WritePass
+from rolling_forcing.schedule import KeyBlock, PassPlan, WritePass, slot_of
 from rolling_forcing.sequential import RecachePlan
 from rolling_forcing.stream import Chunk, ForwardStats, NoiseSource, StreamState
 from sharding.attention import (
     ShardGroups,
     local_heads,
     local_tokens,
-    query_shard_tokens,
-    sharded_attention,
     token_splits,
 )
 from sharding.collectives import all_gather
 from sharding.compiled import CompiledForward, GraphRecord
-from sharding.kv_shard import SpKVCache, check_kv_cache_layout, owned_block_tokens
+from sharding.kv_shard import (
+    CompactRing,
+    SpKVCache,
+    TextKVGather,
+    check_compact_layout,
+    check_kv_cache_layout,
+    owned_block_tokens,
+)
+from sharding.rank_attention import RankAttention
 from sharding.stream_checks import PromptSchedule, check_plan, check_prompts
 
 __all__ = ["RankStream"]
 
 
-class _LayerBox:
-    """The KV layer one attention layer works on: the replicated layer itself, or (SP-sharded cache) the
-    whole key range assembled inside the layer's local step from the shares the SP group gathered in the
-    same collective as the layer's keys (``share`` goes to ``sharded_attention(sp_extra=)``)."""
-
-    def __init__(self, kv: SpKVCache | None, cache: RollingKVCache, layer: int) -> None:
-        self.kv, self.layer = kv, layer
-        self.lc: LayerKVCache | None = cache.layers[layer] if kv is None else None
-        self.share: torch.Tensor | None = None if kv is None else kv.share(layer)
-
-    def open(self, parts: torch.Tensor | None) -> LayerKVCache:
-        """The layer, assembled from the gathered ``parts`` ``[sp, ...]`` (SP-sharded) or as it is."""
-        if self.kv is not None:
-            assert parts is not None, "the SP-sharded cache's shares travel with the keys (sp_extra)"
-            self.lc = self.kv.assemble(self.layer, parts)
-        assert self.lc is not None
-        return self.lc
-
-
-class RankStream:
+class RankStream(RankAttention):
     """One rank's share of a sharded stream; collective: every rank of ``groups.plan`` runs it in lockstep.
 
     Args:
@@ -90,8 +75,10 @@ class RankStream:
         kv_cache: ``"sp_sharded"`` (default): within a head group every SP rank keeps only its share of
             every cached block and each attention layer all-gathers the layer's whole key range
             (:mod:`sharding.kv_shard`); ``"replicated"``: every SP rank keeps the whole key range of its
-            heads (``sp`` x the memory, no cache traffic). Same stream either way. Every rank must pass
-            the same value.
+            heads (``sp`` x the memory, no cache traffic); ``"sp_compact"`` (Rolling Forcing, eager, ``sp >
+            1``): SP-sharded with a ring one slot shorter and the text k/v token-sharded over all ranks,
+            gathered per layer (:mod:`sharding.kv_shard`). Same stream in every layout. Every rank must
+            pass the same value.
 
     The stream runs on the one driver of every stream (:class:`rolling_forcing.driver.StreamDriver`);
     this class supplies its forwards (:class:`~rolling_forcing.driver.StreamPasses`:
@@ -100,7 +87,8 @@ class RankStream:
     tokens of every block (``[B, slots * t_s, H/tp, D]`` per layer and k/v; replicated ``[B, S, H/tp,
     D]``; its text k/v holds all heads: cross-attention is token-sharded); see the module docstring.
     Every rank yields the same chunks. After a stream, :attr:`cache_shape`, :attr:`kv_bytes`,
-    :attr:`text_kv_bytes` and :attr:`kv_gather_bytes` give the sizes of what it allocated (measured).
+    :attr:`text_kv_bytes`, :attr:`kv_gather_bytes` and :attr:`text_gather_bytes` (one gathered text k/v
+    layer, ``"sp_compact"``) give the sizes of what it allocated (measured).
     """
 
     def __init__(
@@ -143,13 +131,16 @@ class RankStream:
                 "compile= applies to Rolling Forcing's merged forward only (merged=True or None with a "
                 f"backend that has ops.attention_block_table), not method={meth.name!r}, merged={merged}"
             )
+        check_compact_layout(self.kv_cache, meth.sequential, compile, self.plan)
         self._compiled = CompiledForward(self._merged_forward, compile)
         self.cache: RollingKVCache | None = None
         self._kv: SpKVCache | None = None  # the SP-sharded cache's gather / keep (None: replicated or sp 1)
+        self._ring: CompactRing | None = None  # sp_compact: which block each ring slot holds
+        self._text_sizes: set[int] = set()  # sp_compact: bytes of the text k/v layers gathered
         # measured, the last stream's allocations on this rank: one layer's k buffer shape, the bytes of
         # every layer's k and v, of the text k/v, and of the largest gathered layer (k + v; 0: no gather)
         self.cache_shape: tuple[int, ...] | None = None
-        self.kv_bytes = self.text_kv_bytes = self.kv_gather_bytes = 0
+        self.kv_bytes = self.text_kv_bytes = self.kv_gather_bytes = self.text_gather_bytes = 0
         self.stats = ForwardStats()  # measured: the last stream's forwards by kind and input signature
 
     @property
@@ -183,14 +174,19 @@ class RankStream:
         self.stats = ForwardStats()
         hpc = self.plan.heads_per_core  # the cache: this rank's heads; its text k/v: all heads
         t = self._spec.timing.tokens_per_block(self.model_cfg)
-        sp_sharded = self.kv_cache == "sp_sharded" and self.plan.sp > 1
+        sp_sharded = self.kv_cache != "replicated" and self.plan.sp > 1
         own = owned_block_tokens(self.plan, t, self.rank) if sp_sharded else None
+        ring = self._ring = CompactRing(cfg) if self.kv_cache == "sp_compact" else None
         st = self._driver.start(
             self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise, num_heads=hpc,
-            block_tokens=own,
+            block_tokens=own, num_slots=None if ring is None else ring.slots,
         )  # fmt: skip
+        if ring is not None:  # every rank keeps a token share of the text k/v (gathered per layer)
+            st.cache.share_text(self.rank, self.plan.world_size)
+        self._text_sizes = set()
         self.cache = st.cache
-        self._kv = SpKVCache(st.cache, self.plan, self.rank, t, self.groups.sp_group) if sp_sharded else None
+        kv = SpKVCache(st.cache, self.plan, self.rank, t, self.groups.sp_group, ring) if sp_sharded else None
+        self._kv = kv
         self.cache_shape = tuple(st.cache.layers[0].k.shape)
         self.kv_bytes = st.cache.nbytes
         try:
@@ -198,13 +194,17 @@ class RankStream:
         finally:
             self.text_kv_bytes = sum(k.nbytes + v.nbytes for k, v in st.cache.text_kv())
             self.kv_gather_bytes = self._kv.gather_bytes if self._kv is not None else 0
-            self.cache, self._kv = None, None
+            self.text_gather_bytes = max(self._text_sizes, default=0)
+            self.cache, self._kv, self._ring = None, None, None
 
     # ---- the passes the driver runs (rolling_forcing.driver.StreamPasses) --------------------------------
     def denoise_pass(self, st: StreamState, plan: Plan, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The denoise forward of ``plan`` (sharded self-attention over the pass's cache keys + own keys)."""
         attn = self._pass_attn(st.cache, plan.denoise, None)
-        return self.forward(x, t, st.cache.text_kv(), attn, kind="denoise")
+        self._ring_begin(plan.denoise.cache_keys, ())
+        out = self.forward(x, t, self._text(st), attn, kind="denoise")
+        self._ring_commit()
+        return out
 
     def merged_pass(
         self, st: StreamState, plan: Plan, held: HeldUpdate | None, x: torch.Tensor, t: torch.Tensor
@@ -227,9 +227,15 @@ class RankStream:
         if not self._compiled.compiled:
             attn = self._merged_attn(st.cache, idx)
             frames = lay.update_frames
-            return self.forward(
-                x, t, st.cache.text_kv(), attn, context_frames=frames, kind=kind, index=idx.tensors()
+            if held is None:
+                self._ring_begin(plan.denoise.cache_keys, ())
+            else:
+                self._ring_begin((*held.write.pass_.cache_keys, *plan.denoise.cache_keys), held.write)
+            out = self.forward(
+                x, t, self._text(st), attn, context_frames=frames, kind=kind, index=idx.tensors()
             )
+            self._ring_commit()
+            return out
         self.stats.log(kind, x, t, self._token_shard_spec(x), *idx.tensors())  # outside the graph
         out = self._compiled(x, t, st.cache.text_kv(), st.cache, *idx.tensors())
         if self._kv is not None:
@@ -259,7 +265,9 @@ class RankStream:
         """A cache-writing forward of one clean block (cache update or re-cache pass); only its k/v writes
         matter: the last layer stops at them (``context_frames`` = all frames)."""
         attn = self._pass_attn(st.cache, write.pass_, ((write.slot,), write.store_roped))
-        self.forward(x, t, st.cache.text_kv(), attn, context_frames=x.shape[1], kind=kind)
+        self._ring_begin(write.pass_.cache_keys, write)
+        self.forward(x, t, self._text(st), attn, context_frames=x.shape[1], kind=kind)
+        self._ring_commit()
 
     def recache_pass(self, st: StreamState, rp: RecachePlan, x: torch.Tensor, t: torch.Tensor) -> None:
         """LongLive's re-cache forward (:func:`rolling_forcing.sequential.recache_plan`): the written blocks'
@@ -275,12 +283,44 @@ class RankStream:
         attn = self._pass_attn(st.cache, p, (rp.slots, rp.store_roped))
         self.forward(x, t, st.cache.text_kv(), attn, context_frames=x.shape[1], kind="recache")
 
+    # ---- the compact layout's host-side maps (kv_cache="sp_compact") -------------------------------------
+    def _ring_begin(self, keys: Iterable[KeyBlock], write: WritePass | tuple[()]) -> None:
+        """Before a forward reading the cached blocks of ``keys`` and writing ``write``'s block (or nothing):
+        the compact ring's slot map (:meth:`sharding.kv_shard.CompactRing.begin`); no-op otherwise."""
+        if self._ring is None:
+            return
+        writes: tuple[int, ...] = ()
+        if isinstance(write, WritePass):
+            if write.slot != slot_of(self.pipe_cfg, write.block):
+                raise RuntimeError(f"block {write.block} written to slot {write.slot}, not its schedule slot")
+            writes = (write.block,)
+        self._ring.begin((kb.block for kb in keys), writes)
+
+    def _ring_commit(self) -> None:
+        if self._ring is not None:
+            self._ring.commit()
+
+    def _text(self, st: StreamState) -> Sequence[tuple[torch.Tensor, torch.Tensor]]:
+        """The text k/v a forward reads: the cache's, or (``"sp_compact"``) every rank's share gathered
+        per layer over all ranks (:class:`~sharding.kv_shard.TextKVGather`)."""
+        if self._ring is None:
+            return st.cache.text_kv()
+        group = self.gather_group if self.gather_group is not None else dist.group.WORLD
+        return TextKVGather(
+            st.cache.text_kv(),
+            self.model_cfg.text_len,
+            self.rank,
+            self.plan.world_size,
+            group,
+            self._text_sizes,
+        )
+
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
         self,
         x: torch.Tensor,
         timesteps: torch.Tensor,
-        text_kv: TextKV,
+        text_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
         self_attn: SelfAttnFn,
         *,
         context_frames: int = 0,
@@ -364,240 +404,3 @@ class RankStream:
         group = self.gather_group if self.gather_group is not None else dist.group.WORLD
         bufs = all_gather(x, world, group)
         return torch.cat([bufs[r, :, :n] for r, n in enumerate(sizes)], dim=1)
-
-    # ---- the cache of one attention layer -------------------------------------------------------------
-    def _keep(self, layer: int, lc: LayerKVCache | None) -> None:
-        """After a layer that wrote ``lc`` (a :class:`_LayerBox` 's layer): keep this rank's share of it
-        (None: the layer's local step did not run on this rank, so it wrote nothing)."""
-        if self._kv is not None and lc is not None:
-            self._kv.keep(layer, lc)
-
-    # ---- self-attention of the two passes ------------------------------------------------------------
-    def _rope(
-        self, q_s: torch.Tensor, k_all: torch.Tensor, grid: Grid, position: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE of this rank's query shard and of all keys of the pass (local heads).
-
-        The query shard covers tokens ``query_shard_tokens(L, plan, rank)``, not necessarily whole
-        frames: it is placed into a zero tensor of the full length, roped with the keys in one call (RoPE
-        is per token, so this is the unsharded arithmetic) and sliced back.
-        """
-        n_tok = k_all.shape[1]
-        qsl = query_shard_tokens(n_tok, self.plan, self.rank)
-        if q_s.shape[1] == n_tok:
-            return ops.rope3d(q_s, k_all, grid, position, backend=self.backend)
-        q_full = q_s.new_zeros(k_all.shape)
-        q_full[:, qsl] = q_s
-        qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
-        return qr[:, qsl].contiguous(), kr
-
-    def _pass_attn(
-        self, cache: RollingKVCache, p: PassPlan, write: tuple[tuple[int, ...], bool] | None
-    ) -> SelfAttnFn:
-        """Sharded self-attention of one pass; ``write = (slots, store_roped)`` for a pass that writes its
-        blocks (the update pass: one slot; LongLive's re-cache: one per block, in frame order).
-
-        A layer called with no queries (the last layer of ``forward(context_frames=F)``) only writes the
-        pass's k/v. :func:`sharding.attention.sharded_attention` still regroups them to all keys of the
-        local heads, but it skips the local step of an empty query shard, so such a layer sends one
-        placeholder query per rank (the rank's first key; ``num_queries = world``) whose output is dropped.
-        """
-
-        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            box = _LayerBox(self._kv, cache, layer)
-            n_tok = grid[0] * grid[1] * grid[2]
-            write_only = q.shape[1] == 0
-            if write_only and write is None:
-                raise ValueError("context_frames=F applies to the cache-update pass only (it writes k/v)")
-
-            def local(
-                q_s: torch.Tensor,
-                k_all: torch.Tensor,
-                v_all: torch.Tensor,
-                *,
-                scale: float | None,
-                return_lse: bool,
-                backend: str | None,
-                sp_extra: torch.Tensor | None = None,
-            ) -> torch.Tensor:
-                lc = box.open(sp_extra)
-                if write_only:
-                    assert write is not None
-                    slots, store_roped = write
-                    if store_roped:
-                        _, k_all = ops.rope3d(k_all, k_all, grid, p.query_position, backend=self.backend)
-                    self._write_blocks(lc, slots, k_all, v_all)
-                    return q_s.new_zeros(q_s.shape)
-                qr, kr = self._rope(q_s, k_all, grid, p.query_position)
-                if write is None:
-                    return attend_cache(lc, qr, p.cache_keys, (kr, v_all), grid, backend=self.backend)
-                slots, store_roped = write
-                self._write_blocks(lc, slots, kr if store_roped else k_all, v_all)
-                return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
-
-            q_in, n_q = (k[:, :1], self.plan.world_size) if write_only else (q, n_tok)
-            out = sharded_attention(
-                q_in.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend, sp_extra=box.share,
-            )  # fmt: skip
-            assert isinstance(out, torch.Tensor)
-            if write is not None:
-                self._keep(layer, box.lc)
-            return q if write_only else out
-
-        return attn
-
-    def _write_blocks(self, lc: Any, slots: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k, v`` ``[B, len(slots) * T, H, D]`` block by block into ``slots`` of ``lc``."""
-        t = lc.tokens_per_block
-        for i, slot in enumerate(slots):
-            lc.write(slot, k[:, i * t : (i + 1) * t], v[:, i * t : (i + 1) * t], backend=self.backend)
-
-    def _batched_attn(self, cache: RollingKVCache, upd: WritePass, den: PassPlan) -> SelfAttnFn:
-        """Sharded self-attention of one batched forward of a sequential method: the unsharded
-        :func:`rolling_forcing.attend.batched_update_attn` on this rank's heads and query shard (the 2T
-        tokens: the held-back update block ``upd``, then the block to denoise ``den``), the same steps
-        and the same layout rule (only whole tensors reach the ops; the query shard is placed in a
-        full-length zero tensor). Last layer (``forward(context_frames=fpb)``): the update queries are
-        skipped, their zero placeholders unread.
-        """
-        last = len(self.model.blocks) - 1
-        backend = self.backend
-
-        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            n_tok = grid[0] * grid[1] * grid[2]
-            t = n_tok // 2
-            gb: Grid = (grid[0] // 2, grid[1], grid[2])
-            pos = [p + i for p in (upd.pass_.query_position, den.query_position) for i in range(gb[0])]
-            box = _LayerBox(self._kv, cache, layer)
-            drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
-            if drop:
-                q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
-            qsl = query_shard_tokens(n_tok, self.plan, self.rank)
-            a, b = qsl.start, qsl.stop
-            den_only = layer == last
-
-            def local(
-                q_s: torch.Tensor,
-                k_all: torch.Tensor,
-                v_all: torch.Tensor,
-                *,
-                scale: float | None,
-                return_lse: bool,
-                backend: str | None,
-                sp_extra: torch.Tensor | None = None,
-            ) -> torch.Tensor:
-                lc = box.open(sp_extra)
-                q_full = q_s.new_zeros(k_all.shape)
-                q_full[:, qsl] = q_s
-                qr, kr = ops.rope3d(q_full, k_all, grid, frame_positions=pos, backend=backend)
-                lc.write(upd.slot, (kr if upd.store_roped else k_all)[:, :t], v_all[:, :t], backend=backend)
-                out = q_s.new_zeros(q_s.shape)
-                if b > t:  # the shard's denoise queries
-                    qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)
-                    out[:, max(a, t) - a :] = attend_cache(
-                        lc, qd, den.cache_keys, own, gb, backend=backend, own_start=t
-                    )
-                if a < t and not den_only:  # the shard's update queries
-                    qu = qr[:, a : min(b, t)].contiguous()
-                    out[:, : min(b, t) - a] = attend_cache(
-                        lc, qu, upd.pass_.cache_keys, None, gb, backend=backend
-                    )
-                return out
-
-            out = sharded_attention(
-                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
-            )  # fmt: skip
-            assert isinstance(out, torch.Tensor)
-            self._keep(layer, box.lc)
-            return out[:, drop:]
-
-        return attn
-
-    def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
-        """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).
-
-        :func:`sharding.attention.sharded_attention` regroups q, k, v to (head group x query shard) and
-        gathers every new key of the local heads; the local step then does what the unsharded merged
-        forward does, on this rank's heads and query shard: rope all frames at ``idx.frame_positions``
-        (the query shard placed in a full-length zero tensor), write the update block's clean k/v into its
-        ring slot of the layer from :meth:`_layer` (SP-sharded: each rank then keeps its share), rope the
-        copies (sink / relative-mode keys) from the cache, then one ``ops.attention_block_table`` launch over
-        [ring in place, new keys, copies] with the block table ``idx.table``. The query shard's tokens
-        ``[a, b)`` are split at the update block's end ``T``: its local query groups are the non-empty
-        ones of ``(min(b, T) - a, b - max(a, T))`` with the matching table rows (static per rank).
-
-        Last layer (``forward(context_frames=fpb)``): q holds only the local tokens after the update
-        block; they are zero-padded back to the full shard (the update queries' outputs are not used) and
-        the local step attends the denoise group only (the table's row 1), as the unsharded last layer.
-        """
-        lay = self._layout
-        t = lay.tokens_per_block
-        nc_frames = lay.copy_blocks * lay.frames_per_block
-        last = len(self.model.blocks) - 1
-        backend = self.backend
-
-        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            _, hp, wp = grid
-            n_tok = grid[0] * hp * wp
-            box = _LayerBox(self._kv, cache, layer)
-            drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
-            if drop:
-                q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
-            qsl = query_shard_tokens(n_tok, self.plan, self.rank)
-            n_upd = max(0, min(qsl.stop, t) - qsl.start)  # query-shard tokens in the update block
-            n_den = qsl.stop - qsl.start - n_upd
-            den_only = layer == last
-            rows = ([] if den_only or not n_upd else [0]) + ([1] if n_den else [])
-            sizes = ([] if den_only or not n_upd else [n_upd]) + ([n_den] if n_den else [])
-            tab = idx.table[rows]
-
-            def local(
-                q_s: torch.Tensor,
-                k_all: torch.Tensor,
-                v_all: torch.Tensor,
-                *,
-                scale: float | None,
-                return_lse: bool,
-                backend: str | None,
-                sp_extra: torch.Tensor | None = None,
-            ) -> torch.Tensor:
-                lc = box.open(sp_extra)
-                ck, cv = lc.k, lc.v
-                q_full = q_s.new_zeros(k_all.shape)
-                q_full[:, qsl] = q_s
-                qr_full, kr = ops.rope3d_positions(q_full, k_all, grid, idx.frame_positions, backend=backend)
-                # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative)
-                k_new = torch.where(idx.store_roped, kr[:, :t], k_all[:, :t])
-                k_w = torch.where(idx.write_valid, k_new, ck.index_select(1, idx.write_tokens))
-                v_w = torch.where(idx.write_valid, v_all[:, :t], cv.index_select(1, idx.write_tokens))
-                ops.kv_cache_write_at(
-                    ck, cv, k_w.contiguous(), v_w.contiguous(), idx.write_slot, backend=backend
-                )
-                # 2. roped copies of the blocks needing a pass-specific position (read after the write)
-                gk, gv = ck.index_select(1, idx.copy_tokens), cv.index_select(1, idx.copy_tokens)
-                _, gkr = ops.rope3d_positions(
-                    gk, gk, (nc_frames, hp, wp), idx.copy_positions, backend=backend
-                )
-                out = q_s.new_zeros(q_s.shape)
-                if not sizes:  # last layer, query shard inside the update block: nothing is read
-                    return out
-                qr = qr_full[:, qsl.start + (n_upd if den_only else 0) : qsl.stop].contiguous()
-                # 3. this shard's query groups in one launch; ring blocks read in place
-                res = ops.attention_block_table(
-                    qr, [ck, kr, gkr], [cv, v_all, gv], tab, sizes, t, backend=backend
-                )
-                assert isinstance(res, torch.Tensor)
-                out[:, q_s.shape[1] - res.shape[1] :] = res
-                return out
-
-            out = sharded_attention(
-                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
-                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
-            )  # fmt: skip
-            assert isinstance(out, torch.Tensor)
-            self._keep(layer, box.lc)
-            return out[:, drop:]
-
-        return attn

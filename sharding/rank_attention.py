@@ -1,0 +1,274 @@
+"""The self-attention of one rank of the sharded stream (:class:`RankAttention`, a part of
+:class:`sharding.rank_stream.RankStream`): per pass kind, the function each layer of a token-sharded
+forward calls for its self-attention (:func:`sharding.attention.sharded_attention` around the unsharded
+pass's local step on this rank's heads and query shard, on the layer's KV cache or, SP-sharded, on the
+whole key range assembled for it by :mod:`sharding.kv_shard`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nki_kernels import ops
+from rolling_forcing.attend import attend_cache
+from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.merged import MergedIndex
+from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn
+from rolling_forcing.schedule import PassPlan, WritePass
+from sharding.attention import ShardGroups, query_shard_tokens, sharded_attention
+from sharding.kv_shard import LayerBox, SpKVCache
+from sharding.plan import ShardingPlan
+
+__all__ = ["RankAttention"]
+
+
+class RankAttention:
+    """The self-attention builders of :class:`~sharding.rank_stream.RankStream` (which sets these
+    attributes): ``_pass_attn`` (denoise, update, re-cache passes), ``_batched_attn`` (a sequential
+    method's batched forward), ``_merged_attn`` (Rolling Forcing's merged forward)."""
+
+    model: CausalWanModel
+    groups: ShardGroups
+    plan: ShardingPlan
+    rank: int
+    backend: str | None
+    _kv: SpKVCache | None
+    _layout: Any  # MergedLayout, or a sequential method's static layout
+
+    # ---- the cache of one attention layer -------------------------------------------------------------
+    def _keep(self, layer: int, lc: LayerKVCache | None) -> None:
+        """After a layer that wrote ``lc`` (a :class:`~sharding.kv_shard.LayerBox` 's layer): keep its share
+        (None: the layer's local step did not run on this rank, so it wrote nothing)."""
+        if self._kv is not None and lc is not None:
+            self._kv.keep(layer, lc)
+
+    # ---- self-attention of the two passes ------------------------------------------------------------
+    def _rope(
+        self, q_s: torch.Tensor, k_all: torch.Tensor, grid: Grid, position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE of this rank's query shard and of all keys of the pass (local heads).
+
+        The query shard covers tokens ``query_shard_tokens(L, plan, rank)``, not necessarily whole
+        frames: it is placed into a zero tensor of the full length, roped with the keys in one call (RoPE
+        is per token, so this is the unsharded arithmetic) and sliced back.
+        """
+        n_tok = k_all.shape[1]
+        qsl = query_shard_tokens(n_tok, self.plan, self.rank)
+        if q_s.shape[1] == n_tok:
+            return ops.rope3d(q_s, k_all, grid, position, backend=self.backend)
+        q_full = q_s.new_zeros(k_all.shape)
+        q_full[:, qsl] = q_s
+        qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
+        return qr[:, qsl].contiguous(), kr
+
+    def _pass_attn(
+        self, cache: RollingKVCache, p: PassPlan, write: tuple[tuple[int, ...], bool] | None
+    ) -> SelfAttnFn:
+        """Sharded self-attention of one pass; ``write = (slots, store_roped)`` for a pass that writes its
+        blocks (the update pass: one slot; LongLive's re-cache: one per block, in frame order).
+
+        A layer called with no queries (the last layer of ``forward(context_frames=F)``) only writes the
+        pass's k/v. :func:`sharding.attention.sharded_attention` still regroups them to all keys of the
+        local heads, but it skips the local step of an empty query shard, so such a layer sends one
+        placeholder query per rank (the rank's first key; ``num_queries = world``) whose output is dropped.
+        """
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            box = LayerBox(self._kv, cache, layer)
+            n_tok = grid[0] * grid[1] * grid[2]
+            write_only = q.shape[1] == 0
+            if write_only and write is None:
+                raise ValueError("context_frames=F applies to the cache-update pass only (it writes k/v)")
+
+            def local(
+                q_s: torch.Tensor,
+                k_all: torch.Tensor,
+                v_all: torch.Tensor,
+                *,
+                scale: float | None,
+                return_lse: bool,
+                backend: str | None,
+                sp_extra: torch.Tensor | None = None,
+            ) -> torch.Tensor:
+                lc = box.open(sp_extra)
+                if write_only:
+                    assert write is not None
+                    slots, store_roped = write
+                    if store_roped:
+                        _, k_all = ops.rope3d(k_all, k_all, grid, p.query_position, backend=self.backend)
+                    self._write_blocks(lc, slots, k_all, v_all)
+                    return q_s.new_zeros(q_s.shape)
+                qr, kr = self._rope(q_s, k_all, grid, p.query_position)
+                if write is None:
+                    return attend_cache(lc, qr, p.cache_keys, (kr, v_all), grid, backend=self.backend)
+                slots, store_roped = write
+                self._write_blocks(lc, slots, kr if store_roped else k_all, v_all)
+                return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
+
+            q_in, n_q = (k[:, :1], self.plan.world_size) if write_only else (q, n_tok)
+            out = sharded_attention(
+                q_in.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend, sp_extra=box.share,
+            )  # fmt: skip
+            assert isinstance(out, torch.Tensor)
+            if write is not None:
+                self._keep(layer, box.lc)
+            return q if write_only else out
+
+        return attn
+
+    def _write_blocks(self, lc: Any, slots: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k, v`` ``[B, len(slots) * T, H, D]`` block by block into ``slots`` of ``lc``."""
+        t = lc.tokens_per_block
+        for i, slot in enumerate(slots):
+            lc.write(slot, k[:, i * t : (i + 1) * t], v[:, i * t : (i + 1) * t], backend=self.backend)
+
+    def _batched_attn(self, cache: RollingKVCache, upd: WritePass, den: PassPlan) -> SelfAttnFn:
+        """Sharded self-attention of one batched forward of a sequential method: the unsharded
+        :func:`rolling_forcing.attend.batched_update_attn` on this rank's heads and query shard (the 2T
+        tokens: the held-back update block ``upd``, then the block to denoise ``den``), the same steps
+        and the same layout rule (only whole tensors reach the ops; the query shard is placed in a
+        full-length zero tensor). Last layer (``forward(context_frames=fpb)``): the update queries are
+        skipped, their zero placeholders unread.
+        """
+        last = len(self.model.blocks) - 1
+        backend = self.backend
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            n_tok = grid[0] * grid[1] * grid[2]
+            t = n_tok // 2
+            gb: Grid = (grid[0] // 2, grid[1], grid[2])
+            pos = [p + i for p in (upd.pass_.query_position, den.query_position) for i in range(gb[0])]
+            box = LayerBox(self._kv, cache, layer)
+            drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
+            if drop:
+                q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
+            qsl = query_shard_tokens(n_tok, self.plan, self.rank)
+            a, b = qsl.start, qsl.stop
+            den_only = layer == last
+
+            def local(
+                q_s: torch.Tensor,
+                k_all: torch.Tensor,
+                v_all: torch.Tensor,
+                *,
+                scale: float | None,
+                return_lse: bool,
+                backend: str | None,
+                sp_extra: torch.Tensor | None = None,
+            ) -> torch.Tensor:
+                lc = box.open(sp_extra)
+                q_full = q_s.new_zeros(k_all.shape)
+                q_full[:, qsl] = q_s
+                qr, kr = ops.rope3d(q_full, k_all, grid, frame_positions=pos, backend=backend)
+                lc.write(upd.slot, (kr if upd.store_roped else k_all)[:, :t], v_all[:, :t], backend=backend)
+                out = q_s.new_zeros(q_s.shape)
+                if b > t:  # the shard's denoise queries
+                    qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)
+                    out[:, max(a, t) - a :] = attend_cache(
+                        lc, qd, den.cache_keys, own, gb, backend=backend, own_start=t
+                    )
+                if a < t and not den_only:  # the shard's update queries
+                    qu = qr[:, a : min(b, t)].contiguous()
+                    out[:, : min(b, t) - a] = attend_cache(
+                        lc, qu, upd.pass_.cache_keys, None, gb, backend=backend
+                    )
+                return out
+
+            out = sharded_attention(
+                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
+            )  # fmt: skip
+            assert isinstance(out, torch.Tensor)
+            self._keep(layer, box.lc)
+            return out[:, drop:]
+
+        return attn
+
+    def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
+        """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).
+
+        :func:`sharding.attention.sharded_attention` regroups q, k, v to (head group x query shard) and
+        gathers every new key of the local heads; the local step then does what the unsharded merged
+        forward does, on this rank's heads and query shard: rope all frames at ``idx.frame_positions``
+        (the query shard placed in a full-length zero tensor), write the update block's clean k/v into its
+        ring slot of the layer from :meth:`_layer` (SP-sharded: each rank then keeps its share), rope the
+        copies (sink / relative-mode keys) from the cache, then one ``ops.attention_block_table`` launch over
+        [ring in place, new keys, copies] with the block table ``idx.table``. The query shard's tokens
+        ``[a, b)`` are split at the update block's end ``T``: its local query groups are the non-empty
+        ones of ``(min(b, T) - a, b - max(a, T))`` with the matching table rows (static per rank).
+
+        Last layer (``forward(context_frames=fpb)``): q holds only the local tokens after the update
+        block; they are zero-padded back to the full shard (the update queries' outputs are not used) and
+        the local step attends the denoise group only (the table's row 1), as the unsharded last layer.
+        """
+        lay = self._layout
+        t = lay.tokens_per_block
+        nc_frames = lay.copy_blocks * lay.frames_per_block
+        last = len(self.model.blocks) - 1
+        backend = self.backend
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
+            _, hp, wp = grid
+            n_tok = grid[0] * hp * wp
+            box = LayerBox(self._kv, cache, layer)
+            drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
+            if drop:
+                q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
+            qsl = query_shard_tokens(n_tok, self.plan, self.rank)
+            n_upd = max(0, min(qsl.stop, t) - qsl.start)  # query-shard tokens in the update block
+            n_den = qsl.stop - qsl.start - n_upd
+            den_only = layer == last
+            rows = ([] if den_only or not n_upd else [0]) + ([1] if n_den else [])
+            sizes = ([] if den_only or not n_upd else [n_upd]) + ([n_den] if n_den else [])
+            tab = idx.table[rows]
+
+            def local(
+                q_s: torch.Tensor,
+                k_all: torch.Tensor,
+                v_all: torch.Tensor,
+                *,
+                scale: float | None,
+                return_lse: bool,
+                backend: str | None,
+                sp_extra: torch.Tensor | None = None,
+            ) -> torch.Tensor:
+                lc = box.open(sp_extra)
+                ck, cv = lc.k, lc.v
+                q_full = q_s.new_zeros(k_all.shape)
+                q_full[:, qsl] = q_s
+                qr_full, kr = ops.rope3d_positions(q_full, k_all, grid, idx.frame_positions, backend=backend)
+                # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative)
+                k_new = torch.where(idx.store_roped, kr[:, :t], k_all[:, :t])
+                k_w = torch.where(idx.write_valid, k_new, ck.index_select(1, idx.write_tokens))
+                v_w = torch.where(idx.write_valid, v_all[:, :t], cv.index_select(1, idx.write_tokens))
+                ops.kv_cache_write_at(
+                    ck, cv, k_w.contiguous(), v_w.contiguous(), idx.write_slot, backend=backend
+                )
+                # 2. roped copies of the blocks needing a pass-specific position (read after the write)
+                gk, gv = ck.index_select(1, idx.copy_tokens), cv.index_select(1, idx.copy_tokens)
+                _, gkr = ops.rope3d_positions(
+                    gk, gk, (nc_frames, hp, wp), idx.copy_positions, backend=backend
+                )
+                out = q_s.new_zeros(q_s.shape)
+                if not sizes:  # last layer, query shard inside the update block: nothing is read
+                    return out
+                qr = qr_full[:, qsl.start + (n_upd if den_only else 0) : qsl.stop].contiguous()
+                # 3. this shard's query groups in one launch; ring blocks read in place
+                res = ops.attention_block_table(
+                    qr, [ck, kr, gkr], [cv, v_all, gv], tab, sizes, t, backend=backend
+                )
+                assert isinstance(res, torch.Tensor)
+                out[:, q_s.shape[1] - res.shape[1] :] = res
+                return out
+
+            out = sharded_attention(
+                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
+            )  # fmt: skip
+            assert isinstance(out, torch.Tensor)
+            self._keep(layer, box.lc)
+            return out[:, drop:]
+
+        return attn
