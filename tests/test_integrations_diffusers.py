@@ -344,3 +344,24 @@ def test_install_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match=r"^sd \(Attention\): only diffusers WanAttention modules"):
         install_nki_attention(other)
     assert not any(isinstance(p, NkiWanAttnProcessor) for p in other["wan"].attn_processors.values())
+
+
+# ------------------------------------------------------------------------------ the overhead benchmark
+
+
+def test_overhead_benchmark_rows() -> None:
+    """``perf.bench_integrations`` (docs/integrate.md's measured overhead) on its toy preset: one measured
+    row per call and processor, the NKI row's ratio is the two medians' and its output is the model's."""
+    from perf import bench_integrations as bench
+
+    rows = bench.measure("quick", "float32", rounds=1, warmup=1)
+    assert [(r.op, r.variant) for r in rows] == [
+        (op, v)
+        for op in ("wan_attn1", "wan_attn2", "wan_forward", "attention_math")
+        for v in ("diffusers", "nki_reference")
+    ]
+    assert all(r.status == "ok" and r.kind == "measured" and r.latency_us for r in rows)
+    for base, ours in zip(rows[::2], rows[1::2]):
+        assert ours.extra["overhead_x"] == pytest.approx(ours.latency_us / base.latency_us, rel=1e-12)
+        assert 0 < ours.extra["max_abs_diff"] < numerics.FP32_ISSUE_BOUND  # two fp32 sums of one model
+    assert len(bench.summary(rows)) == 4

@@ -10,6 +10,7 @@ import pytest
 
 WRITERS = (
     "perf.attention_guard",
+    "perf.bench_integrations",
     "perf.bench_kernels",
     "perf.bench_long_stream",
     "perf.bench_pipeline",
