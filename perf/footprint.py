@@ -25,6 +25,13 @@ stored next to the value so the report can print it.  Items:
   block, over the SP ranks, so per core (busiest rank) ``slots x ceil(T / sp) x (H / tp) x hd x 2 x
   layers x kv_bytes`` (``/ cores`` when ``sp`` divides the block's ``T`` tokens).  ``"replicated"``:
   every SP rank of a head group keeps the whole key range (per chip ``x sp``).
+* ``kv_cache="sp_compact"`` (the sharded stream's compact layout, ``sharding/kv_shard.py``; ``sp > 1``): the
+  SP-sharded cache with ``slots - 1`` slots (the ring one slot shorter: a write lands in the slot of the
+  oldest block the same forward reads, after its reads, through the transient gather buffer), and the
+  text k/v token-sharded over all cores: ``text_kv`` per core ``ceil(text_len / cores) x dim x 2 x layers
+  x act_bytes`` (per chip the whole text k/v once) plus ``text_kv_gather_buffer``, one layer's whole text
+  k/v per core (gathered just before the layer's cross-attention).  With ``weights="tp_linear"`` only the
+  ring applies (its cross-attention is head-sharded already).
 * ``kv_gather_buffer`` (SP-sharded cache, ``sp > 1``): each attention layer all-gathers the layer's
   whole key range of the local heads from the SP group before its kernel runs: ``gather_buffers x
   buffer_tokens x (H / tp) x hd x 2 (k, v) x kv_bytes`` per core.  One buffer (the default) matches the
@@ -35,7 +42,10 @@ stored next to the value so the report can print it.  Items:
 * ``activations``: peak per core of the merged forward's live tensors (:func:`activation_peak_bytes`),
   per chip ``x cores``.
 * ``vae_weights``: decoder parameters (counted from diffusers' ``AutoencoderKLWan``, the Wan2.1 VAE) x
-  weight bytes, replicated like the DiT weights.
+  weight bytes, replicated like the DiT weights; ``vae_weights="fsdp"``: ``1 / cores`` of them per core
+  plus ``vae_gather_buffer``, a double buffer of the largest decoder layer's weights per core (the VAE's
+  layers gathered just in time as the DiT's blocks are; a formula only: the CPU stream decodes outside
+  the ranks).
 * ``vae_workspace``: the streaming decoder's causal feature cache (``CACHE_T = 2`` input frames of every
   causal 3-D conv) + the largest single conv's input+output while decoding one latent frame, from the
   decoder's layer table (``perf/wan_vae_table.py``, derived from a shape-only run of diffusers'
@@ -72,12 +82,14 @@ __all__ = [
     "vae_probe",
     "footprint",
     "KV_CACHE_LAYOUTS",
+    "VAE_WEIGHT_PLACEMENTS",
 ]
 
 GB = 1e9
 
 WEIGHT_PLACEMENTS = ("replicated", "fsdp", "tp_linear")
-KV_CACHE_LAYOUTS = ("sp_sharded", "replicated")  # the sharded stream's (sharding.kv_shard.KV_CACHE_LAYOUTS)
+KV_CACHE_LAYOUTS = ("sp_sharded", "replicated", "sp_compact")  # as sharding.kv_shard.KV_CACHE_LAYOUTS
+VAE_WEIGHT_PLACEMENTS = ("replicated", "fsdp")
 
 
 def dit_block_param_count(m: ModelConfig) -> int:
@@ -228,6 +240,11 @@ class VaeProbe:
     feat_cache_elems: int
     peak_layer_elems: int
 
+    @property
+    def largest_weight_elems(self) -> int:
+        """Parameters of the decoder's largest single layer weight (its FSDP gather unit)."""
+        return max(_numel(r.weight_shape) for r in (*self.first, *self.steady) if r.weight_shape)
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     return int(math.prod(shape))
@@ -338,6 +355,7 @@ def footprint(
     label: str = "",
     kv_cache: str = "sp_sharded",
     gather_buffers: int = 1,
+    vae_weights: str = "replicated",
 ) -> Footprint:
     """HBM footprint per core and per chip (see the module docstring for every formula).
 
@@ -345,8 +363,9 @@ def footprint(
     copies of the weights on the chip (default ``tp x sp``: replicated per core; only with
     ``weights="replicated"``); ``weights`` one of :data:`WEIGHT_PLACEMENTS` (module docstring); ``vae``
     a :func:`vae_probe` result (omit to leave the VAE out; VAE weights are replicated per core in every
-    placement); ``kv_cache`` one of :data:`KV_CACHE_LAYOUTS` and ``gather_buffers`` (>= 1) the per-layer
-    gather buffers of the SP-sharded cache (module docstring).
+    placement unless ``vae_weights="fsdp"``, :data:`VAE_WEIGHT_PLACEMENTS`); ``kv_cache`` one of
+    :data:`KV_CACHE_LAYOUTS` (``"sp_compact"`` needs ``sp > 1``) and ``gather_buffers`` (>= 1) the
+    per-layer gather buffers of the SP-sharded cache (module docstring).
     """
     for name, v in (("tp", tp), ("sp", sp)):
         if not isinstance(v, int) or v < 1:
@@ -359,6 +378,14 @@ def footprint(
         raise ValueError(f"footprint: weights must be one of {WEIGHT_PLACEMENTS}, got {weights!r}")
     if kv_cache not in KV_CACHE_LAYOUTS:
         raise ValueError(f"footprint: kv_cache must be one of {KV_CACHE_LAYOUTS}, got {kv_cache!r}")
+    if kv_cache == "sp_compact" and sp < 2:
+        raise ValueError(
+            f"footprint: kv_cache='sp_compact' needs sp > 1 (the SP gather's buffer), got sp={sp}"
+        )
+    if vae_weights not in VAE_WEIGHT_PLACEMENTS:
+        raise ValueError(
+            f"footprint: vae_weights must be one of {VAE_WEIGHT_PLACEMENTS}, got {vae_weights!r}"
+        )
     if isinstance(gather_buffers, bool) or not isinstance(gather_buffers, int) or gather_buffers < 1:
         raise ValueError(f"footprint: gather_buffers must be an int >= 1, got {gather_buffers!r}")
     if weight_copies is not None and weights != "replicated":
@@ -410,26 +437,59 @@ def footprint(
         act = activation_peak_bytes_tp_linear(m, p, tp, sp, act_bytes)["peak"]
         act_note = "max(attention, FFN) live tensors per core, Megatron-SP layout, x cores"
     items = [w_item, *extra, *_kv_items(m, p, tp, sp, kv_bytes, kv_cache, gather_buffers)]
+    text_chip = text_core * cores
+    if kv_cache == "sp_compact" and weights != "tp_linear":
+        text_core, text_chip = math.ceil(m.text_len / cores) * m.dim * 2 * m.num_layers * act_bytes, text
+        text_note = f"ceil({m.text_len} / {cores}) tok per core (token-sharded, whole once per chip)"
+        layer = m.text_len * m.dim * 2 * act_bytes
+        text_gather = [
+            FootprintItem(
+                "text_kv_gather_buffer",
+                layer,
+                layer * cores,
+                f"one layer's whole text k/v: {m.text_len} tok x {m.dim} x 2 x {act_bytes} B per core",
+            )  # fmt: skip
+        ]
+        text_tok = f"{math.ceil(m.text_len / cores)} of {m.text_len} tok"
+    else:
+        text_gather, text_tok = [], f"{m.text_len} tok"
     items += [
         FootprintItem(
             "text_kv",
             text_core,
-            text_core * cores,
-            f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B, {text_note}",
+            text_chip,
+            f"{text_tok} x {m.dim} x 2 x {m.num_layers} x {act_bytes} B, {text_note}",
         ),
+        *text_gather,
         FootprintItem("activations", act, act * cores, act_note),
     ]
     if vae is not None:
         vw = int(vae.decoder_params * weight_bytes)
         ws = int((vae.feat_cache_elems + vae.peak_layer_elems) * act_bytes)
+        if vae_weights == "fsdp":
+            vc, vbuf = math.ceil(vw / cores), int(2 * vae.largest_weight_elems * weight_bytes)
+            items += [
+                FootprintItem(
+                    "vae_weights", vc, vc * cores,
+                    f"decoder params {vae.decoder_params:,} x {weight_bytes} B, 1/{cores} per core (FSDP)",
+                ),
+                FootprintItem(
+                    "vae_gather_buffer", vbuf, vbuf * cores,
+                    f"2 (double buffer) x largest decoder layer {vae.largest_weight_elems:,} params x "
+                    f"{weight_bytes} B, per core",
+                ),
+            ]  # fmt: skip
+        else:
+            items.append(
+                FootprintItem(
+                    "vae_weights",
+                    vw,
+                    vw * (copies if weights == "replicated" else cores),
+                    f"decoder params {vae.decoder_params:,} x {weight_bytes} B"
+                    + ("" if weights == "replicated" else ", replicated per core"),
+                )
+            )
         items += [
-            FootprintItem(
-                "vae_weights",
-                vw,
-                vw * (copies if weights == "replicated" else cores),
-                f"decoder params {vae.decoder_params:,} x {weight_bytes} B"
-                + ("" if weights == "replicated" else ", replicated per core"),
-            ),
             FootprintItem(
                 "vae_workspace",
                 math.ceil(ws / cores),
@@ -447,6 +507,9 @@ def _kv_items(
     slots, t, hl = p.buffer_slots, p.tokens_per_block(m), m.num_heads // tp
     row = hl * m.head_dim * 2 * kv_bytes  # one token's k and v of the local heads, one layer
     kv = kv_cache_bytes(m, p, kv_bytes)
+    held = slots - 1 if layout == "sp_compact" else slots  # slots kept between forwards
+    if layout == "sp_compact":
+        kv = int(held * t * m.dim * 2 * m.num_layers * kv_bytes)
     cores = tp * sp
     if layout == "replicated" or sp == 1:
         core = math.ceil(slots * t * row * m.num_layers)
@@ -460,12 +523,12 @@ def _kv_items(
                 f"{kv_bytes:g} B per core ({where})",
             )  # fmt: skip
         ]
-    core = math.ceil(slots * math.ceil(t / sp) * row * m.num_layers)
+    core = math.ceil(held * math.ceil(t / sp) * row * m.num_layers)
     buf = math.ceil(buffers * slots * t * row)
     return [
         FootprintItem(
             "kv_cache", core, kv,
-            f"{slots} slots x ceil({t:,} / sp {sp}) tok x {hl} heads x {m.head_dim} x 2 (k,v) x "
+            f"{held} slots x ceil({t:,} / sp {sp}) tok x {hl} heads x {m.head_dim} x 2 (k,v) x "
             f"{m.num_layers} layers x {kv_bytes:g} B per core (SP-sharded; per chip the whole cache)",
         ),
         FootprintItem(

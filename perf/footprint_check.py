@@ -9,15 +9,17 @@ at the same model, plan, dtype and KV-cache layout:
 * ``dit_weights``: the rank's model parameters (replicated on every rank);
 * ``kv_cache``: its self-attention k/v buffers, all layers (SP-sharded: its share of every block);
 * ``kv_gather_buffer``: the largest whole-key-range layer it gathered (SP-sharded cache only);
-* ``text_kv``: its cross-attention k/v (all heads, the prompt padded to ``text_len``).
+* ``text_kv``: its cross-attention k/v (all heads, the prompt padded to ``text_len``; ``sp_compact``: its
+  token share);
+* ``text_kv_gather_buffer``: the largest whole text k/v layer it gathered (``sp_compact`` only).
 
 Per core is the busiest rank; per chip the sum over ranks. Not checked: ``activations`` (the CPU
 reference ops allocate temporaries, e.g. whole score matrices, that the device kernels never
 materialise, so CPU peak memory says nothing about HBM) and the VAE items.
 
-Run: ``python -m perf.footprint_check`` (tiny and mid presets, TP4xSP2 on 8 ranks = the Wan plan, both
-layouts; about a minute on 2 cores); ``--save`` appends the rows (:class:`perf.runner.BenchRow`, one per item
-and configuration, sharing a ``run_id``) to ``perf/results/footprint_check.jsonl``, whose newest run
+Run: ``python -m perf.footprint_check`` (tiny and mid presets, TP4xSP2 on 8 ranks = the Wan plan, the
+three layouts; a minute or two on 2 cores); ``--save`` appends the rows (:class:`perf.runner.BenchRow`, one
+per item and configuration, sharing a ``run_id``) to ``perf/results/footprint_check.jsonl``, whose newest run
 ``python -m perf.e2e`` prints in the report.
 """
 
@@ -36,17 +38,20 @@ from perf.runner import BenchRow, append_rows, read_rows, results_path
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 
-__all__ = ["CheckRow", "measure", "check", "latest_rows", "ROWS_NAME"]
+__all__ = ["CheckRow", "measure", "check", "latest_rows", "ROWS_NAME", "ITEMS", "LAYOUTS"]
 
 ROWS_NAME = "footprint_check"
 """``perf/results/footprint_check.jsonl``: one :class:`~perf.runner.BenchRow` per item and configuration."""
-ITEMS = ("dit_weights", "kv_cache", "kv_gather_buffer", "text_kv")
+ITEMS = ("dit_weights", "kv_cache", "kv_gather_buffer", "text_kv", "text_kv_gather_buffer")
 _MEASURED_KEY = {
     "dit_weights": "weight_bytes",
     "kv_cache": "kv_bytes",
     "kv_gather_buffer": "kv_gather_bytes",
     "text_kv": "text_kv_bytes",
+    "text_kv_gather_buffer": "text_gather_bytes",
 }
+LAYOUTS = ("sp_sharded", "replicated", "sp_compact")
+"""The sharded stream's KV-cache layouts the command checks (``sharding.kv_shard.KV_CACHE_LAYOUTS``)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ def check(
 ) -> list[CheckRow]:
     """Measured vs modelled bytes of every item of :data:`ITEMS` at ``preset`` (a preset name or a
     :class:`~rolling_forcing.config.ModelConfig`); an item the model does not have (no gather buffer for
-    a replicated cache) is modelled as 0."""
+    a replicated cache, no text gather buffer outside ``sp_compact``) is modelled as 0."""
     plan_name, ranks = measure(preset, cores=cores, tp=tp, kv_cache=kv_cache, dtype=dtype)
     from sharding.pipeline import pipeline_plan
 
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         r
         for preset in a.presets
-        for layout in ("sp_sharded", "replicated")
+        for layout in LAYOUTS
         for r in check(preset, cores=a.cores, tp=a.tp, kv_cache=layout, dtype=a.dtype)
     ]
     wall = time.perf_counter() - t0

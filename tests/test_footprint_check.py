@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from perf.footprint_check import ITEMS, check, table_lines
+from perf.footprint_check import ITEMS, LAYOUTS, check, table_lines
 from rolling_forcing.config import PipelineConfig
 from tests.pipeline_helpers import TINY
 
@@ -26,7 +26,7 @@ def test_footprint_items_equal_the_sharded_streams_allocations() -> None:
     assert t % 2 == 1  # the SP split is uneven
     rows = {
         layout: {r.item: r for r in check(ODD, cores=4, tp=2, kv_cache=layout, dtype="float32")}
-        for layout in ("sp_sharded", "replicated")
+        for layout in LAYOUTS
     }
     print("\n" + "\n".join(table_lines([r for by in rows.values() for r in by.values()])))
     for layout, by in rows.items():
@@ -42,6 +42,19 @@ def test_footprint_items_equal_the_sharded_streams_allocations() -> None:
     assert rep["kv_cache"].measured_per_chip == 2 * sh["kv_cache"].measured_per_chip  # x sp
     assert sh["kv_gather_buffer"].measured_per_core == p.buffer_slots * t * row  # one whole layer
     assert rep["kv_gather_buffer"].measured_per_chip == 0
+    # compact: a ring one slot shorter, the same whole-layer gather, the text k/v once per chip (16 text
+    # tokens over 4 ranks: 4 each) plus one whole text layer gathered per rank
+    co = rows["sp_compact"]
+    assert co["kv_cache"].measured_per_core == (p.buffer_slots - 1) * (t // 2 + 1) * row * ODD.num_layers
+    assert co["kv_gather_buffer"].measured_per_core == sh["kv_gather_buffer"].measured_per_core
+    text_layer = ODD.text_len * ODD.dim * 2 * 4
+    assert (
+        co["text_kv"].measured_per_chip == text_layer * ODD.num_layers == sh["text_kv"].measured_per_chip // 4
+    )
+    assert co["text_kv_gather_buffer"].measured_per_core == text_layer
+    assert (
+        sh["text_kv_gather_buffer"].measured_per_chip == rep["text_kv_gather_buffer"].measured_per_chip == 0
+    )
 
 
 def test_saved_rows_read_back_as_the_newest_run(tmp_path) -> None:
