@@ -8,8 +8,11 @@ O(1) (max |out| ~ 4), the scale the floors assume.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,6 +209,33 @@ def test_attention_without_rotary_or_text_matches_diffusers_processor(module: st
     )
 
 
+def test_backward_cross_attention_has_diffusers_gradient_self_attention_refuses() -> None:
+    """Inference is the processor's scope: the rope op has no backward (RuntimeError naming it, not a
+    silent zero gradient); cross-attention (no rope) back-propagates through ``ops.attention``'s backward,
+    to diffusers' gradient within the rule (baseline: diffusers' float64 gradient)."""
+    model = wan_transformer(2, 64, 1)
+    g = torch.Generator().manual_seed(5)
+    x, enc = torch.randn(1, 4, 1, 4, 4, generator=g), torch.randn(1, 3, 128, generator=g)
+    hs = torch.randn(1, 4, 128, generator=g)
+
+    def grad(m: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        h = hs.to(dtype).requires_grad_(True)
+        (m.blocks[0].attn2(h, enc.to(dtype)) ** 2).sum().backward()
+        assert h.grad is not None
+        return h.grad
+
+    base = grad(copy.deepcopy(model).double(), torch.float64)
+    want = grad(model, torch.float32)
+    install_nki_attention(model, backend="reference")
+    numerics.assert_within(
+        grad(model, torch.float32), base, torch.float32, numerics.max_abs_err(want, base), "attn2 grad"
+    )
+    h = hs.clone().requires_grad_(True)
+    out = model.blocks[0].attn1(h, rotary_emb=model.rope(x))
+    with pytest.raises(RuntimeError, match=r"backward through nki_ardiff\.rope3d_tables"):
+        out.sum().backward()
+
+
 def test_compiles_to_one_graph_with_the_ops_inside() -> None:
     """``torch.compile(fullgraph=True)``: one graph, no break, no recompile; the custom ops are its nodes
     (one rope3d_tables per layer, two attentions); the captured graph gives the eager output."""
@@ -365,3 +395,22 @@ def test_overhead_benchmark_rows() -> None:
         assert ours.extra["overhead_x"] == pytest.approx(ours.latency_us / base.latency_us, rel=1e-12)
         assert 0 < ours.extra["max_abs_diff"] < numerics.FP32_ISSUE_BOUND  # two fp32 sums of one model
     assert len(bench.summary(rows)) == 4
+
+
+def docs_example(name: str) -> str:
+    """The ```python block after ``<!-- example: name -->`` in docs/integrate.md (its runnable code)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "integrate.md").read_text()
+    marker = f"<!-- example: {name} -->\n```python\n"
+    assert text.count(marker) == 1, f"docs/integrate.md has no single {marker!r}"
+    start = text.index(marker) + len(marker)
+    return text[start : text.index("\n```\n", start)]
+
+
+def test_docs_processor_example_runs_and_says_what_it_prints() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(docs_example("processor"), "docs/integrate.md:processor", "exec"), {})
+    first, second = out.getvalue().splitlines()
+    assert first == "['blocks.0.attn1', 'blocks.0.attn2', 'blocks.1.attn1', 'blocks.1.attn2']"
+    assert second.startswith("max |NKI - diffusers| = ")
+    assert 0 < float(second.rsplit(" ", 1)[1]) < numerics.FP32_ISSUE_BOUND  # the page says "below 1e-5"

@@ -10,7 +10,9 @@ tensors, so any difference is a wrong config inference or a wrong weight.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +26,7 @@ from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 from tests.pipeline_helpers import text_embeds, tiny_model
+from tests.test_integrations_diffusers import docs_example
 
 try:  # the `test` extra installs diffusers: without it these tests must fail, never skip
     import diffusers
@@ -275,3 +278,12 @@ def test_installed_diffusers_has_no_rolling_kv_cache_api() -> None:
     }
     names = {n.lower() for n in dir(diffusers.hooks)} | {n.lower() for n in dir(diffusers)}
     assert not {n for n in names if "rolling" in n or ("kv" in n and "cache" in n and "text" not in n)}
+
+
+def test_docs_worked_example_streams_what_it_says() -> None:
+    """docs/integrate.md's "your model, our stream": six chunks of 3 latent frames, 9 then 12 video frames."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(docs_example("stream"), "docs/integrate.md:stream", "exec"), {})
+    want = [f"{b} (1, 3, 16, 8, 12) (1, {9 if b == 0 else 12}, 3, 64, 96)" for b in range(6)]
+    assert out.getvalue().splitlines() == want

@@ -37,8 +37,11 @@ Under ``torch.compile(fullgraph=True)`` the processor traces into one graph with
 nodes (tested with a counting backend). The backend rule is the ops' one: ``backend=None`` reads
 ``$NKI_ARDIFF_BACKEND`` when each op runs, an explicit name is checked at install.
 
-Tested against diffusers 0.42.1 (``tests/test_integrations_diffusers.py``); older diffusers releases whose
-Wan processor took a complex rotary tensor are refused at the first call (the rotary check below).
+Tested against diffusers 0.42.1 and 0.36.0 (``tests/test_integrations_diffusers.py``; the extras pin
+``diffusers>=0.36,<0.43``, see ``docs/integrate.md``). Releases before 0.35, whose Wan processor took a
+complex rotary tensor, are refused at the first call (the rotary check below); 0.35.x passes tables whose
+angles differ from Wan's for a head_dim that is not a multiple of 6 (diffusers' own angles, followed as
+given).
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ class NkiWanAttnProcessor:
             )
             raise self._refuse(
                 f"rotary_emb must be diffusers' (cos, sin) pair of real tensors [1, L, 1, D] = {list(want)} "
-                f"(WanRotaryPosEmbed of diffusers >= the tested 0.42), got {got}"
+                f"(WanRotaryPosEmbed of diffusers >= 0.35), got {got}"
             )
         cos, sin = rotary_emb[0][0, :, 0, 0::2], rotary_emb[1][0, :, 0, 1::2]
         if cos.dtype not in ops.TABLE_DTYPES:  # a model cast with .to(bf16) also casts its rope buffers
