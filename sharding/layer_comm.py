@@ -46,8 +46,8 @@ GRAPH_OPS = {
 class LayerCollective:
     """One collective of one layer: ``role`` (one of :data:`ROLES`), ``group`` ``"tp"`` / ``"sp"``,
     ``bytes`` (busiest rank: sent for all-to-all, received for all-gather), ``time_s`` (*modelled*),
-    ``hbm_bytes`` (one rank's HBM traffic for it) and ``independent`` (True: needs none of the layer's
-    compute, only the cache)."""
+    ``hbm_bytes`` (one rank's HBM traffic for it), ``independent`` (True: needs none of the layer's
+    compute, only the cache) and ``latency_s`` (the part of ``time_s`` that does not scale with bytes)."""
 
     role: str
     group: str
@@ -55,6 +55,8 @@ class LayerCollective:
     time_s: float
     hbm_bytes: int
     independent: bool
+    latency_s: float = 0.0
+    """The byte-independent part of ``time_s`` (fixed latency + hops): what each piece of a split pays."""
 
     @property
     def op(self) -> str:
@@ -104,12 +106,12 @@ def layer_collectives(
     out: list[LayerCollective] = []
 
     def gather(role: str, received: int, independent: bool) -> None:
-        t = m.all_gather_s(sp, received, sp_spans)
-        out.append(LayerCollective(role, "sp", received, t, 2 * received, independent))
+        t, lat = m.all_gather_s(sp, received, sp_spans), m.all_gather_s(sp, 0, sp_spans)
+        out.append(LayerCollective(role, "sp", received, t, 2 * received, independent, lat))
 
     def a2a(role: str, sent: int) -> None:
-        t = m.all_to_all_s(tp, sent, tp_spans)
-        out.append(LayerCollective(role, "tp", sent, t, 2 * sent, False))
+        t, lat = m.all_to_all_s(tp, sent, tp_spans), m.all_to_all_s(tp, 0, tp_spans)
+        out.append(LayerCollective(role, "tp", sent, t, 2 * sent, False, lat))
 
     if sp > 1 and kv_cache == "sp_sharded":
         share = 2 * cache_slots * math.ceil(tokens_per_block / sp) * row  # k and v of every slot

@@ -80,6 +80,34 @@ def test_a_long_cache_gather_delays_the_stream_behind_it():
     assert two.exposed_s == schedule(layer_program(TIMES, COLLS, 3)).exposed_s == 12
 
 
+def test_token_sub_blocks_estimate_by_hand():
+    """``pieces=2`` (not built): projection + norm, attention and o_proj in halves, each projection-bound
+    collective in halves (no latency here; the output all-to-all 2 s whole). One layer: kv_cache [0, 3)
+    holds the stream, so qkv_in#0 [3, 3.5), kv_fresh#0 [3.5, 4.5), qkv_in#1 [4.5, 5), kv_fresh#1 [5, 6);
+    rope [6, 7), write [7, 8), attention halves [8, 10) and [10, 12); out#0 [10, 11) under the second
+    half, out#1 [12, 13); o_proj#0 [12, 12.5), o_proj#1 waits for out#1: [13, 13.5); ffn_up [13.5, 15.5):
+    exposed 3.5 (whole: 5)."""
+    colls = (*COLLS[:3], LayerCollective("out", "tp", 0, 2.0, 10, False))
+    sched = schedule(layer_program(TIMES, colls, 1, pieces=2))
+    check_schedule(sched)
+    got = {s.op.name: (s.start, s.end) for s in sched.slots}
+    assert got["0:qkv_proj#1"] == (1.5, 2.5) and got["0:rmsnorm_qk#1"] == (2.5, 3)
+    assert [got[f"0:{n}"] for n in ("qkv_in#0", "kv_fresh#0", "qkv_in#1", "kv_fresh#1")] == [
+        (3, 3.5), (3.5, 4.5), (4.5, 5), (5, 6)
+    ]  # fmt: skip
+    assert got["0:rope3d"] == (6, 7) and got["0:attn_merged#1"] == (10, 12)
+    assert got["0:out#0"] == (10, 11) and sched.under("0:out#0") == ("0:attn_merged#1",)
+    assert got["0:o_proj#0"] == (12, 12.5) and got["0:o_proj#1"] == (13, 13.5)
+    assert got["0:ffn_up"] == (13.5, 15.5)
+    assert sched.exposed_s == 3.5 and schedule(layer_program(TIMES, colls, 1)).exposed_s == 5
+    # a split collective pays its whole latency per part: 0.25 + (1 - 0.25) / 2
+    lat = (COLLS[0], LayerCollective("qkv_in", "tp", 0, 1.0, 10, False, 0.25), *COLLS[2:])
+    two = schedule(layer_program(TIMES, lat, 1, pieces=2))
+    assert two.slot("0:qkv_in#0").op.time_s == 0.625 and two.slot("0:qkv_in#1").op.time_s == 0.625
+    with pytest.raises(ValueError, match="pieces"):
+        layer_program(TIMES, COLLS, 1, pieces=0)
+
+
 def test_schedule_rejects_bad_programs_and_check_catches_overlaps():
     with pytest.raises(ValueError, match="duplicate"):
         schedule([Op("a", "compute", 1.0), Op("a", "comm", 1.0)])
@@ -199,6 +227,14 @@ def test_chunk_charges_and_alternatives_are_consistent():
         for other in ("serial_split", "serial_plan"):
             assert cm.chunk_s_under(other) == pytest.approx(_wan(end, comm_schedule=other).chunk_s, rel=1e-12)
         assert cm.comm_alternative("serial_plan").collectives == 3 * L
+        # the sub-block estimate: 3 more parts of each projection-bound collective, 3 more calls of each
+        # split kernel (qkv_proj, rmsnorm_qk, attention, o_proj: one launch each with this provider)
+        est = cm.comm_alternative("overlap_sub4")
+        assert (est.collectives, est.extra_kernel_calls) == ((4 + 3 * 3) * L, 3 * 4 * L)
+        point = cm.params.at(end)
+        want = cm.chunk_s - cm.comm_alternative("overlap").comm_s + est.comm_s
+        want += 9 * L * point.collective_barrier_s + 12 * L * point.kernel_fixed_s
+        assert cm.chunk_s_under("overlap_sub4") == pytest.approx(want, rel=1e-12)
         assert cm.comm_alternative("overlap").comm_s < cm.comm_alternative("serial_split").comm_s
     with pytest.raises(ValueError, match="comm_schedule"):
         _wan("optimistic", comm_schedule="hidden")

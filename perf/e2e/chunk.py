@@ -30,7 +30,15 @@ from typing import Any
 from perf.e2e.components import GROUPS, Component, Forward, forward_components, vae_components
 from perf.e2e.kernels import KernelProvider
 from perf.e2e.launches import LaunchPlan, neffs_per_chunk
-from perf.e2e.overlap import COMM_SCHEDULES, CommAlternative, ForwardOverlap, forward_overlap
+from perf.e2e.overlap import (
+    COMM_SCHEDULES,
+    ESTIMATE,
+    SUB_BLOCKS,
+    CommAlternative,
+    ForwardOverlap,
+    forward_overlap,
+    split_names,
+)
 from perf.e2e.params import E2EParams
 from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, tp_linear_comm
 from perf.footprint import VaeProbe, merged_tokens, vae_strides
@@ -81,8 +89,10 @@ class ChunkModel:
         barriers of the difference in collectives are swapped (NEFF launches unchanged: exact for one
         graph per forward, where collectives do not cut graphs)."""
         cur, alt = self.comm_alternative(self.comm_schedule), self.comm_alternative(schedule)
-        barrier = self.params.at(self.end).collective_barrier_s
-        return self.chunk_s - cur.comm_s + alt.comm_s + (alt.collectives - cur.collectives) * barrier
+        point = self.params.at(self.end)
+        calls = (alt.extra_kernel_calls - cur.extra_kernel_calls) * point.kernel_fixed_s
+        barrier = (alt.collectives - cur.collectives) * point.collective_barrier_s
+        return self.chunk_s - cur.comm_s + alt.comm_s + barrier + calls
 
     def time(self, groups: Sequence[str] | None = None) -> float:
         return sum(c.total_s for c in self.components if groups is None or c.group in groups)
@@ -374,6 +384,7 @@ def _add_alternatives(a: list[CommAlternative], b: list[CommAlternative]) -> lis
             comm_s=x.comm_s + y.comm_s,
             collectives=x.collectives + y.collectives,
             bytes_per_layer=x.bytes_per_layer + y.bytes_per_layer,
+            extra_kernel_calls=x.extra_kernel_calls + y.extra_kernel_calls,
         )
         for x, y in zip(a, b, strict=True)
     ]
@@ -403,10 +414,17 @@ def _stream_comm(
     fo = forward_overlap(fwd.name, times, colls, L, end=end, hbm_Bps=hbm_Bps)
     n = len(colls)
     moved = sum(c.bytes for c in colls)
+    # the not-built estimate: token sub-blocks (perf.e2e.overlap.layer_program pieces); its split kernels
+    # are more kernel calls, its split collectives more collectives
+    sub = forward_overlap(fwd.name, times, colls, L, end=end, hbm_Bps=hbm_Bps, pieces=SUB_BLOCKS)
+    split = set(split_names(times))
+    more_calls = (SUB_BLOCKS - 1) * L * sum(c.launches for c in cs if c.per_layer and c.name in split)
+    n_sub = n + (SUB_BLOCKS - 1) * sum(c.role != "kv_cache" for c in colls)
     alts = [
         CommAlternative("overlap", fo.charge_s, n * L, moved),
         CommAlternative("serial_split", fo.serial_s, n * L, moved),
         CommAlternative("serial_plan", pl.comm_time_s * L, pl.comm.collectives * L, pl.comm.total_bytes),
+        CommAlternative(ESTIMATE, sub.charge_s, n_sub * L, moved, more_calls),
     ]
     if schedule == "serial_plan":
         return cs, fo, alts

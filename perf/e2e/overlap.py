@@ -44,14 +44,22 @@ __all__ = [
     "check_schedule",
     "stage",
     "layer_program",
+    "split_names",
     "ForwardOverlap",
     "forward_overlap",
     "CommAlternative",
+    "SUB_BLOCKS",
+    "ESTIMATE",
 ]
 
 ENGINES = ("compute", "comm")
 CONTENTION = {"optimistic": 0.0, "pessimistic": 1.0}
 """Share of a hidden collective's HBM time charged to the compute it runs under, per end (module doc)."""
+
+SUB_BLOCKS = 4
+"""Token sub-blocks of the not-built pipelining estimate (:func:`layer_program` ``pieces``)."""
+ESTIMATE = f"overlap_sub{SUB_BLOCKS}"
+"""The estimate's :class:`CommAlternative` name (never a chunk's charge: not in :data:`COMM_SCHEDULES`)."""
 
 COMM_SCHEDULES = ("overlap", "serial_split", "serial_plan")
 """How the chunk model charges the per-layer collectives: ``overlap`` (this module's critical path over the
@@ -238,62 +246,111 @@ def _ordered(times: Mapping[str, float]) -> list[str]:
     return known + [n for n in times if n not in ORDER]
 
 
+def split_names(times: Mapping[str, float]) -> tuple[str, ...]:
+    """The compute components :func:`layer_program` splits into ``pieces`` token sub-blocks: the QKV
+    projection and q/k norm, the layer's last attention-stage op (the attention, split by queries) and
+    the first post-attention op (o_proj)."""
+    names = _ordered(times)
+    pre = [n for n in names if stage(n) == "pre"]
+    attn = [n for n in names if stage(n) == "attn"]
+    post = [n for n in names if stage(n) == "post"]
+    head = pre[pre.index("qkv_proj") :] if "qkv_proj" in pre else pre[-1:]
+    return (*head, *attn[-1:], *post[:1])
+
+
 def layer_program(
     times: Mapping[str, float],
     collectives: Sequence[LayerCollective],
     layers: int,
     *,
     gather_buffers: int = 1,
+    pieces: int = 1,
 ) -> list[Op]:
     """The ops of ``layers`` layers of one sharded forward (module docstring): ``times`` maps each
     per-layer compute component to its seconds per layer (ordered by :data:`ORDER`, unknown names in the
     post stage), ``collectives`` are :func:`sharding.layer_comm.layer_collectives` (issue order). Names
     are ``"<layer>:<component or role>"``. ``gather_buffers`` (>= 1): the cache share of layer ``l`` lands
-    in the buffer layer ``l - gather_buffers`` read, so it waits for that layer's attention."""
+    in the buffer layer ``l - gather_buffers`` read, so it waits for that layer's attention.
+
+    ``pieces`` > 1 models token sub-blocks the stream does NOT have (an estimate): the ops of
+    :func:`split_names` and the projection-bound collectives run as ``pieces`` equal parts named
+    ``"<name>#<i>"`` (a collective part pays its whole ``latency_s`` + its share of the rest): part ``i``
+    of the all-to-all and the new keys' gather needs part ``i`` of the projection + norm, the attention
+    (all parts) needs every part of the new keys, part ``i`` of the output all-to-all needs part ``i`` of
+    the attention (by queries) and part ``i`` of o_proj needs it."""
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ValueError(f"layer_program: layers must be an int >= 1, got {layers!r}")
     if isinstance(gather_buffers, bool) or not isinstance(gather_buffers, int) or gather_buffers < 1:
         raise ValueError(f"layer_program: gather_buffers must be an int >= 1, got {gather_buffers!r}")
+    if isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1:
+        raise ValueError(f"layer_program: pieces must be an int >= 1, got {pieces!r}")
     names = _ordered(times)
     pre = [n for n in names if stage(n) == "pre"]
     attn = [n for n in names if stage(n) == "attn"]
     post = [n for n in names if stage(n) == "post"]
     if not attn or not pre:
         raise ValueError(f"layer_program: times need pre-attention and attention components, got {names}")
+    split = set(split_names(times)) if pieces > 1 else set()
+    k = pieces
+
+    def parts(n: str) -> list[str]:
+        return [f"{n}#{i}" for i in range(k)] if n in split else [n]
+
     roles = {c.role: c for c in collectives}
     readers = [n for n in attn if n == "kv_cache_write"] or [n for n in attn if n.startswith("attn_")]
     ops: list[Op] = []
     comm: list[Op] = []
     carry: tuple[str, ...] = ()  # what the next layer's first op needs besides the compute queue's order
 
-    def coll(role: str, name: str, deps: Sequence[str]) -> str:
+    def coll(role: str, name: str, deps: Sequence[str], n: int = 1) -> str:
         c = roles[role]
-        comm.append(Op(name, "comm", c.time_s, tuple(deps), c.hbm_bytes))
+        t = c.time_s if n == 1 else c.latency_s + (c.time_s - c.latency_s) / n
+        comm.append(Op(name, "comm", t, tuple(deps), c.hbm_bytes // n))
         return name
 
+    whole = [n for n in pre if n not in split]
+    cut = [n for n in pre if n in split]
     for ly in range(layers):
         tag = f"{ly}:"
         if "kv_cache" in roles:  # issued first; needs only its buffer (module docstring)
             buf = ly - gather_buffers
-            coll("kv_cache", tag + "kv_cache", (f"{buf}:{attn[-1]}",) if buf >= 0 else ())
-        fresh: tuple[str, ...] = (tag + pre[-1],)
-        if "qkv_in" in roles:
-            fresh = (coll("qkv_in", tag + "qkv_in", fresh),)
-        if "kv_fresh" in roles:
-            fresh = (coll("kv_fresh", tag + "kv_fresh", fresh),)
-        for i, n in enumerate(pre):
-            ops.append(Op(tag + n, "compute", times[n], carry if i == 0 else ()))
+            coll("kv_cache", tag + "kv_cache", (f"{buf}:{parts(attn[-1])[-1]}",) if buf >= 0 else ())
+        first = True
+        for n in whole:
+            ops.append(Op(tag + n, "compute", times[n], carry if first else ()))
+            first = False
+        fresh: list[str] = []
+        for i in range(k if cut else 1):
+            for n in cut:
+                ops.append(Op(tag + parts(n)[i], "compute", times[n] / k, carry if first else ()))
+                first = False
+            dep = [tag + (parts(cut[-1])[i] if cut else pre[-1])]
+            sfx = f"#{i}" if cut and k > 1 else ""
+            if "qkv_in" in roles:
+                dep = [coll("qkv_in", f"{tag}qkv_in{sfx}", dep, k if sfx else 1)]
+            if "kv_fresh" in roles:
+                dep = [coll("kv_fresh", f"{tag}kv_fresh{sfx}", dep, k if sfx else 1)]
+            fresh += dep
         for i, n in enumerate(attn):
-            deps = fresh if i == 0 else ()
-            if "kv_cache" in roles and n == readers[0]:
-                deps = (*deps, tag + "kv_cache")
-            ops.append(Op(tag + n, "compute", times[n], deps))
-        after: tuple[str, ...] = (tag + attn[-1],)
+            for j, part in enumerate(parts(n)):
+                deps: tuple[str, ...] = tuple(fresh) if i == 0 and j == 0 else ()
+                if "kv_cache" in roles and n == readers[0] and j == 0:
+                    deps = (*deps, tag + "kv_cache")
+                ops.append(Op(tag + part, "compute", times[n] / len(parts(n)), deps))
+        att = parts(attn[-1])
+        outs = [(tag + a,) for a in att]
         if "out" in roles:
-            after = (coll("out", tag + "out", after),)
+            names_out = [f"{tag}out#{i}" for i in range(len(att))] if len(att) > 1 else [f"{tag}out"]
+            outs = [(coll("out", nm, o, len(att)),) for nm, o in zip(names_out, outs, strict=True)]
         for i, n in enumerate(post):
-            ops.append(Op(tag + n, "compute", times[n], after if i == 0 else ()))
-        carry = () if post else after
+            ps = parts(n)
+            for j, part in enumerate(ps):
+                if i == 0:
+                    deps = outs[j] if len(ps) > 1 else tuple(x for o in outs for x in o)
+                else:
+                    deps = ()
+                ops.append(Op(tag + part, "compute", times[n] / len(ps), deps))
+        carry = () if post else tuple(x for o in outs for x in o)
     return ops + comm
 
 
@@ -332,11 +389,13 @@ def forward_overlap(
     end: str,
     hbm_Bps: float,
     gather_buffers: int = 1,
+    pieces: int = 1,
 ) -> ForwardOverlap:
     """Schedule ``layers`` layers (:func:`layer_program`) and charge the contention of ``end``."""
     if end not in CONTENTION:
         raise ValueError(f"forward_overlap: end must be one of {tuple(CONTENTION)}, got {end!r}")
-    sched = schedule(layer_program(times, collectives, layers, gather_buffers=gather_buffers))
+    program = layer_program(times, collectives, layers, gather_buffers=gather_buffers, pieces=pieces)
+    sched = schedule(program)
     return ForwardOverlap(
         name, layers, sched, tuple(collectives), sched.contention_s(CONTENTION[end], hbm_Bps)
     )
@@ -352,3 +411,5 @@ class CommAlternative:
     comm_s: float
     collectives: int
     bytes_per_layer: int = 0
+    extra_kernel_calls: int = 0
+    """Kernel calls per chunk beyond the chunk model's (the sub-block estimate's split kernels)."""

@@ -5,7 +5,7 @@ compute, what still waits, and the chunk before / after the overlap at both ends
 from __future__ import annotations
 
 from perf.e2e.chunk import ChunkModel
-from perf.e2e.overlap import ForwardOverlap, Slot
+from perf.e2e.overlap import ESTIMATE, SUB_BLOCKS, ForwardOverlap, Slot
 from perf.e2e.report_fmt import _ms
 
 __all__ = ["overlap_lines", "layer_table_lines", "schedule_rows_lines"]
@@ -18,6 +18,10 @@ _SCHEDULE_TEXT = {
     "overlap": "after (headline): the code's 4 collectives on the CC stream, compute waits only where "
     "its inputs are not there (+ DMA/HBM contention of the hidden ones)",
 }
+_SCHEDULE_TEXT[ESTIMATE] = (
+    f"estimate, NOT built: {SUB_BLOCKS} token sub-blocks (projection + q/k norm, attention by queries and "
+    "o_proj split, their collectives in parts; more kernel calls and collectives charged)"
+)
 _COLL_TEXT = {
     "kv_cache": "SP all-gather of the cached K/V share",
     "qkv_in": "TP all-to-all of q, k, v",
@@ -147,6 +151,9 @@ def overlap_lines(lo: ChunkModel, hi: ChunkModel) -> list[str]:
         "all-to-all, RoPE and the attention need the new keys, and everything after the attention needs "
         "its output all-to-all; only splitting the tokens into sub-blocks (projection of block i+1 under "
         "the collectives of block i; attention output by query blocks) could hide them (not built). "
+        f"The estimate row prices that split at {SUB_BLOCKS} sub-blocks: chunk "
+        f"{_ms(lo.chunk_s_under(ESTIMATE) - lo.chunk_s)} / {_ms(hi.chunk_s_under(ESTIMATE) - hi.chunk_s)} ms "
+        "(pess. / opt.) against the headline. "
         f"Exposed per layer {_ms(f_lo.exposed_s / L)}-{_ms(f_hi.exposed_s / L)} ms + contention "
         f"{_ms(f_lo.contention_s / L)}-{_ms(f_hi.contention_s / L)} ms, vs "
         f"{_ms(f_lo.serial_s / L)}-{_ms(f_hi.serial_s / L)} ms for the same collectives serialised.\n"
