@@ -179,7 +179,14 @@ def _wan(end: str, **kw):
 # step), written out independently of perf/e2e/overlap.py: what runs before a layer's projection-bound
 # collectives, and what runs after its output all-to-all
 BEFORE_QKV_IN = ("gate_residual_ffn+adaln_norm1_mod", "adaln_norm1_mod", "qkv_proj", "rmsnorm_qk")
-AFTER_OUT = ("o_proj", "gate_residual_sa", "norm3_affine", "cross_q_proj", "rmsnorm_cross_q", "cross_attn")
+AFTER_OUT: tuple[str, ...] = (
+    "o_proj",
+    "gate_residual_sa",
+    "norm3_affine",
+    "cross_q_proj",
+    "rmsnorm_cross_q",
+    "cross_attn",
+)
 AFTER_OUT += ("cross_o_proj", "residual_cross", "adaln_norm2_mod", "ffn_up", "gelu_tanh", "ffn_down")
 AFTER_OUT += ("gate_residual_ffn", "gate_residual_sa+norm3_affine", "residual_cross+adaln_norm2_mod")
 
