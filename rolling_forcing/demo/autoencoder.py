@@ -278,6 +278,7 @@ class DemoStreamingDecoder:
         self._batch = b
         first = self._frames_seen == 0
         z = self.model.denormalise(latents.float()).permute(0, 2, 1, 3, 4)  # [B, C, F, h, w]
+        z = z.to(self._taps["conv_in"][0].dtype)  # the workspace in the weights' dtype (bf16: an option)
         skip = self._conv("conv_in", z)
         y = self._conv("res1", F.silu(skip))
         x = skip + self._conv("res2", F.silu(y))
@@ -291,7 +292,7 @@ class DemoStreamingDecoder:
             video = video[:, self.temporal_stride - 1 :]
         self._frames_seen += nf
         assert video.shape[1] == video_frames_for(nf, first_in_stream=first)
-        return video.clamp(-1.0, 1.0).contiguous()
+        return video.float().clamp(-1.0, 1.0).contiguous()
 
 
 def save_autoencoder(
