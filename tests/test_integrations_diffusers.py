@@ -326,9 +326,18 @@ def test_a_context_parallel_config_set_later_is_refused() -> None:
         model.blocks[0].attn1(torch.randn(1, 4, 128))
 
 
+class _Untouchable(torch.nn.Module):
+    """Stands in for a projection that must not run: the input is refused before it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a projection ran before the input was checked")
+
+
 def test_malformed_activations_are_refused_before_any_projection() -> None:
     model = wan_transformer(2, 64, 1)
     install_nki_attention(model)
+    for attn in (model.blocks[0].attn1, model.blocks[0].attn2):
+        attn.to_q = attn.to_k = attn.to_v = _Untouchable()
     with pytest.raises(ValueError, match=r"^blocks\.0\.attn1: hidden_states must be a \[B, L, dim\] tensor"):
         model.blocks[0].attn1(torch.randn(4, 128))
     with pytest.raises(ValueError, match=r"^blocks\.0\.attn2: encoder_hidden_states must be \[B, Lt, dim\]"):

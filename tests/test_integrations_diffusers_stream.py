@@ -201,6 +201,18 @@ def test_arguments_are_checked() -> None:
         causal_wan_from_diffusers(torch.nn.Linear(2, 2), latent_size=LATENT)
 
 
+def test_stream_names_are_checked_before_any_weight_is_read(tmp_path: Path) -> None:
+    """A mistyped backend or method is refused before the (here unreadable) weights are opened."""
+    (tmp_path / "config.json").write_text(json.dumps(_diffusers_config()))
+    (tmp_path / "diffusion_pytorch_model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match=r"^backend must be one of"):
+        stream_from_diffusers(tmp_path, latent_size=LATENT, text_len=M.text_len, backend="cuda")
+    with pytest.raises(ValueError, match=r"^method must be one of"):
+        stream_from_diffusers(tmp_path, latent_size=LATENT, text_len=M.text_len, method="rolling")
+    with pytest.raises(ck.CheckpointError, match=r"is not a readable \.safetensors file"):  # reached last
+        stream_from_diffusers(tmp_path, latent_size=LATENT, text_len=M.text_len)
+
+
 def test_models_the_stream_cannot_share_are_refused(own: CausalWanModel, tmp_path: Path) -> None:
     dm = _as_diffusers(own)
     with pytest.raises(

@@ -182,6 +182,11 @@ class NkiWanAttnProcessor:
                 "rotary_emb was passed to a cross-attention call (Wan ropes self-attention only)"
             )
         a: Any = attn
+        heads = int(a.heads)
+        tables = None
+        if rotary_emb is not None:  # checked before any projection runs
+            head_dim = int(a.inner_dim) // heads
+            tables = self._tables(rotary_emb, hidden_states.shape[1], head_dim, hidden_states.device)
         src = encoder_hidden_states if encoder_hidden_states is not None else hidden_states
         if getattr(a, "fused_projections", False):
             if a.is_cross_attention:  # diffusers' rule: the module's kind picks the fused weight
@@ -191,13 +196,11 @@ class NkiWanAttnProcessor:
                 q, k, v = a.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
             q, k, v = a.to_q(hidden_states), a.to_k(src), a.to_v(src)
-        heads = int(a.heads)
         q = a.norm_q(q).unflatten(2, (heads, -1)).contiguous()
         k = a.norm_k(k).unflatten(2, (heads, -1)).contiguous()
         v = v.unflatten(2, (heads, -1)).contiguous()
-        if rotary_emb is not None:
-            cos, sin = self._tables(rotary_emb, q.shape[1], q.shape[3], q.device)
-            q, k = ops.rope3d_tables(q, k, cos, sin, backend=self.backend)
+        if tables is not None:
+            q, k = ops.rope3d_tables(q, k, *tables, backend=self.backend)
         out = ops.attention(q, k, v, backend=self.backend)
         assert isinstance(out, torch.Tensor)
         out = a.to_out[0](out.flatten(2, 3))
@@ -213,7 +216,7 @@ def _check_module(name: str, attn: torch.nn.Module, backend: str | None) -> None
             f"{where}: image cross-attention (add_k_proj, Wan I2V/FLF2V) is not supported by "
             "NkiWanAttnProcessor; only text-to-video Wan attention is"
         )
-    for attr in ("to_q", "to_out", "norm_q", "norm_k", "heads"):
+    for attr in ("to_q", "to_out", "norm_q", "norm_k", "heads", "inner_dim"):
         if not hasattr(a, attr):
             raise ValueError(f"{where}: not a diffusers WanAttention (no attribute {attr!r})")
     inner, kv_inner = getattr(a, "inner_dim", None), getattr(a, "kv_inner_dim", None)

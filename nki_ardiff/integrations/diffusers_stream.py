@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from nki_kernels import ops
 from rolling_forcing.checkpoint import (
     CheckpointError,
     check_tensors,
@@ -55,7 +56,7 @@ from rolling_forcing.checkpoint import (
 )
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.merged import CompileSpec
-from rolling_forcing.methods import StreamMethod
+from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 
@@ -335,6 +336,10 @@ def stream_from_diffusers(
     pc = PipelineConfig() if pipe_cfg is None else pipe_cfg
     if not isinstance(pc, PipelineConfig):
         raise TypeError(f"pipe_cfg must be a PipelineConfig or None, got {type(pc).__name__}")
+    if method is not None:  # names checked before any weight is read (the pipeline checks the rest)
+        get_method(method)
+    if backend is not None:
+        ops.resolve_backend(backend)
     model, cfg = causal_wan_from_diffusers(
         source, latent_size=latent_size, text_len=text_len, dtype=pc.torch_dtype
     )
