@@ -1,5 +1,5 @@
 """The FP8 option of the streamed static attention pass (standalone NKI 0.6 API): P.V in e4m3 on TensorE's
-double-row mode (docs/kernels/attention.md, "FP8 attention"; reference ``reference/attention_fp8.py``).
+double-row mode (docs/kernels/attention_fp8.md; reference ``reference/attention_fp8.py``).
 
 With ``fp8=True`` the kernels' streamed pass (:mod:`nki_kernels.attention_stream`) changes in four places,
 all through :class:`Fp8Pv`; everything else (Q.K^T in bf16, the per-tile offsets, the guard and its bf16

@@ -33,30 +33,55 @@ from nki_kernels.op_dispatch import (
     _split_out_lse,
 )
 
+FP8_MIN_KEYS = 2048
+"""Keys (key positions for the block table) the kernels' FP8 option needs: a second full 1,024-key chunk,
+i.e. the streamed static pass (nki_kernels/attention_fp8.py)."""
+
+
+def _check_fp8(fp8: Any, q: torch.Tensor) -> None:
+    """``fp8`` is a bool; True needs bf16 inputs (the tensors were checked to share q's dtype)."""
+    _check_bool("fp8", fp8)
+    if fp8 and q.dtype != torch.bfloat16:
+        raise TypeError(f"fp8=True needs bfloat16 q/k/v (the FP8 P.V path), got {q.dtype}")
+
+
+def _fp8_kwargs(fp8: bool, keys: int, op: str, be: str) -> dict[str, Any]:
+    """The kernel entry's ``fp8`` keyword; ValueError where the kernels' FP8 pass cannot run."""
+    if not fp8:
+        return {}
+    if keys < FP8_MIN_KEYS:
+        raise ValueError(
+            f"{op}: fp8=True on backend {be!r} needs >= {FP8_MIN_KEYS} keys (the kernels' streamed static "
+            f"pass: a second full 1,024-key chunk), got {keys}; use fp8=False or backend='reference'"
+        )
+    return {"fp8": True}
+
 
 @torch.library.custom_op("nki_ardiff::attention", mutates_args=())
 def _attention_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, return_lse: bool, backend: str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, return_lse: bool, fp8: bool, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if _run_backend(backend) == "reference":
+    be = _run_backend(backend)
+    if be == "reference":
         from reference.attention import attention as ref_attention
 
-        res: Any = ref_attention(q, k, v, scale=scale, return_lse=return_lse)
+        res: Any = ref_attention(q, k, v, scale=scale, return_lse=return_lse, fp8=fp8)
     else:
-        res = _d.entry("attention")(q, k, v, scale=scale, return_lse=return_lse)
+        kw = _fp8_kwargs(fp8, int(k.shape[1]), "attention", be)
+        res = _d.entry("attention")(q, k, v, scale=scale, return_lse=return_lse, **kw)
     out, lse = _split_out_lse(res, return_lse, q)
     return _fresh(out, q, k, v), _fresh(lse, q, k, v)
 
 
 @_attention_op.register_fake
-def _(q, k, v, scale, return_lse, backend):
+def _(q, k, v, scale, return_lse, fp8, backend):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
 def _attention_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    q, k, v, scale, return_lse, _ = inputs
+    q, k, v, scale, return_lse, fp8, _ = inputs
     ctx.save_for_backward(q, k, v)
-    ctx.scale, ctx.return_lse = scale, return_lse
+    ctx.scale, ctx.return_lse, ctx.fp8 = scale, return_lse, fp8
 
 
 def _attention_backward(
@@ -66,6 +91,8 @@ def _attention_backward(
     (fp32 scores) is recomputed under autograd and differentiated (training a small model on CPU)."""
     from reference.attention import attention as ref_attention
 
+    if ctx.fp8:
+        raise RuntimeError("ops.attention: fp8=True is forward only (no gradient through e4m3 P.V)")
     q, k, v = ctx.saved_tensors
     with torch.enable_grad():
         qd, kd, vd = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -75,7 +102,7 @@ def _attention_backward(
             outs.append(lse)
             grads.append(grad_lse)
         gq, gk, gv = torch.autograd.grad(outs, (qd, kd, vd), grads, allow_unused=True)
-    return gq, gk, gv, None, None, None
+    return gq, gk, gv, None, None, None, None
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
@@ -89,22 +116,25 @@ def _attention_segments_op(
     segments: list[int],
     scale: float,
     return_lse: bool,
+    fp8: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     segs = [(segments[i], segments[i + 1]) for i in range(0, len(segments), 2)]
-    if _run_backend(backend) == "reference":
+    be = _run_backend(backend)
+    if be == "reference":
         from reference.attention import attention_segments as ref_segments
 
-        res: Any = ref_segments(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse)
+        res: Any = ref_segments(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse, fp8=fp8)
     else:
         fn = _d.entry("attention_segments")
-        res = fn(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse)
+        kw = _fp8_kwargs(fp8, sum(n for _, n in segs), "attention_segments", be)
+        res = fn(q, kv_k, kv_v, segs, scale=scale, return_lse=return_lse, **kw)
     out, lse = _split_out_lse(res, return_lse, q)
     return _fresh(out, q, kv_k, kv_v), _fresh(lse, q, kv_k, kv_v)
 
 
 @_attention_segments_op.register_fake
-def _(q, kv_k, kv_v, segments, scale, return_lse, backend):
+def _(q, kv_k, kv_v, segments, scale, return_lse, fp8, backend):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
@@ -118,6 +148,7 @@ def _attention_block_table_op(
     block_tokens: int,
     scale: float,
     return_lse: bool,
+    fp8: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     table = _int_values("block_table", block_table)
@@ -127,8 +158,9 @@ def _attention_block_table_op(
         from reference.attention import attention_block_table as ref_table
 
         res: Any = ref_table(
-            q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale, return_lse=return_lse
-        )
+            q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale, return_lse=return_lse,
+            fp8=fp8,
+        )  # fmt: skip
     else:
         import importlib
 
@@ -140,14 +172,15 @@ def _attention_block_table_op(
                 "does not exist); use backend='reference' for this op (or the two-pass pipeline, which only "
                 "needs attention / attention_segments)"
             )
+        kw = _fp8_kwargs(fp8, int(block_table.shape[1]) * block_tokens, "attention_block_table", be)
         res = fn(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale,
-                 return_lse=return_lse)  # fmt: skip
+                 return_lse=return_lse, **kw)  # fmt: skip
     out, lse = _split_out_lse(res, return_lse, q)
     return _fresh(out, q, *k_sources, *v_sources), _fresh(lse, q, *k_sources, *v_sources)
 
 
 @_attention_block_table_op.register_fake
-def _(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, backend):
+def _(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, fp8, backend):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
@@ -158,6 +191,7 @@ def attention(
     *,
     scale: float | None = None,
     return_lse: bool = False,
+    fp8: bool = False,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention reading and writing the per-head projection layout (no transposes).
@@ -167,6 +201,10 @@ def attention(
             ``Lq, Lk >= 1`` (any length, not only multiples of 128).
         scale: softmax scale (finite, > 0), default ``1/sqrt(D)``.
         return_lse: also return the natural log-sum-exp of the scaled scores, ``[B, Lq, H]`` fp32.
+        fp8: the FP8 attention option, off by default (docs/kernels/attention_fp8.md;
+            reference ``reference.attention_fp8``): P.V in e4m3 with a per-128-query-tile offset and V's
+            per-channel scales over the keys. bf16 inputs only (TypeError otherwise); on the kernel backends
+            ``Lk >= 2048`` (:data:`FP8_MIN_KEYS`, ValueError otherwise); forward only (backward raises).
         backend: see module docstring.
 
     Returns:
@@ -185,8 +223,9 @@ def attention(
     _check_tokens("k", k, "Lk")
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
+    _check_fp8(fp8, q)
     be = _op_backend(backend)
-    out, lse = _attention_op(q, k, v, sc, return_lse, be)
+    out, lse = _attention_op(q, k, v, sc, return_lse, fp8, be)
     return (out, lse) if return_lse else out
 
 
@@ -198,6 +237,7 @@ def attention_segments(
     *,
     scale: float | None = None,
     return_lse: bool = False,
+    fp8: bool = False,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over ordered segments of a KV buffer, read in place (never gathered by the kernel).
@@ -208,7 +248,8 @@ def attention_segments(
         segments: ordered, non-overlapping, non-empty ``(start, length)`` token ranges within ``[0, S)``;
             keys/values are their concatenation in the given order (the raw op receives them flattened
             as ``int[] [start0, length0, start1, length1, ...]``).
-        scale, return_lse, backend: as in :func:`attention`.
+        scale, return_lse, fp8, backend: as in :func:`attention` (fp8: V's scales over the segments' keys,
+            Lk = the segments' total).
 
     Returns:
         ``out`` ``[B, Lq, H, D]`` in q's dtype, or ``(out, lse)`` with lse ``[B, Lq, H]`` fp32.
@@ -225,9 +266,10 @@ def attention_segments(
     segs = check_segments(segments, kv_k.shape[1])
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
+    _check_fp8(fp8, q)
     be = _op_backend(backend)
     flat = [x for seg in segs for x in seg]
-    out, lse = _attention_segments_op(q, kv_k, kv_v, flat, sc, return_lse, be)
+    out, lse = _attention_segments_op(q, kv_k, kv_v, flat, sc, return_lse, fp8, be)
     return (out, lse) if return_lse else out
 
 
@@ -241,6 +283,7 @@ def attention_block_table(
     *,
     scale: float | None = None,
     return_lse: bool = False,
+    fp8: bool = False,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Grouped attention over key blocks read in place from several KV sources through a block table.
@@ -261,6 +304,8 @@ def attention_block_table(
             no keys gives zeros (lse ``-inf``).
         block_tokens: T, tokens per block (static int >= 1).
         scale, return_lse: as in :func:`attention`.
+        fp8: as in :func:`attention`; V's scales over every token of ``v_sources``; the kernel backends
+            need ``NB * block_tokens >= 2048`` key positions (the merged forward's self-attention).
         backend: see module docstring. The kernel backends dispatch to :data:`BLOCK_TABLE_KERNEL` (the NKI
             kernel ``nki_kernels.attention_block_table``; table values are runtime DMA offsets there).
 
@@ -304,9 +349,10 @@ def attention_block_table(
         )
     sc = _resolve_scale(scale, q.shape[3])
     _check_bool("return_lse", return_lse)
+    _check_fp8(fp8, q)
     be = _op_backend(backend)
     out, lse = _attention_block_table_op(
         q, list(k_sources), list(v_sources), block_table, [int(n) for n in q_groups], int(block_tokens),
-        sc, return_lse, be,
+        sc, return_lse, fp8, be,
     )  # fmt: skip
     return (out, lse) if return_lse else out

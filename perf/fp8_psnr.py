@@ -35,8 +35,10 @@ from rolling_forcing.video import VideoSpec
 
 __all__ = [
     "DEMO_PROMPTS",
+    "GATES",
     "PSNR_THRESHOLD_DB",
     "PsnrGate",
+    "attention_gate",
     "demo_rows",
     "kv_cache_gate",
     "latest_gates",
@@ -77,13 +79,15 @@ def psnr(a: torch.Tensor, b: torch.Tensor, peak_to_peak: float = 2.0) -> float:
 def stream_video(
     model: Any, model_cfg: Any, pipe_cfg: Any, text_embeds: torch.Tensor, decoder: Any, num_blocks: int,
     *, seed: int = 0, backend: str | None = None, kv_dtype: str | None = None, merged: bool | None = None,
+    attn_fp8: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """The decoded video ``[B, T, 3, H, W]`` (float32, ``[-1, 1]``) of ``num_blocks`` blocks streamed with
-    noise drawn per block from ``seed`` (relative positions: any length); ``kv_dtype`` and ``merged`` as
-    :class:`~rolling_forcing.pipeline.RollingForcingPipeline` takes them."""
+    noise drawn per block from ``seed`` (relative positions: any length); ``kv_dtype``, ``merged`` and
+    ``attn_fp8`` as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` takes them."""
     pipe = RollingForcingPipeline(
-        model, model_cfg, pipe_cfg, backend=backend, positions="relative", kv_dtype=kv_dtype, merged=merged
-    )
+        model, model_cfg, pipe_cfg, backend=backend, positions="relative", kv_dtype=kv_dtype, merged=merged,
+        attn_fp8=attn_fp8,
+    )  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     noise = NoiseSource(
         text_embeds.shape[0], model_cfg.latent_frame_shape(), pipe_cfg.frames_per_block, num_blocks,
@@ -155,6 +159,32 @@ def kv_cache_gate(
     return PsnrGate(psnr(out, ref), int(ref.shape[1]), num_blocks, ("kv_cache",), threshold_db)
 
 
+def attention_gate(
+    model: Any,
+    model_cfg: Any,
+    pipe_cfg: Any,
+    text_embeds: torch.Tensor,
+    decoder: Any,
+    *,
+    num_blocks: int,
+    seed: int = 0,
+    backend: str | None = None,
+    threshold_db: float = PSNR_THRESHOLD_DB,
+    reference: torch.Tensor | None = None,
+) -> PsnrGate:
+    """The FP8 attention option's gate: the decoded video with ``attn_fp8=True`` (the merged forward's
+    self-attention with P.V in e4m3, ``reference.attention_fp8`` on the reference backend) against the same
+    merged stream in bf16, PSNR >= ``threshold_db``. ``reference``: that bf16 merged video if the caller
+    already streamed it (:func:`stream_video` with the same blocks, seed and backend, ``merged`` None or
+    True)."""
+    kw: dict[str, Any] = {"seed": seed, "backend": backend, "merged": True}
+    ref = reference
+    if ref is None:
+        ref = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, **kw)
+    out = stream_video(model, model_cfg, pipe_cfg, text_embeds, decoder, num_blocks, attn_fp8=True, **kw)
+    return PsnrGate(psnr(out, ref), int(ref.shape[1]), num_blocks, ("self_attention",), threshold_db)
+
+
 DEMO_PROMPTS = (
     "a red circle and a blue square bouncing on a gray background",
     "a yellow triangle bouncing on a navy background",
@@ -163,20 +193,24 @@ DEMO_PROMPTS = (
 """The quality bench's prompts (``perf/bench_quality.PROMPTS``)."""
 
 ROWS_NAME = "fp8_psnr"
-GATES = ("fp8_linears", "fp8_kv_cache")
+GATES = ("fp8_linears", "fp8_kv_cache", "fp8_attention")
 
 
 def demo_rows(
-    *, seconds: float = 30.0, prompts: Sequence[str] = DEMO_PROMPTS, seed: int = 0
+    *, seconds: float = 30.0, prompts: Sequence[str] = DEMO_PROMPTS, seed: int = 0,
+    gates: Sequence[str] = GATES,
 ) -> list[Any]:  # fmt: skip
-    """Both FP8 gates on the demo model (bf16 pipeline, reference backend), one **measured** row per
-    (gate, prompt), streams of ``seconds`` (at least one window of blocks): ``extra`` holds ``psnr_db``,
-    ``passed``, ``threshold_db``, the bf16 stream's own ``bf16_vs_fp32_db``, the converted layers' count
-    and the run's ``run_id`` (UTC start time)."""
+    """The FP8 gates (``gates``, a subset of :data:`GATES`) on the demo model (bf16 pipeline, reference
+    backend), one **measured** row per (gate, prompt), streams of ``seconds`` (at least one window of
+    blocks): ``extra`` holds ``psnr_db``, ``passed``, ``threshold_db``, the bf16 stream's own
+    ``bf16_vs_fp32_db``, the converted layers' count and the run's ``run_id`` (UTC start time)."""
     from perf.runner import BenchRow
     from rolling_forcing.config import PipelineConfig
     from rolling_forcing.demo import load_demo
 
+    bad = [g for g in gates if g not in GATES]
+    if bad or not gates:
+        raise ValueError(f"gates must be a non-empty subset of {GATES}, got {list(gates)}")
     demo = load_demo()
     m32 = demo.model
     m16 = copy.deepcopy(m32).to(torch.bfloat16)
@@ -192,9 +226,11 @@ def demo_rows(
         )
         bf16_db = psnr(ref16, ref32)
         args = (m16, demo.model_cfg, p16, emb.to(torch.bfloat16), demo.decoder)
-        for gate_name in GATES:
+        for gate_name in gates:
             if gate_name == "fp8_linears":
                 g = psnr_gate(*args, num_blocks=blocks, seed=seed, min_features=1, reference=ref16)
+            elif gate_name == "fp8_attention":  # ref16 is merged: the reference backend has the block table
+                g = attention_gate(*args, num_blocks=blocks, seed=seed, reference=ref16)
             else:
                 g = kv_cache_gate(*args, num_blocks=blocks, seed=seed, reference=ref16)
             cfg = {
@@ -255,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     ap.add_argument("--save", action="store_true", help="append the rows to perf/results/fp8_psnr.jsonl")
+    ap.add_argument(
+        "--gates", nargs="+", choices=GATES, default=list(GATES), help="gates to run (default all)"
+    )
     return ap
 
 
@@ -266,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from perf.runner import append_rows
 
-    rows = demo_rows(seconds=args.seconds, seed=args.seed)
+    rows = demo_rows(seconds=args.seconds, seed=args.seed, gates=args.gates)
     for r in rows:
         e = r.extra
         verdict = "PASS" if e["passed"] else "FAIL"

@@ -29,6 +29,7 @@ def attention(
     v: torch.Tensor,
     scale: float | None = None,
     return_lse: bool = False,
+    fp8: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q k^T * scale) v`` per batch and head, computed in fp32.
 
@@ -37,11 +38,17 @@ def attention(
         k, v: ``[B, Lk, H, D]``.
         scale: softmax scale, default ``1/sqrt(D)``.
         return_lse: also return the natural log-sum-exp of the scaled scores.
+        fp8: the FP8 option (P.V in e4m3 with a per-tile offset and per-channel V scales):
+            :func:`reference.attention_fp8.attention` (Lk >= 1).
 
     Returns:
         out ``[B, Lq, H, D]`` in q's dtype, and if ``return_lse`` the lse ``[B, Lq, H]`` fp32. With Lk = 0
         the output is zeros and the lse is ``-inf`` (the neutral element of :func:`merge_attention`).
     """
+    if fp8:
+        from reference import attention_fp8
+
+        return attention_fp8.attention(q, k, v, scale=scale, return_lse=return_lse)
     if scale is None:
         scale = default_scale(q.shape[-1])
     b, lq, h, _ = q.shape
@@ -77,6 +84,7 @@ def attention_segments(
     segments: Sequence[tuple[int, int]],
     scale: float | None = None,
     return_lse: bool = False,
+    fp8: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over the keys/values formed by ordered segments of a KV buffer.
 
@@ -84,13 +92,13 @@ def attention_segments(
         q: ``[B, Lq, H, D]``.
         kv_k, kv_v: KV buffers ``[B, S, H, D]``.
         segments: ordered ``(start, length)`` token ranges over S; keys are their concatenation.
-        scale, return_lse: as in :func:`attention`.
+        scale, return_lse, fp8: as in :func:`attention`.
 
     The reference simply gathers the segments and calls :func:`attention`.
     """
     k = gather_segments(kv_k, segments)
     v = gather_segments(kv_v, segments)
-    return attention(q, k, v, scale=scale, return_lse=return_lse)
+    return attention(q, k, v, scale=scale, return_lse=return_lse, fp8=fp8)
 
 
 def merge_attention(
@@ -126,6 +134,7 @@ def attention_block_table(
     block_tokens: int,
     scale: float | None = None,
     return_lse: bool = False,
+    fp8: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Grouped attention whose keys are whole blocks picked from several KV sources by a block table.
 
@@ -139,10 +148,17 @@ def attention_block_table(
         q_groups: query tokens per group (G values, summing to Lq).
         block_tokens: tokens per key block.
         scale, return_lse: as in :func:`attention`.
+        fp8: :func:`reference.attention_fp8.attention_block_table` (V's scales over every source).
 
     The reference gathers each group's blocks and calls :func:`attention` (a group with no keys gives
     zeros and lse ``-inf``). Returns ``out`` ``[B, Lq, H, D]`` (and lse ``[B, Lq, H]`` fp32).
     """
+    if fp8:
+        from reference import attention_fp8
+
+        return attention_fp8.attention_block_table(
+            q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale, return_lse=return_lse
+        )
     table = block_table.tolist()
     outs, lses = [], []
     lo = 0

@@ -1,7 +1,7 @@
 """Pure-PyTorch reference of the FP8 attention option (``fp8=True``): P.V in e4m3, Q.K^T in bf16.
 
 What the kernels' streamed static pass computes with ``fp8=True`` (``nki_kernels/attention_stream.py``,
-docs/kernels/attention.md "FP8 attention"), per batch b and head h:
+docs/kernels/attention_fp8.md), per batch b and head h:
 
 * Scores ``s = q k^T`` in fp32 from the inputs as given (bf16 on the production path), as without the option.
 * Offset per 128-query tile (tiles from the call's first query, or from each block-table group's first
@@ -16,7 +16,7 @@ docs/kernels/attention.md "FP8 attention"), per batch b and head h:
   v_scale)`` in q's dtype, ``lse = log(l) - nm_t`` (fp32).
 
 Q.K^T stays bf16: at head_dim 128 the FP8 double-row matmul cannot speed it up (its 256-row contraction is
-twice the head dim) and a plain FP8 matmul runs at the bf16 rate on trn2 (docs/kernels/attention.md).
+twice the head dim) and a plain FP8 matmul runs at the bf16 rate on trn2 (docs/kernels/attention_fp8.md).
 
 Depends on torch only. Every function takes the parameter names of :mod:`reference.attention`.
 """
@@ -36,7 +36,7 @@ E4M3_MAX = 240.0
 P_SCALE = 16.0
 """Value of the first key chunk's largest exponential in P (the exp's bias adds ``ln(P_SCALE)``): a later
 key may score ``ln(240 / 16) = 2.7`` nats above the tile's first-chunk maximum before P overflows, and a
-term stays a normal e4m3 value down to ``ln(16 / 2**-6) = 6.9`` nats below it (docs/kernels/attention.md,
+term stays a normal e4m3 value down to ``ln(16 / 2**-6) = 6.9`` nats below it (docs/kernels/attention_fp8.md,
 "FP8 attention", for how it was chosen)."""
 
 LN_P_SCALE = math.log(P_SCALE)
@@ -150,7 +150,7 @@ def attention_block_table(
     """:func:`attention` per query group over its table's non-empty blocks (tiles from each group's first
     query; V's scale over all of ``v_sources``, :func:`block_table_v_scale`). A group without keys gives
     zeros and lse ``-inf``. With empty entries among a group's first 1,024 key positions the kernel's
-    offset may differ from this one (docs/kernels/attention.md, "FP8 attention")."""
+    offset may differ from this one (docs/kernels/attention_fp8.md)."""
     vs = block_table_v_scale(v_sources)
     table = block_table.tolist()
     outs, lses = [], []

@@ -276,6 +276,7 @@ def merged_forward(
     layout: MergedLayout,
     backend: str | None = None,
     kv_fp8: bool = False,
+    attn_fp8: bool = False,
 ) -> torch.Tensor:
     """One merged forward (no Python value depends on the window: safe for ``fullgraph`` compile).
 
@@ -289,6 +290,7 @@ def merged_forward(
         layout: static sizes. backend: ``nki_kernels.ops`` backend.
         kv_fp8: the cache is an FP8 KV cache: the update write stores
             :func:`rolling_forcing.fp8.kv_fp8_roundtrip` of the new k/v.
+        attn_fp8: the self-attention in FP8 (``ops.attention_block_table(fp8=True)``: P.V in e4m3).
 
     Returns:
         flow prediction of the (padded) window ``[B, layout.frames - frames_per_block, C, H, W]``: the
@@ -338,7 +340,9 @@ def merged_forward(
             tab, groups = table, q_groups
         else:
             tab, groups = den_table, q_groups[1:]
-        out = ops.attention_block_table(qr, [ck, kr, gkr], [cv, v, gv], tab, groups, t, backend=backend)
+        out = ops.attention_block_table(
+            qr, [ck, kr, gkr], [cv, v, gv], tab, groups, t, fp8=attn_fp8, backend=backend
+        )
         assert isinstance(out, torch.Tensor)
         return out
 
@@ -363,11 +367,12 @@ class MergedForward:
         backend: str | None,
         compile: CompileSpec = None,
         kv_fp8: bool = False,
+        attn_fp8: bool = False,
     ) -> None:
         self.model, self.layout, self.backend = model, layout, backend
 
         def fn(*args: Any) -> torch.Tensor:
-            return merged_forward(*args, layout=layout, backend=backend, kv_fp8=kv_fp8)
+            return merged_forward(*args, layout=layout, backend=backend, kv_fp8=kv_fp8, attn_fp8=attn_fp8)
 
         if compile is None or compile is False:
             self._fn: Callable[..., torch.Tensor] = fn

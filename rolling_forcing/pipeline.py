@@ -88,6 +88,10 @@ class RollingForcingPipeline:
         kv_dtype: ``None`` (default): the KV cache in ``pipe_cfg.dtype``; ``"float8_e4m3"``: the FP8 KV
             cache (K/V quantised per token and head at the write, :mod:`rolling_forcing.fp8`; an option
             that is off by default, see ``docs/kernels/linear_fp8.md`` for its gate).
+        attn_fp8: the self-attention's P.V in FP8 (``ops.attention_block_table(fp8=True)``, an option off by
+            default; docs/kernels/attention_fp8.md). The merged forward only (ValueError for a
+            two-pass stream); bf16 only (the op's TypeError); on the kernel backends windows of >= 2,048
+            key positions (the op's ValueError).
     """
 
     def __init__(
@@ -103,7 +107,10 @@ class RollingForcingPipeline:
         method: str | StreamMethod | None = None,
         static: bool = False,
         kv_dtype: str | None = None,
+        attn_fp8: bool = False,
     ) -> None:
+        if not isinstance(attn_fp8, bool):
+            raise TypeError(f"attn_fp8 must be a bool, got {type(attn_fp8).__name__}")
         if kv_dtype not in (None, KV_FP8):
             raise ValueError(f"kv_dtype must be None or {KV_FP8!r}, got {kv_dtype!r}")
         self.kv_dtype = kv_dtype
@@ -135,8 +142,14 @@ class RollingForcingPipeline:
         if self.static:
             layout = sequential.static_layout(meth, meth.tokens_per_block(model_cfg), mode)
         merged_fwd = None
+        if attn_fp8 and upd_mode is not UpdateMode.MERGED:
+            raise ValueError(
+                "attn_fp8=True applies to the merged forward's self-attention (ops.attention_block_table); "
+                f"this stream runs {upd_mode.name.lower()} (use merged=True or None with Rolling Forcing)"
+            )
+        self.attn_fp8 = attn_fp8
         if upd_mode is UpdateMode.MERGED:
-            merged_fwd = MergedForward(model, layout, backend, compile, kv_dtype == KV_FP8)
+            merged_fwd = MergedForward(model, layout, backend, compile, kv_dtype == KV_FP8, attn_fp8)
         spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, layout.frames if merged_fwd is not None else 0)
         self._passes = LocalPasses(model, spec, backend, merged_fwd)
         self._driver = StreamDriver(model, spec, self._passes)

@@ -158,7 +158,7 @@ def test_demo_rows_on_a_short_stream() -> None:
     from rolling_forcing.demo import load_demo
 
     prompt = "a yellow triangle bouncing on a navy background"
-    rows = demo_rows(seconds=1.0, prompts=(prompt,))
+    rows = demo_rows(seconds=1.0, prompts=(prompt,), gates=("fp8_linears", "fp8_kv_cache"))
     assert [r.op for r in rows] == ["fp8_linears", "fp8_kv_cache"] and all(r.kind == "measured" for r in rows)
     demo = load_demo()
     m16 = demo.model.to(torch.bfloat16)
