@@ -540,17 +540,27 @@ def _kv_items(
 
 
 def lower_bound_footprint(
-    m: ModelConfig, p: PipelineConfig, *, cores: int, kv_bytes: float = 2, weight_bytes: float = 2
+    m: ModelConfig,
+    p: PipelineConfig,
+    *,
+    cores: int,
+    kv_bytes: float = 2,
+    weight_bytes: float = 2,
+    compact: bool = False,
 ) -> Footprint:
     """The floor no weight placement can go below: the faithful ring KV cache + ONE copy of the DiT
-    weights on the chip (no text k/v, activations, VAE, buffers).  Per core is the chip total / cores."""
+    weights on the chip (no text k/v, activations, VAE, buffers).  Per core is the chip total / cores.
+    ``compact``: the ring of ``buffer_slots - 1`` slots the sharded stream's ``"sp_compact"`` layout keeps
+    (the fewest slots that hold every block a later forward reads)."""
     if not isinstance(cores, int) or cores < 1:
         raise ValueError(f"lower_bound_footprint: cores must be a positive int, got {cores!r}")
-    kv = kv_cache_bytes(m, p, kv_bytes)
+    slots = p.buffer_slots - 1 if compact else p.buffer_slots
+    tokens = slots * p.tokens_per_block(m)
+    kv = int(tokens * m.dim * 2 * m.num_layers * kv_bytes)
     w = int(dit_param_count(m) * weight_bytes)
     items = (
         FootprintItem(
-            "kv_cache", math.ceil(kv / cores), kv, f"{p.buffer_tokens(m):,} tok ring buffer x {kv_bytes:g} B"
+            "kv_cache", math.ceil(kv / cores), kv, f"{tokens:,} tok ({slots} slots) x {kv_bytes:g} B"
         ),
         FootprintItem(
             "dit_weights",
@@ -560,4 +570,4 @@ def lower_bound_footprint(
         ),
     )
     kvl = "bf16" if kv_bytes == 2 else "fp8 KV cache"
-    return Footprint(f"lower bound ({kvl}): KV cache + one DiT weight copy", cores, items)
+    return Footprint(f"lower bound ({kvl}): {slots}-slot KV cache + one DiT weight copy", cores, items)

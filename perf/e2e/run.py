@@ -168,13 +168,15 @@ def run_model(
         for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears"))
         for kvb, lab in kvs
     ]
+    compact = {"weights": "fsdp", "vae_weights": "fsdp", "kv_cache": "sp_compact"}  # perf/footprint.py
+    specs += [(kvb, lab, compact, "FSDP-sharded DiT + VAE weights, compact KV cache") for kvb, lab in kvs]
     for kvb, lab, placement, wl in specs:
         fps_.append(
             footprint(
                 m, pipe, tp=merged.tp, sp=merged.sp, kv_bytes=kvb, vae=vae, label=f"{lab}, {wl}", **placement
             )
         )
-    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb) for kvb in (2, kv8)]
+    lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb, compact=True) for kvb in (2, kv8)]
     wv: list[tuple[str, str, ChunkModel]] = []
     for end in ENDS:
         for wp in WEIGHT_VARIANTS:
