@@ -57,16 +57,16 @@ the runtime's own reservations, NEFF/instruction buffers, and fragmentation.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
+from perf.footprint_vae import VaeLayer, VaeProbe, vae_probe, vae_strides
 from rolling_forcing.config import ModelConfig, PipelineConfig
 
 __all__ = [
     "FootprintItem",
     "Footprint",
+    "VaeLayer",
     "VaeProbe",
     "dit_param_count",
     "dit_block_param_count",
@@ -74,12 +74,15 @@ __all__ = [
     "dit_outside_param_count",
     "WEIGHT_PLACEMENTS",
     "weight_gather_unit_bytes",
+    "linear_param_counts",
+    "GATHER_UNITS",
     "lower_bound_footprint",
     "model_at_resolution",
     "kv_cache_bytes",
     "activation_peak_bytes",
     "activation_peak_bytes_tp_linear",
     "vae_probe",
+    "vae_strides",
     "footprint",
     "KV_CACHE_LAYOUTS",
     "VAE_WEIGHT_PLACEMENTS",
@@ -137,9 +140,38 @@ def dit_param_count(m: ModelConfig) -> int:
     return m.num_layers * dit_block_param_count(m) + dit_outside_param_count(m)
 
 
-def weight_gather_unit_bytes(m: ModelConfig, weight_bytes: float = 2) -> int:
-    """Bytes of the largest FSDP gather unit (one block, or all non-block weights): the size of one
-    half of the per-core double buffer."""
+GATHER_UNITS = ("block", "linear")
+"""FSDP gather granularity: a whole DiT block (and all non-block weights at once), or one linear layer."""
+
+
+def linear_param_counts(m: ModelConfig) -> tuple[int, ...]:
+    """Parameters (weight + bias) of every distinct linear layer of the DiT, a block's and the non-block
+    ones (:func:`dit_block_param_count`, :func:`dit_outside_param_count`): q, k, v, o ``d^2 + d``, FFN up
+    ``d f + f`` and down ``f d + d``; patch embedding ``C_in ph pw d + d``, text embedding ``T d + d`` and
+    ``d^2 + d``, time embedding ``F d + d`` and ``d^2 + d``, time projection ``6 d^2 + 6 d``, head ``d p +
+    p``. The norms and modulation vectors (< d^2) travel with a neighbouring linear."""
+    d, f = m.dim, m.ffn_dim
+    _, ph, pw = m.patch_size
+    return (
+        d * d + d,
+        d * f + f,
+        f * d + d,
+        m.in_channels * ph * pw * d + d,
+        m.text_dim * d + d,
+        m.freq_dim * d + d,
+        6 * d * d + 6 * d,
+        d * m.patch_out + m.patch_out,
+    )
+
+
+def weight_gather_unit_bytes(m: ModelConfig, weight_bytes: float = 2, unit: str = "block") -> int:
+    """Bytes of the largest FSDP gather unit: the size of one half of the per-core double buffer.
+    ``unit="block"``: one block, or all non-block weights; ``"linear"``: one linear layer
+    (:func:`linear_param_counts`)."""
+    if unit not in GATHER_UNITS:
+        raise ValueError(f"unit must be one of {GATHER_UNITS}, got {unit!r}")
+    if unit == "linear":
+        return int(max(linear_param_counts(m)) * weight_bytes)
     return int(max(dit_block_param_count(m), dit_outside_param_count(m)) * weight_bytes)
 
 
@@ -213,103 +245,6 @@ def activation_peak_bytes_tp_linear(
 
 
 @dataclass(frozen=True)
-class VaeLayer:
-    """One leaf module call of the VAE decoder: kind, input and output shapes, weight shape (or ())."""
-
-    kind: str
-    in_shape: tuple[int, ...]
-    out_shape: tuple[int, ...]
-    weight_shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class VaeProbe:
-    """Layer shapes of the Wan2.1 VAE decoder (diffusers ``AutoencoderKLWan`` defaults, carried table).
-
-    ``steady`` are the layer calls of ``frames`` steady-state latent frames (after the first, which the
-    causal decoder treats specially); ``first`` those of the first latent frame.
-    """
-
-    latent_hw: tuple[int, int]
-    frames: int
-    decoder_params: int
-    spatial_stride: int
-    temporal_stride: int
-    first: tuple[VaeLayer, ...]
-    steady: tuple[VaeLayer, ...]
-    feat_cache_elems: int
-    peak_layer_elems: int
-
-    @property
-    def largest_weight_elems(self) -> int:
-        """Parameters of the decoder's largest single layer weight (its FSDP gather unit)."""
-        return max(_numel(r.weight_shape) for r in (*self.first, *self.steady) if r.weight_shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return int(math.prod(shape))
-
-
-def _eval_dim(token: str, h: int, w: int) -> int:
-    """One table dimension ``"ah+bw+c"`` (terms optional, unit coefficients bare) at latent ``h x w``."""
-    total = 0
-    for term in token.split("+"):
-        if term.endswith("h"):
-            total += int(term[:-1] or 1) * h
-        elif term.endswith("w"):
-            total += int(term[:-1] or 1) * w
-        else:
-            total += int(term)
-    return total
-
-
-def _eval_layers(table: tuple[Any, ...], h: int, w: int) -> tuple[VaeLayer, ...]:
-    def shape(tok: str) -> tuple[int, ...]:
-        return tuple(_eval_dim(d, h, w) for d in tok.split(","))
-
-    return tuple(VaeLayer(kind, shape(ins), shape(outs), tuple(ws)) for kind, ins, outs, ws in table)
-
-
-@functools.lru_cache(maxsize=8)
-def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
-    """The VAE decoder's layer shapes for ``1 + frames`` latent frames of ``latent_h x latent_w``.
-
-    Evaluated from the carried table ``perf/wan_vae_table.py`` (derived once from diffusers'
-    ``AutoencoderKLWan``; ``tests/test_wan_vae_table.py`` checks it against diffusers), so no diffusers is
-    needed. ``latent_h``, ``latent_w`` and ``frames`` must be positive integers.
-    """
-    from perf import wan_vae_table as t
-
-    for name, v in (("latent_h", latent_h), ("latent_w", latent_w), ("frames", frames)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"vae_probe: {name} must be a positive integer, got {v!r}")
-    first = _eval_layers(t.FIRST, latent_h, latent_w)
-    steady = _eval_layers(t.STEADY, latent_h, latent_w) * frames
-    causal = [r for r in first if r.kind == "WanCausalConv3d" and len(r.weight_shape) == 5]
-    # causal feature cache: CACHE_T = 2 input frames of every causal conv (per frame: C x H x W)
-    feat = sum(2 * r.in_shape[1] * _numel(r.in_shape[3:]) for r in causal)
-    peak = max(_numel(r.in_shape) + _numel(r.out_shape) for r in steady)
-    return VaeProbe(
-        latent_hw=(latent_h, latent_w),
-        frames=frames,
-        decoder_params=t.DECODER_PARAMS,
-        spatial_stride=t.SPATIAL_STRIDE,
-        temporal_stride=t.TEMPORAL_STRIDE,
-        first=first,
-        steady=steady,
-        feat_cache_elems=feat,
-        peak_layer_elems=peak,
-    )
-
-
-def vae_strides() -> tuple[int, int]:
-    """``(temporal, spatial)`` strides of the Wan2.1 VAE (carried table ``perf/wan_vae_table.py``)."""
-    from perf import wan_vae_table as t
-
-    return t.TEMPORAL_STRIDE, t.SPATIAL_STRIDE
-
-
-@dataclass(frozen=True)
 class FootprintItem:
     name: str
     per_core: int
@@ -356,6 +291,7 @@ def footprint(
     kv_cache: str = "sp_sharded",
     gather_buffers: int = 1,
     vae_weights: str = "replicated",
+    gather_unit: str = "block",
 ) -> Footprint:
     """HBM footprint per core and per chip (see the module docstring for every formula).
 
@@ -365,7 +301,9 @@ def footprint(
     a :func:`vae_probe` result (omit to leave the VAE out; VAE weights are replicated per core in every
     placement unless ``vae_weights="fsdp"``, :data:`VAE_WEIGHT_PLACEMENTS`); ``kv_cache`` one of
     :data:`KV_CACHE_LAYOUTS` (``"sp_compact"`` needs ``sp > 1``) and ``gather_buffers`` (>= 1) the
-    per-layer gather buffers of the SP-sharded cache (module docstring).
+    per-layer gather buffers of the SP-sharded cache (module docstring); ``gather_unit`` one of
+    :data:`GATHER_UNITS`: the FSDP gather granularity (``"linear"``: a formula only, the chunk model times
+    block-sized gathers).
     """
     for name, v in (("tp", tp), ("sp", sp)):
         if not isinstance(v, int) or v < 1:
@@ -413,14 +351,18 @@ def footprint(
             wc * cores,
             f"params {n_par:,} x {weight_bytes} B, 1/{cores} per core (FSDP shard)",
         )
-        buf = 2 * weight_gather_unit_bytes(m, weight_bytes)
+        buf = 2 * weight_gather_unit_bytes(m, weight_bytes, gather_unit)
+        unit = (
+            f"max(block {dit_block_param_count(m):,}, non-block {dit_outside_param_count(m):,})"
+            if gather_unit == "block"
+            else f"largest linear {max(linear_param_counts(m)):,}"
+        )
         extra.append(
             FootprintItem(
                 "weight_gather_buffer",
                 buf,
                 buf * cores,
-                f"2 (double buffer) x max(block {dit_block_param_count(m):,}, non-block "
-                f"{dit_outside_param_count(m):,}) params x {weight_bytes} B, per core",
+                f"2 (double buffer) x {unit} params x {weight_bytes} B, per core",
             )
         )
     else:
@@ -523,17 +465,18 @@ def _kv_items(
                 f"{kv_bytes:g} B per core ({where})",
             )  # fmt: skip
         ]
-    core = math.ceil(held * math.ceil(t / sp) * row * m.num_layers)
-    buf = math.ceil(buffers * slots * t * row)
+    full, slots = slots, held  # the gather buffer holds every schedule slot, the cache the held ones
+    core = math.ceil(slots * math.ceil(t / sp) * row * m.num_layers)
+    buf = math.ceil(buffers * full * t * row)
     return [
         FootprintItem(
             "kv_cache", core, kv,
-            f"{held} slots x ceil({t:,} / sp {sp}) tok x {hl} heads x {m.head_dim} x 2 (k,v) x "
+            f"{slots} slots x ceil({t:,} / sp {sp}) tok x {hl} heads x {m.head_dim} x 2 (k,v) x "
             f"{m.num_layers} layers x {kv_bytes:g} B per core (SP-sharded; per chip the whole cache)",
         ),
         FootprintItem(
             "kv_gather_buffer", buf, buf * cores,
-            f"{buffers} x one layer's whole key range: {slots * t:,} tok x {hl} heads x {m.head_dim} x 2 "
+            f"{buffers} x one layer's whole key range: {full * t:,} tok x {hl} heads x {m.head_dim} x 2 "
             f"(k,v) x {kv_bytes:g} B per core (the per-layer SP all-gather)",
         ),
     ]  # fmt: skip

@@ -58,3 +58,16 @@ def test_compact_layout_arguments() -> None:
     tl = footprint(M, P, tp=4, sp=2, weights="tp_linear", kv_cache="sp_compact")
     assert tl.item("text_kv").per_core == 512 * 1536 * 2 * 30 * 2 // 4
     assert "text_kv_gather_buffer" not in {i.name for i in tl.items}
+
+
+def test_fsdp_gather_unit_of_one_linear() -> None:
+    """FSDP gathering one linear at a time: the double buffer holds the largest linear, the time
+    projection ``6 d^2 + 6 d`` (14.16 M) just above an FFN matrix ``d f + f`` (13.77 M)."""
+    blk = footprint(M, P, tp=4, sp=2, weights="fsdp")
+    lin = footprint(M, P, tp=4, sp=2, weights="fsdp", gather_unit="linear")
+    assert lin.item("weight_gather_buffer").per_core == 2 * (6 * 1536 * 1536 + 6 * 1536) * 2
+    assert 6 * 1536 * 1536 + 6 * 1536 > 1536 * 8960 + 8960
+    assert blk.item("weight_gather_buffer").per_core == 2 * 46_440_704 * 2  # one block
+    assert blk.per_chip - lin.per_chip == 8 * 2 * 2 * (46_440_704 - 14_164_992)
+    with pytest.raises(ValueError, match="unit must be one of"):
+        footprint(M, P, tp=4, sp=2, weights="fsdp", gather_unit="layer")

@@ -453,7 +453,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "lc.write(slot, (kr if store_roped else k)[:, :t], v[:1, :t].expand_as(v[:, :t]), "
            "backend=backend)",
            ("tests/test_batched_methods.py",), "every batch element caches element 0's update values"),
-    Mutant("rank-batched-own-element", "sharding/rank_stream.py",
+    Mutant("rank-batched-own-element", "sharding/rank_attention.py",
            "qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)",
            "qd, own = qr[:, max(a, t) : b].contiguous(), "
            "(kr, v_all[:1].expand_as(v_all).contiguous())",
