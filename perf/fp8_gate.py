@@ -30,6 +30,14 @@ attention of bf16-rounded q, k, v (fp32 softmax, bf16 output) against fp32; ``er
 K and V through the FP8 cache's per-token-and-head round trip (``rolling_forcing.fp8.kv_fp8_roundtrip``)
 against the bf16 one.
 
+The FP8 attention option gets it on the block's self-attention at ``attn_tokens`` tokens
+(:func:`attention_gate`; 4,680 = one Wan block of 3 latent frames, so the keys span 5 chunks of 1,024 and
+the per-tile offset of the first chunk is exercised): ``err_fp8`` = ``reference.attention_fp8.attention``
+(P.V in e4m3, what the kernels compute: tests/test_attention_fp8.py) of the bf16 q, k, v against the bf16
+attention.
+
+``python -m perf.fp8_gate --save`` appends every row (**measured**) to ``perf/results/fp8_gate.jsonl``.
+
 The gates' second half (decoded-video PSNR >= 35 dB against the bf16 stream on the trained demo model) is
 :mod:`perf.fp8_psnr` (``python -m perf.fp8_psnr``).
 """
@@ -44,7 +52,8 @@ import torch
 
 from reference.linear import linear, linear_fp8, quantize_weight_fp8
 
-__all__ = ["GateConfig", "LinearGate", "block_linears", "gate", "kv_gate", "linear_gate"]
+__all__ = ["GateConfig", "LinearGate", "attention_gate", "block_linears", "gate", "gate_rows", "kv_gate",
+           "linear_gate"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,9 +72,10 @@ class GateConfig:
     factor: float = 2.0
     floor: float = 2.0**-7
     seed: int = 0
+    attn_tokens: int = 4680
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "text_tokens", "dim", "ffn_dim", "heads", "text_dim", "seed"):
+        for name in ("tokens", "text_tokens", "dim", "ffn_dim", "heads", "text_dim", "seed", "attn_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1):
                 raise ValueError(f"GateConfig.{name} must be a positive int, got {v!r}")
@@ -208,6 +218,51 @@ def kv_gate(cfg: GateConfig = GateConfig()) -> LinearGate:
     return LinearGate("kv_cache", cfg.tokens, cfg.tokens, d, eb, e8, cfg.factor * eb + cfg.floor)
 
 
+def _self_qkv(cfg: GateConfig, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block's self-attention q, k, v ``[tokens, dim]`` fp32 (:func:`kv_gate`'s recipe at ``tokens``)."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    d = cfg.dim
+    wq, wk, wv = (_xavier(d, d, g) for _ in range(3))
+    big = GateConfig(**{**cfg.__dict__, "tokens": tokens})
+    xm = _ln(_hidden(big, g)) * (1 + torch.randn(d, generator=g) * cfg.modulation_std)
+    return _rms(xm @ wq), _rms(xm @ wk), xm @ wv
+
+
+@cache
+def attention_gate(cfg: GateConfig = GateConfig()) -> LinearGate:
+    """The FP8 attention option's tensor gate (module docstring) as a :class:`LinearGate` named
+    ``fp8_attention`` (``m`` = ``k`` = ``attn_tokens``, ``n`` = dim); ~20 s of CPU."""
+    from reference.attention import attention as ref_attention
+    from reference.attention_fp8 import attention as ref_fp8
+
+    t, h = cfg.attn_tokens, cfg.heads
+    q, k, v = (x.view(1, t, h, -1) for x in _self_qkv(cfg, t))
+    y32 = ref_attention(q, k, v)
+    qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
+    ybf, y8 = ref_attention(qb, kb, vb), ref_fp8(qb, kb, vb)
+    assert isinstance(y32, torch.Tensor) and isinstance(ybf, torch.Tensor) and isinstance(y8, torch.Tensor)
+    eb, e8 = _rel(ybf, y32), _rel(y8, ybf)
+    return LinearGate("fp8_attention", t, t, cfg.dim, eb, e8, cfg.factor * eb + cfg.floor)
+
+
+def gate_rows(cfg: GateConfig = GateConfig()) -> list:
+    """Every gate of this module as **measured** :class:`perf.runner.BenchRow` s (op = the option, variant
+    = the linear / tensor; with and without the outlier channels for the KV cache and attention)."""
+    from perf.runner import BenchRow
+
+    no_out = GateConfig(**{**cfg.__dict__, "outlier_frac": 0.0})
+    items = [("fp8_linears", r, cfg) for r in gate(cfg)]
+    items += [("fp8_kv_cache", kv_gate(c), c) for c in (cfg, no_out)]
+    items += [("fp8_attention", attention_gate(c), c) for c in (cfg, no_out)]
+    rows = []
+    for op, r, c in items:
+        conf = {"name": r.name, "m": r.m, "k": r.k, "n": r.n, "outlier_frac": c.outlier_frac, "seed": c.seed}
+        extra = {"err_bf16": r.err_bf16, "err_fp8": r.err_fp8, "bound": r.bound, "passed": r.passed,
+                 "factor": c.factor, "floor": c.floor}  # fmt: skip
+        rows.append(BenchRow(op, r.name, conf, "measured", extra=extra))
+    return rows
+
+
 def format_gate(rows: tuple[LinearGate, ...], cfg: GateConfig) -> str:
     """A markdown table of :func:`gate`'s rows."""
     lines = [
@@ -225,6 +280,23 @@ def format_gate(rows: tuple[LinearGate, ...], cfg: GateConfig) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="FP8 tensor gates on Wan2.1-1.3B block shapes (measured)")
+    ap.add_argument("--save", action="store_true", help="append the rows to perf/results/fp8_gate.jsonl")
+    args = ap.parse_args(argv)
+    cfg = GateConfig()
+    no_out = GateConfig(outlier_frac=0.0)
+    print(format_gate((*gate(cfg), kv_gate(cfg), attention_gate(cfg)), cfg))
+    print("\nWithout the outlier channels (outlier_frac = 0):\n")
+    print(format_gate((kv_gate(no_out), attention_gate(no_out)), no_out))
+    if args.save:
+        from perf.runner import append_rows
+
+        append_rows(gate_rows(cfg), "fp8_gate")
+    return 0
+
+
 if __name__ == "__main__":
-    _cfg = GateConfig()
-    print(format_gate((*gate(_cfg), kv_gate(_cfg)), _cfg))
+    raise SystemExit(main())

@@ -31,7 +31,7 @@ def test_fp8_gate_lines_report_both_halves(tmp_path) -> None:
     from perf.runner import BenchRow, append_rows
 
     missing = "\n".join(fp8_gate_lines(str(tmp_path / "none.jsonl")))
-    assert missing.count("not run (`python -m perf.fp8_psnr --save`)") == 2
+    assert missing.count("not run (`python -m perf.fp8_psnr --save`)") == 3
     rows = []
     for gate, dbs in (("fp8_linears", (30.0, 33.5)), ("fp8_kv_cache", (44.0, 50.0))):
         for db in dbs:
