@@ -70,6 +70,8 @@ def test_compact_merged_stream_equals_the_full_ring() -> None:
     got, res = _stream(model, TINY, "sp_compact", cores=2, positions="absolute")
     assert torch.equal(got, ref)
     assert float((ref[:, :3] - ref[:, -3:]).abs().max()) > 1e-2  # a non-trivial stream
+    # the switch re-cached the sink and the 7 ring blocks 2..8 (one update-only forward each)
+    assert all(r["forwards"]["recache"] == 8 for r in res)
     _check_allocations(TINY, res, full, 1, 2)
 
 
