@@ -307,8 +307,9 @@ class ShardedRollingForcingPipeline:
             stream; its prompt switches use ``window`` = the step index, a multiple of the method's
             steps (the block's first call).
         static: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` (sequential methods only).
-        kv_cache: ``"sp_sharded"`` (default) or ``"replicated"``: how a head group's SP ranks keep the
-            KV cache (module docstring; :class:`RankStream`).
+        kv_cache: ``"sp_sharded"`` (default), ``"replicated"`` or ``"sp_compact"`` (a ring one slot
+            shorter and the text k/v token-sharded; Rolling Forcing, eager, sp > 1): how a head group's SP
+            ranks keep the KV cache (module docstring; :class:`RankStream`; :mod:`sharding.kv_shard`).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
 
