@@ -458,15 +458,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "qd, own = qr[:, max(a, t) : b].contiguous(), "
            "(kr, v_all[:1].expand_as(v_all).contiguous())",
            ("tests/test_batched_methods.py",), "denoise queries attend element 0's own values"),
-    Mutant("shard-fused-gather-split", "sharding/attention.py",
-           "            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])",
-           "            _ = all_gather(sp_extra, plan.sp, groups.sp_group)\n"
-           "            payload = torch.cat([_bytes(kv), _bytes(sp_extra)])",
+    Mutant("shard-cache-gather-late", "sharding/attention.py",
+           "        extra_started = all_gather_start(sp_extra, groups.sp_group)",
+           "        extra_started = all_gather_start(\n"
+           "            (sp_extra.to(k.dtype) + 0 * k.flatten()[:1]).to(sp_extra.dtype), groups.sp_group\n"
+           "        )",
            ("tests/test_sharding_compile.py",),
-           "the SP cache share travels in a collective of its own: one more per layer than priced"),
-    Mutant("shard-fused-gather-order", "sharding/attention.py",
-           "extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both])",
-           "extra_parts = torch.stack([_from_bytes(r[n_kv:], sp_extra) for r in both.flip(0)])",
+           "the SP cache share's gather waits for the layer's projection (compute before it): not hidden"),
+    Mutant("shard-cache-gather-order", "sharding/attention.py",
+           "extra_parts = all_gather_wait(extra_started, plan.sp, sp_extra)",
+           "extra_parts = all_gather_wait(extra_started, plan.sp, sp_extra).flip(0)",
            ("tests/test_sharding_kv_shard.py", "tests/test_sharding_pipeline.py"),
            "the gathered cache shares are assembled in the wrong SP-rank order"),
     Mutant("perf-save-default", "perf/e2e/cli.py",
