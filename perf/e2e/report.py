@@ -402,10 +402,13 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         L.append(
             f"What holds HBM back: in the replicated baseline **{big.name}** ({_gb(big.per_chip)} GB per "
             "chip); the "
-            f"KV cache alone is {_gb(fp_bf16.item('kv_cache').per_chip)} GB in bf16, so KV cache + one DiT "
-            "weight "
-            f"copy is {_gb(r.lower_bounds[0].per_chip) if r.lower_bounds else '?'} GB whatever the "
-            "placement.\n"
+            + (
+                f"KV cache alone is {_gb(r.lower_bounds[0].item('kv_cache').per_chip)} GB in bf16 (the "
+                f"shortest ring the schedule reads), so KV cache + one DiT weight copy is "
+                f"{_gb(r.lower_bounds[0].per_chip)} GB whatever the placement.\n"
+                if r.lower_bounds
+                else "\n"
+            )
         )
     L.append("## Per-chunk budget (modelled, merged forward, sorted by the gap to the roofline)\n")
     L.append(
