@@ -29,6 +29,9 @@ and the QK^T of step i+2 never share a buffer), PV 2 x 516 B, the offsets' broad
 block-table K^T transposes, 2 KiB). The offset of a tile is the largest scaled score of its first key chunk
 (the same keys, scores and value as the resident loop's); the scores of chunk 0 are computed twice (for the
 offsets, then for the exp: 8 matmuls more per tile).
+
+With the FP8 option (``kv.v_scale`` set) the P^T ring is e4m3, the offsets add ``ln 16``, each chunk's V is
+quantised once per unit on GpSimd and the PVs are double-row matmuls (:mod:`nki_kernels.attention_fp8`).
 """
 
 from __future__ import annotations
