@@ -13,19 +13,26 @@ Layouts and design (:func:`rope3d_kernel`):
 
 * q, k ``[B, L, H, D]`` (the projection output viewed per head), bf16 or fp32, row-major in HBM.
 * **Tokens on partitions.** A super-tile is ``128 x m`` tokens: partition ``p`` holds the ``m`` consecutive
-  tokens ``t0 + p*m ... t0 + p*m + m - 1``, i.e. one contiguous run of ``m * H * D`` elements (``m * 3 KiB``
-  for Wan's H=12, D=128 in bf16). One DMA reads the super-tile of q (or k), one writes it back: every
-  descriptor is a whole multiple of a token's ``H*D`` row. The tables' rows for the same tokens are read
-  once per super-tile (``m * D/2 * 4`` bytes per partition) and reused for q, k and every head (a stride-0
-  broadcast view over the head axis).
+  tokens ``t0 + p*m ... t0 + p*m + m - 1``, i.e. one contiguous run of ``m * H * D`` elements (``m`` up to
+  16, fewer when H*D is large: :func:`_plan` fits the tiles in :data:`SBUF_BUDGET_BYTES`). One DMA reads
+  the super-tile of q (or k), one writes it back: every descriptor is a whole multiple of a token's
+  ``H*D`` row. The tables' rows for the same tokens are read once per super-tile (``m * D/2 * 4`` bytes per
+  partition) and reused for q, k, every batch and every head (a stride-0 broadcast view over heads).
 * **De-interleave in SBUF**, never in the DMA: ``x[..., 0::2]`` and ``x[..., 1::2]`` are stride-2 free-dim
-  views of the loaded tile, and the results are written through the same views of the output tile.
-* Engine split (products and sums in fp32, one rounding to the output dtype): GpSimdE forms
-  ``e*cos``, ``o*sin`` and ``e*sin`` over the whole super-tile; ScalarE copies ``e*cos`` into PSUM and the
-  cos table into PSUM; VectorE forms ``o*cos`` (PSUM table operand) and the two sums, each with one PSUM
-  operand, writing bf16/fp32 straight into the output tile's even/odd views.
+  views of the loaded tile; the results are written back through the same views (in place).
+* **One compute engine.** GpSimdE forms the four fp32 products and the two sums (one rounding to the
+  output dtype) in instructions of up to :data:`CHUNK_PAIRS` pairs per partition. VectorE and GpSimdE
+  share the SBUF port (the cost model's ``vector_gpsimd_contention``, 1.0-2.0): at the pessimistic end
+  any work split between them costs the sum of their times, and VectorE's fp32 ``tensor_tensor``
+  (2 cycles per element at 0.96 GHz, or 1 plus 141 per instruction with a PSUM operand) is slower per
+  element than GpSimdE's (1 at 1.2 GHz). ScalarE cannot multiply two tensors, so it has nothing to do.
+* **Pipelined.** q/k tiles rotate through a ring of :data:`X_RING` buffers and the tables through a ring
+  of :data:`TABLE_RING`: the load of the next tile and the store of the previous one overlap the rotation.
 * The tail (fewer than 128 tokens left) uses ``m = 1`` with fewer partitions.
 * LNC: ``rope3d_kernel[2]`` splits the super-tiles between the two logical cores (``nl.program_id(0)``).
+
+:func:`rope3d_one_kernel` rotates a single tensor (the keys of a roped cache copy): the same pass over
+one input, half the traffic and half the work of :func:`rope3d_kernel`.
 
 :func:`rope3d_naive_kernel` is the deliberately bad variant (benchmark only): it de-interleaves in the
 DMA (stride-2 element gathers straight from HBM: one descriptor per element) and stores the same way.
@@ -43,10 +50,38 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._nki import nisa, nki, nl
-from nki_kernels.hw_limits import PMAX, PSUM_BANK_FMAX
+from nki_kernels.hw_limits import PMAX
 
-MAX_TOKENS_PER_PARTITION = 8
-"""Tokens per partition ``m`` of a full super-tile (Wan: 8 x 3 KiB = 24 KiB runs; table runs 2 KiB)."""
+MAX_TOKENS_PER_PARTITION = 16
+"""Upper bound on the tokens per partition ``m`` of a super-tile (H=3, D=128 bf16: 16 x 768 B = 12 KiB)."""
+
+SBUF_BUDGET_BYTES = 144 * 1024
+"""SBUF bytes per partition the kernel may use (of 192 KiB): the x ring, the table rings, the temporaries."""
+
+X_RING = 3
+"""Super-tile buffers of q/k in flight: one loading, one being rotated, one storing."""
+
+TABLE_RING = 2
+"""cos/sin buffers: the next super-tile's tables load while the current one is rotated."""
+
+CHUNK_PAIRS = 4096
+"""Pairs per partition of one compute instruction (at most): GpSimdE's 150-cycle start is < 4 % of it."""
+
+
+def _plan(h: int, d: int, itemsize: int) -> tuple[int, int]:
+    """``(m, ct)``: tokens per partition of a super-tile and of a compute chunk (``ct`` divides ``m``).
+
+    ``m`` is the largest value <= :data:`MAX_TOKENS_PER_PARTITION` whose x ring, table rings and four fp32
+    temporaries of ``ct`` tokens fit :data:`SBUF_BUDGET_BYTES`; ``ct`` the largest divisor of ``m`` with
+    ``ct * h * d/2 <= CHUNK_PAIRS`` (at least 1).
+    """
+    half = d // 2
+    for m in range(MAX_TOKENS_PER_PARTITION, 0, -1):
+        ct = max(c for c in range(1, m + 1) if m % c == 0 and (c == 1 or c * h * half <= CHUNK_PAIRS))
+        need = X_RING * m * h * d * itemsize + TABLE_RING * 2 * m * half * 4 + 4 * ct * h * half * 4
+        if need <= SBUF_BUDGET_BYTES or m == 1:
+            return m, ct
+    raise AssertionError("unreachable")
 
 
 def _super_tiles(length: int, max_m: int) -> list[tuple[int, int, int]]:
@@ -69,51 +104,65 @@ def _super_tiles(length: int, max_m: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _rope_tile(
-    x_sb: Any, o_sb: Any, cos_sb: Any, sin_sb: Any, cos_ps: Any, rows: int, m: int, H: int, half: int
-) -> None:
-    """Rotate one loaded super-tile ``x_sb[:rows, :m]`` ([P, m, H, D]) into ``o_sb`` (same layout)."""
-    f32 = nl.float32
-    xe = x_sb[:rows, :m, :, 0::2]
-    xo = x_sb[:rows, :m, :, 1::2]
-    oe = o_sb[:rows, :m, :, 0::2]
-    oo = o_sb[:rows, :m, :, 1::2]
-    cb = cos_sb[:rows, :m].expand_dim(2).broadcast(2, H)
-    sb = sin_sb[:rows, :m].expand_dim(2).broadcast(2, H)
-    # GpSimdE: three of the four products over the whole super-tile (fp32).
-    ec = nl.ndarray((PMAX, m, H, half), dtype=f32, buffer=nl.sbuf)
-    os_ = nl.ndarray((PMAX, m, H, half), dtype=f32, buffer=nl.sbuf)
-    es = nl.ndarray((PMAX, m, H, half), dtype=f32, buffer=nl.sbuf)
-    nisa.tensor_tensor(ec[:rows], xe, cb, nl.multiply, engine=nisa.gpsimd_engine)
-    nisa.tensor_tensor(os_[:rows], xo, sb, nl.multiply, engine=nisa.gpsimd_engine)
-    nisa.tensor_tensor(es[:rows], xe, sb, nl.multiply, engine=nisa.gpsimd_engine)
-    # Per PSUM-bank chunk: ScalarE moves e*cos to PSUM; VectorE does o*cos and the two sums, each with
-    # one PSUM operand, writing straight into the output's even/odd views.
-    hc = max(1, min(H, PSUM_BANK_FMAX // half))
-    ec_ps = nl.ndarray((PMAX, hc, half), dtype=f32, buffer=nl.psum)
-    oc_ps = nl.ndarray((PMAX, hc, half), dtype=f32, buffer=nl.psum)
-    for j in range(m):
-        for h0 in range(0, H, hc):
-            hn = min(hc, H - h0)
-            cps = cos_ps[:rows, j : j + 1].broadcast(1, hn)
-            nisa.activation(ec_ps[:rows, :hn], nl.copy, ec[:rows, j, h0 : h0 + hn])
-            nisa.tensor_tensor(
-                oc_ps[:rows, :hn], xo[:, j, h0 : h0 + hn], cps, nl.multiply, engine=nisa.vector_engine
-            )
-            nisa.tensor_tensor(
-                oe[:, j, h0 : h0 + hn],
-                ec_ps[:rows, :hn],
-                os_[:rows, j, h0 : h0 + hn],
-                nl.subtract,
-                engine=nisa.vector_engine,
-            )
-            nisa.tensor_tensor(
-                oo[:, j, h0 : h0 + hn],
-                oc_ps[:rows, :hn],
-                es[:rows, j, h0 : h0 + hn],
-                nl.add,
-                engine=nisa.vector_engine,
-            )
+def _rotate(x_sb: Any, tmp: Sequence[Any], c_sb: Any, s_sb: Any, rows: int, j0: int, n: int, H: int) -> None:
+    """Rotate tokens ``j0 : j0 + n`` of the loaded super-tile ``x_sb`` ([P, m, H, D]) in place.
+
+    All on GpSimdE in fp32 (``e*cos``, ``o*sin``, ``e*sin``, ``o*cos``, then ``e*cos - o*sin`` and
+    ``o*cos + e*sin`` rounded once into the even / odd views); the tables are broadcast over heads.
+    """
+    g = nisa.gpsimd_engine
+    xe = x_sb[:rows, j0 : j0 + n, :, 0::2]
+    xo = x_sb[:rows, j0 : j0 + n, :, 1::2]
+    cb = c_sb[:rows, j0 : j0 + n].expand_dim(2).broadcast(2, H)
+    sb = s_sb[:rows, j0 : j0 + n].expand_dim(2).broadcast(2, H)
+    ec, os_, es, oc = (t[:rows, :n] for t in tmp)
+    nisa.tensor_tensor(ec, xe, cb, nl.multiply, engine=g)
+    nisa.tensor_tensor(os_, xo, sb, nl.multiply, engine=g)
+    nisa.tensor_tensor(es, xe, sb, nl.multiply, engine=g)
+    nisa.tensor_tensor(oc, xo, cb, nl.multiply, engine=g)
+    nisa.tensor_tensor(xe, ec, os_, nl.subtract, engine=g)
+    nisa.tensor_tensor(xo, oc, es, nl.add, engine=g)
+
+
+def _rope_pass(srcs: Sequence[Any], dsts: Sequence[Any], cos: Any, sin: Any) -> None:
+    """Rotate every ``srcs[i]`` ``[B, L, H, D]`` into ``dsts[i]`` (HBM) with tables ``[L, D//2]``.
+
+    Super-tiles of ``128 x m`` tokens (partition p holds m consecutive tokens: one contiguous HBM run)
+    are dealt round-robin to the logical cores; per super-tile the tables load once (a ring of
+    :data:`TABLE_RING`) and each (batch, tensor) tile goes load -> rotate in place -> store through a ring
+    of :data:`X_RING` buffers, so the DMA of one tile overlaps the rotation of the next.
+    """
+    B, L, H, D = srcs[0].shape
+    half = D // 2
+    pid = nl.program_id(0)
+    nprog = nl.num_programs()
+    m_max, ct = _plan(H, D, 2 if srcs[0].dtype == nl.bfloat16 else 4)
+    tiles = _super_tiles(L, m_max)
+    m_max = max(m for _, _, m in tiles)
+    dt = srcs[0].dtype
+    x_ring = [nl.ndarray((PMAX, m_max, H, D), dtype=dt, buffer=nl.sbuf) for _ in range(X_RING)]
+    c_ring = [nl.ndarray((PMAX, m_max, half), dtype=nl.float32, buffer=nl.sbuf) for _ in range(TABLE_RING)]
+    s_ring = [nl.ndarray((PMAX, m_max, half), dtype=nl.float32, buffer=nl.sbuf) for _ in range(TABLE_RING)]
+    tmp = [nl.ndarray((PMAX, ct, H, half), dtype=nl.float32, buffer=nl.sbuf) for _ in range(4)]
+    turn = 0
+    mine = 0
+    for i, (t0, rows, m) in enumerate(tiles):
+        if i % nprog != pid:
+            continue
+        n_tok = rows * m
+        c_sb, s_sb = c_ring[mine % TABLE_RING], s_ring[mine % TABLE_RING]
+        mine += 1
+        # Tables for these tokens: one contiguous run of m*half fp32 per partition.
+        nisa.dma_copy(dst=c_sb[:rows, :m], src=cos[t0 : t0 + n_tok].reshape((rows, m, half)))
+        nisa.dma_copy(dst=s_sb[:rows, :m], src=sin[t0 : t0 + n_tok].reshape((rows, m, half)))
+        for b in range(B):
+            for src, dst in zip(srcs, dsts):
+                x_sb = x_ring[turn % X_RING]
+                turn += 1
+                nisa.dma_copy(dst=x_sb[:rows, :m], src=src[b, t0 : t0 + n_tok].reshape((rows, m, H, D)))
+                for j0 in range(0, m, ct):
+                    _rotate(x_sb, tmp, c_sb, s_sb, rows, j0, min(ct, m - j0), H)
+                nisa.dma_copy(dst=dst[b, t0 : t0 + n_tok].reshape((rows, m, H, D)), src=x_sb[:rows, :m])
 
 
 @nki.jit
@@ -122,36 +171,22 @@ def rope3d_kernel(q, k, cos, sin):
     ``(q_out, k_out)``.
 
     One launch covers q, k, every batch and every head. Each HBM byte of q and k is read once and written
-    once with descriptors of ``m * H * D`` elements (whole token rows). LNC-aware: super-tiles are dealt
-    round-robin to ``nl.num_programs()`` logical cores.
+    once with descriptors of ``m * H * D`` elements (whole token rows); the tables are read once. LNC-aware:
+    super-tiles are dealt round-robin to ``nl.num_programs()`` logical cores.
     """
-    B, L, H, D = q.shape
-    half = D // 2
     q_out = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     k_out = nl.ndarray(k.shape, dtype=k.dtype, buffer=nl.shared_hbm)
-    pid = nl.program_id(0)
-    nprog = nl.num_programs()
-    tiles = _super_tiles(L, MAX_TOKENS_PER_PARTITION)
-    m_max = max(m for _, _, m in tiles)
-    cos_sb = nl.ndarray((PMAX, m_max, half), dtype=nl.float32, buffer=nl.sbuf)
-    sin_sb = nl.ndarray((PMAX, m_max, half), dtype=nl.float32, buffer=nl.sbuf)
-    cos_ps = nl.ndarray((PMAX, m_max, half), dtype=nl.float32, buffer=nl.psum)
-    x_sb = nl.ndarray((PMAX, m_max, H, D), dtype=q.dtype, buffer=nl.sbuf)
-    o_sb = nl.ndarray((PMAX, m_max, H, D), dtype=q.dtype, buffer=nl.sbuf)
-    for i, (t0, rows, m) in enumerate(tiles):
-        if i % nprog != pid:
-            continue
-        n_tok = rows * m
-        # Tables for these tokens: one contiguous run of m*half fp32 per partition.
-        nisa.dma_copy(dst=cos_sb[:rows, :m], src=cos[t0 : t0 + n_tok].reshape((rows, m, half)))
-        nisa.dma_copy(dst=sin_sb[:rows, :m], src=sin[t0 : t0 + n_tok].reshape((rows, m, half)))
-        nisa.activation(cos_ps[:rows, :m], nl.copy, cos_sb[:rows, :m])
-        for b in range(B):
-            for src, dst in ((q, q_out), (k, k_out)):
-                nisa.dma_copy(dst=x_sb[:rows, :m], src=src[b, t0 : t0 + n_tok].reshape((rows, m, H, D)))
-                _rope_tile(x_sb, o_sb, cos_sb, sin_sb, cos_ps, rows, m, H, half)
-                nisa.dma_copy(dst=dst[b, t0 : t0 + n_tok].reshape((rows, m, H, D)), src=o_sb[:rows, :m])
+    _rope_pass((q, k), (q_out, k_out), cos, sin)
     return q_out, k_out
+
+
+@nki.jit
+def rope3d_one_kernel(x, cos, sin):
+    """Rotate one tensor ``x`` ``[B, L, H, D]`` (e.g. keys only) with tables ``[L, D//2]`` fp32; returns
+    ``x_out``. Same tiling, arithmetic and results as :func:`rope3d_kernel`'s k output, half its traffic."""
+    x_out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    _rope_pass((x,), (x_out,), cos, sin)
+    return x_out
 
 
 @nki.jit
@@ -290,6 +325,41 @@ def rope3d_tables_emulated(q: Any, k: Any, cos: Any, sin: Any, lnc: int = 1) -> 
     return _to_torch(qo, q.dtype), _to_torch(ko, q.dtype)
 
 
+def rope3d_one_tables_emulated(x: Any, cos: Any, sin: Any, lnc: int = 1) -> Any:
+    """RoPE of ONE tensor ``x`` through :func:`rope3d_one_kernel` with caller-built tables.
+
+    Args:
+        x: torch ``[B, L, H, D]`` bf16 or fp32, D even (e.g. the keys of a roped cache copy).
+        cos, sin: torch ``[L, D//2]`` float32 or float64 (float64 rounded to float32 here, as
+            :func:`rope3d_tables_emulated` does).
+        lnc: logical cores of the launch (1 or 2).
+
+    Returns:
+        a new torch tensor with x's shape and dtype, bit for bit the k output of
+        :func:`rope3d_tables_emulated` for k = x (same tiling and arithmetic), at half its traffic.
+    """
+    import torch
+
+    from nki_kernels._nki import launch
+
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, L, H, D], got {tuple(x.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    if x.shape[3] % 2:
+        raise ValueError(f"x head_dim D={x.shape[3]} must be even")
+    want = (x.shape[1], x.shape[3] // 2)
+    tabs = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must be [L, D//2] = {want}, got {tuple(t.shape)}")
+        if t.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+        tabs.append(t.detach().to("cpu", torch.float32).contiguous().numpy())
+    xo, _ = launch(rope3d_one_kernel, x.contiguous(), tabs[0], tabs[1], lnc=lnc)
+    return _to_torch(xo, x.dtype)
+
+
 def _to_torch(x: Any, dtype: Any) -> Any:
     import torch
 
@@ -304,6 +374,8 @@ def _to_torch(x: Any, dtype: Any) -> Any:
 __all__ = [
     "rope3d_emulated",
     "rope3d_kernel",
+    "rope3d_one_kernel",
+    "rope3d_one_tables_emulated",
     "rope3d_tables_emulated",
     "rope3d_naive_kernel",
     "rope_tables_np",
