@@ -59,7 +59,13 @@ def _fp8_kwargs(fp8: bool, keys: int, op: str, be: str) -> dict[str, Any]:
 
 @torch.library.custom_op("nki_ardiff::attention", mutates_args=())
 def _attention_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, return_lse: bool, fp8: bool, backend: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    return_lse: bool,
+    backend: str,
+    fp8: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     be = _run_backend(backend)
     if be == "reference":
@@ -74,12 +80,12 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _(q, k, v, scale, return_lse, fp8, backend):
+def _(q, k, v, scale, return_lse, backend, fp8=False):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
 def _attention_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    q, k, v, scale, return_lse, fp8, _ = inputs
+    q, k, v, scale, return_lse, _, fp8 = inputs
     ctx.save_for_backward(q, k, v)
     ctx.scale, ctx.return_lse, ctx.fp8 = scale, return_lse, fp8
 
@@ -116,8 +122,8 @@ def _attention_segments_op(
     segments: list[int],
     scale: float,
     return_lse: bool,
-    fp8: bool,
     backend: str,
+    fp8: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     segs = [(segments[i], segments[i + 1]) for i in range(0, len(segments), 2)]
     be = _run_backend(backend)
@@ -134,7 +140,7 @@ def _attention_segments_op(
 
 
 @_attention_segments_op.register_fake
-def _(q, kv_k, kv_v, segments, scale, return_lse, fp8, backend):
+def _(q, kv_k, kv_v, segments, scale, return_lse, backend, fp8=False):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
@@ -148,8 +154,8 @@ def _attention_block_table_op(
     block_tokens: int,
     scale: float,
     return_lse: bool,
-    fp8: bool,
     backend: str,
+    fp8: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     table = _int_values("block_table", block_table)
     check_table_values(table, [int(t.shape[1]) for t in k_sources], block_tokens)
@@ -180,7 +186,7 @@ def _attention_block_table_op(
 
 
 @_attention_block_table_op.register_fake
-def _(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, fp8, backend):
+def _(q, k_sources, v_sources, block_table, q_groups, block_tokens, scale, return_lse, backend, fp8=False):
     return torch.empty_like(q), _empty_lse(q, return_lse)
 
 
@@ -225,7 +231,7 @@ def attention(
     _check_bool("return_lse", return_lse)
     _check_fp8(fp8, q)
     be = _op_backend(backend)
-    out, lse = _attention_op(q, k, v, sc, return_lse, fp8, be)
+    out, lse = _attention_op(q, k, v, sc, return_lse, be, fp8)
     return (out, lse) if return_lse else out
 
 
@@ -269,7 +275,7 @@ def attention_segments(
     _check_fp8(fp8, q)
     be = _op_backend(backend)
     flat = [x for seg in segs for x in seg]
-    out, lse = _attention_segments_op(q, kv_k, kv_v, flat, sc, return_lse, fp8, be)
+    out, lse = _attention_segments_op(q, kv_k, kv_v, flat, sc, return_lse, be, fp8)
     return (out, lse) if return_lse else out
 
 
@@ -353,6 +359,6 @@ def attention_block_table(
     be = _op_backend(backend)
     out, lse = _attention_block_table_op(
         q, list(k_sources), list(v_sources), block_table, [int(n) for n in q_groups], int(block_tokens),
-        sc, return_lse, fp8, be,
+        sc, return_lse, be, fp8,
     )  # fmt: skip
     return (out, lse) if return_lse else out
