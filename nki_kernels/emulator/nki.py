@@ -5,9 +5,9 @@ tensors) become HBM tensors that *share memory* with the caller's arrays where p
 kernel makes into an input are visible to the caller (as the official simulator copies them back);
 non-contiguous inputs are copied in and copied back after the launch.  Returned HBM tensors come back
 as numpy arrays (torch tensors when any input was a torch tensor).  ``kernel[2]`` runs program 0 then
-program 1 sequentially (the official simulator uses two threads; sequential order is deterministic);
-``shared_hbm`` allocations are shared between the two programs (the i-th allocation of program 1 is
-the i-th of program 0).
+program 1, taking turns where one waits for the other at ``core_barrier`` / ``sendrecv`` (the official
+simulator uses two threads; turns keep the order deterministic, :mod:`~nki_kernels.emulator.lnc`);
+``shared_hbm`` allocations are shared between the two programs (the i-th allocation of either program).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from . import dtypes as _dt
 from . import state as _state
 from .errors import LaunchError
 from .hw import TRN2, HwConfig
+from .lnc import Scheduler
 from .tensor import NkiTensor, private_hbm, shared_hbm, wrap_array
 from .trace import Trace
 
@@ -191,16 +192,19 @@ def _launch(
     gc.disable()
     _state.push(launch)
     try:
-        for pid in range(lnc):
-            launch.start_program(pid)
-            results.append(fn(*targs, **tkw))
-            launch.end_program()  # on-chip capacity under last-use liveness, placed-tile overlaps
+        if lnc > 1 and not trace_only:  # values may cross the cores: the programs take turns (lnc.py)
+            results = Scheduler(launch, lnc).run(fn, targs, tkw)
+        else:
+            for pid in range(lnc):
+                launch.start_program(pid)
+                results.append(fn(*targs, **tkw))
+                launch.end_program()  # on-chip capacity under last-use liveness, placed-tile overlaps
     finally:
         _state.pop()
         if gc_was_enabled:
             gc.enable()
         launch.flush()
-        launch.epoch += 1  # storages freed after the launch no longer touch its accounting
+        launch.new_epoch()  # storages freed after the launch no longer touch its accounting
     binder.finish()
     out = binder.from_result(
         results[-1] if lnc > 1 else results[0], binder.any_torch if torch_out is None else torch_out

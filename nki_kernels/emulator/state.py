@@ -1,7 +1,8 @@
 """Per-launch state of the emulator: current program, trace, allocation accounting, hardware limits.
 
-Only one kernel launch runs at a time (LNC2 programs run sequentially), so the state is a module-level
-stack; :func:`current` raises when an NKI op is used outside a launch.
+Only one kernel launch runs at a time and only one of its programs at any moment (LNC2 programs run one
+after the other, or take turns at cross-core waits: :mod:`~nki_kernels.emulator.lnc`), so the state is a
+module-level stack; :func:`current` raises when an NKI op is used outside a launch.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Launch:
         "checked",
         "keep_events",
         "last",
+        "scheduler",
+        "epoch_next",
     )
 
     def __init__(self, hw: HwConfig, trace: Trace, trace_only: bool, num_programs: int) -> None:
@@ -54,6 +57,8 @@ class Launch:
         self.last: Any = None  # the record of the instruction issued last (when keep_order)
         self.act_acc: dict[int, Any] = {}
         self.epoch = 0
+        self.epoch_next = 0  # epochs are unique per program run (LNC2 programs may interleave)
+        self.scheduler: Any = None  # lnc.Scheduler of a full-arithmetic LNC2 launch
         # trace-only: validation key of an instruction whose checks passed -> its records entry (per program)
         self.checked: dict[tuple, list] = {}
 
@@ -63,8 +68,13 @@ class Launch:
         self.seq = 0
         self.mem = OnChipLiveness(self.hw)
         self.act_acc = {}
-        self.epoch += 1
+        self.new_epoch()
         self.checked = {}
+
+    def new_epoch(self) -> None:
+        """A fresh epoch: storages of an earlier one no longer touch the current accounting."""
+        self.epoch_next += 1
+        self.epoch = self.epoch_next
 
     def note(self, record: Any) -> None:
         """One issue of ``record`` (called only when ``keep_order``)."""
@@ -110,7 +120,7 @@ class Launch:
         storages no longer count."""
         mem = self.mem
         self.mem = OnChipLiveness(self.hw)
-        self.epoch += 1
+        self.new_epoch()
         mem.check(self.program_id, self.seq)
 
 

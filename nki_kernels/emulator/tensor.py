@@ -65,12 +65,13 @@ def allocate(
         # LNC2: both programs refer to the same shared_hbm allocation (the i-th of each program).
         idx = launch.shared_index
         launch.shared_index += 1
-        if launch.program_id > 0 and idx < len(launch.shared_allocs):
+        if idx < len(launch.shared_allocs):  # the other program allocated it first
             st = launch.shared_allocs[idx]
             if st.shape != shape or st.dtype != dtype:
                 raise ViewError(
                     f"[lnc-shared-hbm] program {launch.program_id} allocates shared_hbm tensor #{idx} as "
-                    f"{list(shape)} {dtype} but program 0 allocated {list(st.shape)} {st.dtype}; LNC2 "
+                    f"{list(shape)} {dtype} but the other program allocated {list(st.shape)} {st.dtype}; "
+                    "LNC2 "
                     "programs must follow identical control flow"
                 )
             return NkiTensor._make(st, 0, shape, _row_major(shape), dtype, name)
@@ -91,7 +92,7 @@ def allocate(
         st.epoch = launch.epoch
         if buffer is psum and data is not None:
             st.written = np.zeros(st.size, dtype=bool)
-    elif buffer is shared_hbm and launch.num_programs > 1 and launch.program_id == 0:
+    elif buffer is shared_hbm and launch.num_programs > 1:
         launch.shared_allocs.append(st)
     return NkiTensor._make(st, 0, shape, _row_major(shape), dtype, name)
 

@@ -1,11 +1,11 @@
 """Cross-core instructions of NKI 0.6: ``nisa.sendrecv`` and ``nisa.core_barrier`` (NeuronCore-v3+, LNC2),
 exported by :mod:`nki_kernels.emulator.isa`.
 
-The emulator runs the two logical cores of an LNC2 launch one after the other (program 0, then program 1;
-``docs/emulator.md``), so data that crosses cores mid-kernel does not exist yet when program 0 needs it.
-Both instructions are therefore fully checked and traced in every mode (so the cost model prices them), and
-in trace-only mode that is all they do; with values (not trace-only) they raise :class:`LaunchError` rather
-than return data a real pair of cores would not see.  Rules from the 0.6 docstrings
+Both instructions are fully checked and traced in every mode (so the cost model prices them).  With values
+(not trace-only) they move data and wait as the hardware does: the programs of the launch take turns
+(:mod:`~nki_kernels.emulator.lnc`): ``sendrecv`` posts ``src`` to the peer and waits for the peer's data
+into ``dst``; ``core_barrier`` waits until the peer reaches its matching barrier.  Trace-only runs the
+programs one after the other and moves nothing.  Rules from the 0.6 docstrings
 (aws-neuron/aws-neuron-sdk ``nki/api/nki/isa/__init__.py``).
 """
 
@@ -39,13 +39,13 @@ def _lnc2(op: str, launch: _state.Launch) -> None:
         )
 
 
-def _sequential(op: str, launch: _state.Launch) -> None:
-    if not launch.trace_only:
-        raise LaunchError(
-            f"[lnc-sequential] {op}: the emulator runs the two LNC2 programs one after the other, so data "
-            "exchanged between cores mid-kernel is not available; run with trace_only=True to trace and "
-            "price it (the rules are checked in both modes)"
-        )
+def _scheduler(op: str, launch: _state.Launch) -> Any:
+    """The launch's LNC2 scheduler, None in trace-only mode (no values cross then)."""
+    if launch.trace_only:
+        return None
+    if launch.scheduler is None:  # cannot happen for launches made by nki.py; guards direct state use
+        raise LaunchError(f"[lnc-sequential] {op}: this launch runs its programs without a scheduler")
+    return launch.scheduler
 
 
 def sendrecv(
@@ -61,7 +61,7 @@ def sendrecv(
     ``dst``.  Rules: NeuronCore-v3+, LNC2 launch, ranks 0 or 1, ``src``/``dst`` in SBUF with equal dtype and
     shape; ``dma_engine.gpsimd_dma`` caps the bytes per partition at 1024 (4-byte) / 512 (2-byte) /
     256 (1-byte dtypes).  Traced as an SBUF->SBUF DMA (``dma_engine.dma``) or a GpSimd instruction
-    (``gpsimd_dma``, GpSimd triggers it); values only in trace-only mode (see module docstring)."""
+    (``gpsimd_dma``, GpSimd triggers it); with values, waits for the peer's data (module docstring)."""
     launch = _state.current()
     op = "sendrecv"
     _lnc2(op, launch)
@@ -95,7 +95,11 @@ def sendrecv(
         _use(launch, (src,), (dst,))
     else:
         _dma_record(op, dst, src, launch, meta)
-    _sequential(op, launch)
+    sched = _scheduler(op, launch)
+    if sched is not None:
+        pid, pipe = launch.program_id, int(pipe_id)
+        sched.send(pid, int(send_to_rank), pipe, src.read().copy())  # src's values at issue time
+        dst.write(sched.recv(pid, int(recv_from_rank), pipe))
     return NkiInstruction(op)
 
 
@@ -105,8 +109,8 @@ def core_barrier(
     """Barrier between the two cores of an LNC2 pair on the shared HBM tensor ``data``, executed by
     ``engine`` (default GpSimd; only that engine blocks).  Rules: NeuronCore-v3+, LNC2 launch,
     ``cores == (0, 1)``, ``data`` in ``nl.shared_hbm``.  Traced as one zero-element instruction on the
-    engine (a semaphore exchange: the cost model charges its fixed cost); values only in trace-only mode
-    (program 0 would otherwise read program 1's writes before they exist)."""
+    engine (a semaphore exchange: the cost model charges its fixed cost); with values, returns once the
+    other program has reached its matching barrier."""
     launch = _state.current()
     op = "core_barrier"
     _lnc2(op, launch)
@@ -136,7 +140,9 @@ def core_barrier(
         ),
     )
     _use(launch, (data,), (data,))  # the semaphore exchange reads and writes the shared tensor
-    _sequential(op, launch)
+    sched = _scheduler(op, launch)
+    if sched is not None:
+        sched.barrier(launch.program_id)
     return NkiInstruction(op)
 
 
