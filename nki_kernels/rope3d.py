@@ -72,12 +72,12 @@ def _plan(h: int, d: int, itemsize: int) -> tuple[int, int]:
     """``(m, ct)``: tokens per partition of a super-tile and of a compute chunk (``ct`` divides ``m``).
 
     ``m`` is the largest value <= :data:`MAX_TOKENS_PER_PARTITION` whose x ring, table rings and four fp32
-    temporaries of ``ct`` tokens fit :data:`SBUF_BUDGET_BYTES`; ``ct`` the largest divisor of ``m`` with
-    ``ct * h * d/2 <= CHUNK_PAIRS`` (at least 1).
+    temporaries of ``ct`` tokens fit :data:`SBUF_BUDGET_BYTES`; ``ct = min(m, CHUNK_PAIRS // (h * d/2))``
+    (at least 1; the last chunk of a super-tile may be shorter).
     """
     half = d // 2
     for m in range(MAX_TOKENS_PER_PARTITION, 0, -1):
-        ct = max(c for c in range(1, m + 1) if m % c == 0 and (c == 1 or c * h * half <= CHUNK_PAIRS))
+        ct = max(1, min(m, CHUNK_PAIRS // (h * half)))
         need = X_RING * m * h * d * itemsize + TABLE_RING * 2 * m * half * 4 + 4 * ct * h * half * 4
         if need <= SBUF_BUDGET_BYTES or m == 1:
             return m, ct
