@@ -72,3 +72,20 @@ def test_chunk_swaps_only_the_merged_attention(monkeypatch: pytest.MonkeyPatch) 
         e2e_fp8.fp8_attention_chunk(
             ChunkModel("merged", 8, "p", 4, 2, comps[1:], 12, E2EParams()), None, None
         )
+
+
+def test_targets_row_only_beside_a_traced_merged_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No FP8-attention row without a traced bf16 merged chunk to compare with (analytic kernels), nor
+    where the kernels' FP8 pass cannot run (fewer than 2,048 key positions: the quick tiny preset)."""
+    from types import SimpleNamespace
+
+    comps = (Component("attn_merged", "attention", 4e-3, 30),)
+    ch = ChunkModel("merged", 8, "p", 4, 2, comps, 12, E2EParams(), "pessimistic")
+    r = SimpleNamespace(
+        chunks={("merged", "pessimistic"): ch}, kernels_name="analytic", model=None, pipe=None
+    )
+    r.chunk = lambda v, e: r.chunks[(v, e)]
+    assert e2e_fp8._attention_line(r) == []
+    r.kernels_name = "traced"
+    monkeypatch.setattr(e2e_fp8, "fp8_attention_shape", lambda *a: ((64,), 2, 1000, 1, 64))
+    assert e2e_fp8._attention_line(r) == []
