@@ -82,7 +82,7 @@ from nki_kernels.ops_elementwise import (
 )
 from nki_kernels.ops_kv import kv_cache_slide, kv_cache_write, kv_cache_write_at
 from nki_kernels.ops_linear_fp8 import LINEAR_FP8_MAX_K, linear_fp8, quantize_weight_fp8
-from nki_kernels.ops_rope import rope3d, rope3d_positions, rope3d_tables, rope_tables
+from nki_kernels.ops_rope import rope3d, rope3d_positions, rope3d_tables, rope3d_tables_one, rope_tables
 
 __all__ = [
     "BACKENDS",
@@ -115,6 +115,7 @@ __all__ = [
     "rope3d",
     "rope3d_positions",
     "rope3d_tables",
+    "rope3d_tables_one",
     "quantize_weight_fp8",
     "rope_tables",
 ]

@@ -1,6 +1,6 @@
-"""The 3D RoPE ops (``rope3d``, ``rope3d_positions``, ``rope_tables``, ``rope3d_tables``): raw
-``torch.library`` ops with their fakes and the public functions, re-exported by :mod:`nki_kernels.ops` (which
-documents the backend and validation rules every op follows)."""
+"""The 3D RoPE ops (``rope3d``, ``rope3d_positions``, ``rope_tables``, ``rope3d_tables``,
+``rope3d_tables_one``): raw ``torch.library`` ops with their fakes and the public functions, re-exported by
+:mod:`nki_kernels.ops` (which documents the backend and validation rules every op follows)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from nki_kernels.op_checks import (
     _check_int,
     _check_positions_nonneg,
     _check_qk_pair,
+    _check_tensor,
     _int_values,
 )
 from nki_kernels.op_dispatch import (
@@ -105,6 +106,23 @@ def _rope3d_tables_op(
 @_rope3d_tables_op.register_fake
 def _(q, k, cos, sin, backend):
     return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("nki_ardiff::rope3d_tables_one", mutates_args=())
+def _rope3d_tables_one_op(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str
+) -> torch.Tensor:
+    if _run_backend(backend) == "reference":
+        from reference.rope3d import rope3d_tables_one as ref_one
+
+        return ref_one(x, cos, sin)
+    xo = _d.entry("rope3d_tables_one")(x, cos, sin)
+    return _rope_outputs(xo, xo, x, x)[0]
+
+
+@_rope3d_tables_one_op.register_fake
+def _(x, cos, sin, backend):
+    return torch.empty_like(x)
 
 
 def rope3d(
@@ -294,6 +312,39 @@ def rope3d_tables(
     Returns ``(q_rot, k_rot)`` with q's shape and dtype.
     """
     _check_qk_pair(q, k)
+    _check_tables(q, cos, sin, "q/k")
+    return _rope3d_tables_op(q, k, cos, sin, _op_backend(backend))
+
+
+def rope3d_tables_one(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """RoPE of ONE tensor with caller-built tables (one launch; a new tensor): :func:`rope3d_tables` for a
+    caller that needs only q or only k, e.g. the keys of a roped cache copy, at half the traffic and work.
+
+    Args:
+        x: ``[B, L, H, D]`` contiguous, bf16 or fp32; D even.
+        cos, sin: ``[L, D//2]`` contiguous, float32 or float64 (both the same), on x's device.
+        backend: see module docstring. Reference: :func:`reference.rope3d.rope3d_tables_one`; kernels:
+            :func:`nki_kernels.rope3d.rope3d_one_tables_emulated` (``rope3d_one_kernel``).
+
+    Returns ``x_rot`` with x's shape and dtype: bitwise :func:`rope3d_tables`'s ``k_rot`` for ``k = x`` on
+    the same backend (the kernel runs the same tiling and arithmetic on one input).
+    """
+    _check_tensor("x", x)
+    if x.shape[3] % 2:
+        raise ValueError(f"x head_dim D={x.shape[3]} must be even (interleaved complex pairs)")
+    _check_tables(x, cos, sin, "x")
+    return _rope3d_tables_one_op(x, cos, sin, _op_backend(backend))
+
+
+def _check_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, what: str) -> None:
+    """cos/sin must be contiguous float32/float64 ``[L, D//2]`` tensors of x's L and D, on x's device."""
+    q = x
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -301,18 +352,17 @@ def rope3d_tables(
             raise TypeError(f"{name} must be torch.float32 or torch.float64, got {t.dtype}")
         if t.dim() != 2 or t.shape[1] != q.shape[3] // 2:
             raise ValueError(
-                f"{name} must be [L, D//2] = [L, {q.shape[3] // 2}] for q/k D={q.shape[3]}, "
+                f"{name} must be [L, D//2] = [L, {q.shape[3] // 2}] for {what} D={q.shape[3]}, "
                 f"got shape {tuple(t.shape)}"
             )
         if t.shape[0] != q.shape[1]:
             raise ValueError(
-                f"{name} has {t.shape[0]} rows (L, {name}.shape[0]) but q/k have L={q.shape[1]} "
+                f"{name} has {t.shape[0]} rows (L, {name}.shape[0]) but {what} has L={q.shape[1]} "
                 "tokens (dim 1)"
             )
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous [L, D//2]; call .contiguous()")
         if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+            raise ValueError(f"{name} is on {t.device} but {what.split('/')[0]} is on {q.device}")
     if sin.dtype != cos.dtype:
         raise TypeError(f"sin dtype {sin.dtype} must match cos dtype {cos.dtype}")
-    return _rope3d_tables_op(q, k, cos, sin, _op_backend(backend))

@@ -176,10 +176,37 @@ def rope3d_tables(
     return _apply(q, freqs), _apply(k, freqs)
 
 
+def rope3d_tables_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE to one tensor with precomputed tables (reference; returns a new tensor).
+
+    The single-tensor form of :func:`rope3d_tables` for callers that need only one of q and k (e.g. the
+    keys of a roped cache copy): the result is bitwise :func:`rope3d_tables`'s ``k_rot`` for ``k = x``.
+
+    Args:
+        x: ``[B, L, H, D]`` (bf16 or fp32), D even.
+        cos, sin: ``[L, D//2]`` float32 or float64, as :func:`rope_tables` builds them (row l = token l).
+
+    Returns:
+        ``x_rot`` with x's shape and dtype: the complex128 product ``x * (cos + i sin)`` rounded to float32
+        and then to x's dtype.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, L, H, D], got {tuple(x.shape)}")
+    want = (x.shape[1], x.shape[3] // 2)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"{name} must be [L, D//2] = {want} for x {tuple(x.shape)}, got {tuple(t.shape)}"
+            )
+    freqs = torch.complex(cos.to(torch.float64), sin.to(torch.float64)).to(x.device)
+    return _apply(x, freqs)
+
+
 __all__ = [
     "ROPE_BASE",
     "rope3d",
     "rope3d_tables",
+    "rope3d_tables_one",
     "rope_angles",
     "rope_split",
     "rope_tables",

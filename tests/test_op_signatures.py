@@ -20,6 +20,7 @@ PAIRS = {
     "rope3d": (reference.rope3d.rope3d, {"max_positions", "backend"}),
     "rope_tables": (reference.rope3d.rope_tables, {"device"}),
     "rope3d_tables": (reference.rope3d.rope3d_tables, {"backend"}),
+    "rope3d_tables_one": (reference.rope3d.rope3d_tables_one, {"backend"}),
     "attention": (reference.attention.attention, {"backend"}),
     "attention_segments": (reference.attention.attention_segments, {"backend"}),
     "attention_block_table": (reference.attention.attention_block_table, {"backend"}),
