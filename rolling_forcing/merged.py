@@ -320,8 +320,7 @@ def merged_forward(
             qr, kr = ops.rope3d_tables(q, k, cos, sin, backend=backend)
             k_upd = kr[:, :t]
         else:  # last layer: q holds the window tokens only; rope the update keys on their own
-            ku = k[:, :t].contiguous()
-            _, k_upd = ops.rope3d_tables(ku, ku, cos[:t], sin[:t], backend=backend)
+            k_upd = ops.rope3d_tables_one(k[:, :t].contiguous(), cos[:t], sin[:t], backend=backend)
             qr, kw = ops.rope3d_tables(q, k[:, t:].contiguous(), cos[t:], sin[t:], backend=backend)
             kr = torch.cat([k_upd, kw], dim=1)
         # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative mode)
@@ -334,7 +333,7 @@ def merged_forward(
         ops.kv_cache_write_at(ck, cv, k_w.contiguous(), v_w.contiguous(), write_slot, backend=backend)
         # 2. blocks needing a pass-specific position: roped copies (read after the write)
         gk, gv = ck.index_select(1, copy_tokens), cv.index_select(1, copy_tokens)
-        _, gkr = ops.rope3d_tables(gk, gk, ccos, csin, backend=backend)
+        gkr = ops.rope3d_tables_one(gk, ccos, csin, backend=backend)  # keys only: no query is roped here
         # 3. both query groups in one launch (last layer: the denoise group only); ring read in place
         if q.shape[1] == k.shape[1]:
             tab, groups = table, q_groups

@@ -304,8 +304,9 @@ def test_rope_tables_built_once_per_forward_not_per_layer(
     model: CausalWanModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Eager merged stream: 2 table builds per forward (all frames + roped copies), whatever the depth."""
-    counts = {"tables": 0, "rope": 0, "forwards": 0}
+    counts = {"tables": 0, "rope": 0, "rope_one": 0, "forwards": 0}
     real_tables, real_rope, real_fwd = ops.rope_tables, ops.rope3d_tables, model.forward_with
+    real_one = ops.rope3d_tables_one
 
     def tables(*a, **kw):
         counts["tables"] += 1
@@ -315,15 +316,20 @@ def test_rope_tables_built_once_per_forward_not_per_layer(
         counts["rope"] += 1
         return real_rope(*a, **kw)
 
+    def rope_one(*a, **kw):
+        counts["rope_one"] += 1
+        return real_one(*a, **kw)
+
     def fwd(*a, **kw):
         counts["forwards"] += 1
         return real_fwd(*a, **kw)
 
     monkeypatch.setattr(ops, "rope_tables", tables)
     monkeypatch.setattr(ops, "rope3d_tables", rope)
+    monkeypatch.setattr(ops, "rope3d_tables_one", rope_one)
     monkeypatch.setattr(model, "forward_with", fwd)
     _run(RollingForcingPipeline(model, M, P, merged=True), P.window_blocks)
     n, layers = counts["forwards"], M.num_layers
     assert n > 0 and counts["tables"] == 2 * n
-    # per layer: q/k and the roped copies; the last layer ropes update keys and window separately
-    assert counts["rope"] == n * (2 * layers + 1)
+    # per layer: q/k, and the roped copies' keys alone; the last layer ropes the update keys alone too
+    assert counts["rope"] == n * layers and counts["rope_one"] == n * (layers + 1)
