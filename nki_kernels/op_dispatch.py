@@ -146,6 +146,7 @@ _KERNEL_ENTRIES: dict[str, tuple[str, str]] = {
     "rope3d_positions": ("rope3d", "rope3d_emulated"),
     "rope3d_tables": ("rope3d", "rope3d_tables_emulated"),
     "rope3d_tables_one": ("rope3d", "rope3d_one_tables_emulated"),
+    "rope3d_positions_one": ("rope3d", "rope3d_one_emulated"),
     "attention": ("attention", "attention_emulated"),
     "attention_segments": ("attention", "attention_segments_emulated"),
     "attention_block_table": BLOCK_TABLE_KERNEL,

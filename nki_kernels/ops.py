@@ -82,7 +82,14 @@ from nki_kernels.ops_elementwise import (
 )
 from nki_kernels.ops_kv import kv_cache_slide, kv_cache_write, kv_cache_write_at
 from nki_kernels.ops_linear_fp8 import LINEAR_FP8_MAX_K, linear_fp8, quantize_weight_fp8
-from nki_kernels.ops_rope import rope3d, rope3d_positions, rope3d_tables, rope3d_tables_one, rope_tables
+from nki_kernels.ops_rope import (
+    rope3d,
+    rope3d_positions,
+    rope3d_positions_one,
+    rope3d_tables,
+    rope3d_tables_one,
+    rope_tables,
+)
 
 __all__ = [
     "BACKENDS",
@@ -114,6 +121,7 @@ __all__ = [
     "rms_norm",
     "rope3d",
     "rope3d_positions",
+    "rope3d_positions_one",
     "rope3d_tables",
     "rope3d_tables_one",
     "quantize_weight_fp8",

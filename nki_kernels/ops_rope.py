@@ -1,6 +1,7 @@
 """The 3D RoPE ops (``rope3d``, ``rope3d_positions``, ``rope_tables``, ``rope3d_tables``,
-``rope3d_tables_one``): raw ``torch.library`` ops with their fakes and the public functions, re-exported by
-:mod:`nki_kernels.ops` (which documents the backend and validation rules every op follows)."""
+``rope3d_tables_one``, ``rope3d_positions_one``): raw ``torch.library`` ops with their fakes and the public
+functions, re-exported by :mod:`nki_kernels.ops` (which documents the backend and validation rules every op
+follows)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,27 @@ def _rope3d_tables_one_op(
 
 @_rope3d_tables_one_op.register_fake
 def _(x, cos, sin, backend):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("nki_ardiff::rope3d_positions_one", mutates_args=())
+def _rope3d_positions_one_op(
+    x: torch.Tensor, grid: list[int], frame_positions: torch.Tensor, backend: str
+) -> torch.Tensor:
+    fp = [int(p) for p in _int_values("frame_positions", frame_positions)]
+    _check_positions_nonneg(fp)
+    if _run_backend(backend) == "reference":
+        from reference.rope3d import rope3d_tables_one as ref_one
+        from reference.rope3d import rope_tables as ref_tables
+
+        cos, sin = ref_tables(tuple(grid), x.shape[3], 0, fp, dtype=torch.float64)
+        return ref_one(x, cos.to(x.device), sin.to(x.device))
+    xo = _d.entry("rope3d_positions_one")(x, tuple(grid), frame_positions=fp)
+    return _rope_outputs(xo, xo, x, x)[0]
+
+
+@_rope3d_positions_one_op.register_fake
+def _(x, grid, frame_positions, backend):
     return torch.empty_like(x)
 
 
@@ -340,6 +362,33 @@ def rope3d_tables_one(
         raise ValueError(f"x head_dim D={x.shape[3]} must be even (interleaved complex pairs)")
     _check_tables(x, cos, sin, "x")
     return _rope3d_tables_one_op(x, cos, sin, _op_backend(backend))
+
+
+def rope3d_positions_one(
+    x: torch.Tensor,
+    grid: Sequence[int],
+    frame_positions: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """:func:`rope3d_positions` of ONE tensor (e.g. the keys of a roped cache copy; a new tensor).
+
+    Args:
+        x: ``[B, L, H, D]`` contiguous, bf16 or fp32; D even.
+        grid: ``(F, Hp, Wp)`` Python ints (static), ``F*Hp*Wp == L``.
+        frame_positions: integer tensor ``[F]`` of time positions (each ``>= 0``, checked when the op runs).
+        backend: see module docstring. Reference: :func:`reference.rope3d.rope3d_tables_one` with float64
+            :func:`reference.rope3d.rope_tables`; kernels: :func:`nki_kernels.rope3d.rope3d_one_emulated`.
+
+    Returns ``x_rot``: bitwise :func:`rope3d_positions`'s ``k_rot`` for ``k = x`` on the same backend, at
+    half its traffic and work. A static-shape variant of :func:`rope3d_tables_one` (tables built inside).
+    """
+    _check_tensor("x", x)
+    if x.shape[3] % 2:
+        raise ValueError(f"x head_dim D={x.shape[3]} must be even (interleaved complex pairs)")
+    f, hp, wp = _check_grid_tokens(grid, x.shape[1])
+    _check_index_tensor("frame_positions", frame_positions, shape=(f,))
+    return _rope3d_positions_one_op(x, [f, hp, wp], frame_positions, _op_backend(backend))
 
 
 def _check_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, what: str) -> None:

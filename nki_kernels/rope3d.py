@@ -325,6 +325,29 @@ def rope3d_tables_emulated(q: Any, k: Any, cos: Any, sin: Any, lnc: int = 1) -> 
     return _to_torch(qo, q.dtype), _to_torch(ko, q.dtype)
 
 
+def rope3d_one_emulated(
+    x: Any,
+    grid: Sequence[int],
+    frame_positions: Sequence[int] | None = None,
+    start_frame: int = 0,
+    lnc: int = 1,
+) -> Any:
+    """RoPE of ONE tensor ``x`` ``[B, L, H, D]`` through :func:`rope3d_one_kernel`, tables built per call
+    from ``grid`` ``(F, Hp, Wp)`` and the time positions (``frame_positions``, length F, else
+    ``start_frame + f``), as :func:`rope3d_emulated` builds them: bit for bit its k output for k = x."""
+    f, hp, wp = (int(g) for g in grid)
+    if x.dim() != 4 or f * hp * wp != x.shape[1]:
+        raise ValueError(
+            f"x must be [B, L, H, D] with L = F*Hp*Wp of grid {tuple(grid)}, got {tuple(x.shape)}"
+        )
+    if x.shape[3] % 2:
+        raise ValueError(f"x head_dim D={x.shape[3]} must be even")
+    import torch
+
+    cos, sin = rope_tables_np(grid, x.shape[3], start_frame, frame_positions)
+    return rope3d_one_tables_emulated(x, torch.from_numpy(cos), torch.from_numpy(sin), lnc=lnc)
+
+
 def rope3d_one_tables_emulated(x: Any, cos: Any, sin: Any, lnc: int = 1) -> Any:
     """RoPE of ONE tensor ``x`` through :func:`rope3d_one_kernel` with caller-built tables.
 
@@ -374,6 +397,7 @@ def _to_torch(x: Any, dtype: Any) -> Any:
 __all__ = [
     "rope3d_emulated",
     "rope3d_kernel",
+    "rope3d_one_emulated",
     "rope3d_one_kernel",
     "rope3d_one_tables_emulated",
     "rope3d_tables_emulated",

@@ -248,9 +248,7 @@ class RankAttention:
                 )
                 # 2. roped copies of the blocks needing a pass-specific position (read after the write)
                 gk, gv = ck.index_select(1, idx.copy_tokens), cv.index_select(1, idx.copy_tokens)
-                _, gkr = ops.rope3d_positions(
-                    gk, gk, (nc_frames, hp, wp), idx.copy_positions, backend=backend
-                )
+                gkr = ops.rope3d_positions_one(gk, (nc_frames, hp, wp), idx.copy_positions, backend=backend)
                 out = q_s.new_zeros(q_s.shape)
                 if not sizes:  # last layer, query shard inside the update block: nothing is read
                     return out

@@ -36,7 +36,11 @@ PAIRS = {
     "gate_residual_adaln": (reference.elementwise.gate_residual_adaln, {"backend"}),
 }
 # static-shape variants share the reference of their dynamic op (documented in their docstrings)
-VARIANTS = {"rope3d_positions": "rope3d", "kv_cache_write_at": "kv_cache_write"}
+VARIANTS = {
+    "rope3d_positions": "rope3d",
+    "rope3d_positions_one": "rope3d_tables_one",
+    "kv_cache_write_at": "kv_cache_write",
+}
 HELPERS = {"check_segments", "conv_weight_taps", "has_kernel", "quantize_weight_fp8", "resolve_backend"}
 
 

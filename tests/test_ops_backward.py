@@ -65,6 +65,7 @@ NO_BACKWARD: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ],
     "rope3d_tables": lambda x: ops.rope3d_tables(x, _x(*_Q, seed=1), *ops.rope_tables((2, 2, 2), 16, 0))[0],
     "rope3d_tables_one": lambda x: ops.rope3d_tables_one(x, *ops.rope_tables((2, 2, 2), 16, 0)),
+    "rope3d_positions_one": lambda x: ops.rope3d_positions_one(x, (2, 2, 2), torch.tensor([0, 3])),
     "linear": lambda x: ops.linear(x.reshape(8, 32), torch.randn(32, 4)),
     "linear_fp8": lambda x: ops.linear_fp8(x.reshape(8, 32), *ops.quantize_weight_fp8(torch.randn(32, 4))),
     "conv3d_causal": lambda x: ops.conv3d_causal(

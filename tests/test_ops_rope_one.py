@@ -76,3 +76,35 @@ def test_rope3d_tables_one_rejects_bad_input() -> None:
         ref_one(x[0], cos, sin)
     with pytest.raises(ValueError, match="even"):
         rope3d_one_tables_emulated(rnd(1, 12, 2, 7), cos[:, :3].contiguous(), sin[:, :3].contiguous())
+
+
+# ------------------------------------------------------------------------ rope3d_positions_one
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_positions_one_reference_bitwise_equals_rope3d_keys(dtype: torch.dtype) -> None:
+    grid, fp = (3, 4, 5), [2, 9, 10]
+    q, k = rnd(2, 60, 3, 16, dtype=dtype, seed=3), rnd(2, 60, 3, 16, dtype=dtype, seed=4)
+    got = ops.rope3d_positions_one(k, grid, torch.tensor(fp), backend="reference")
+    assert torch.equal(got, ref_rope3d(q, k, grid, 0, fp)[1])
+
+
+@pytest.mark.emulator
+def test_positions_one_kernel_bitwise_equals_rope3d_positions_keys() -> None:
+    """The sharded stream's roped copies: the one-tensor op gives rope3d_positions' k bit for bit."""
+    grid, fp = (2, 14, 83), torch.tensor([0, 5])
+    q, k = rnd(1, 2324, 2, 64, dtype=BF16, seed=8), rnd(1, 2324, 2, 64, dtype=BF16, seed=9)
+    want = ops.rope3d_positions(q, k, grid, fp, backend="emulator")[1]
+    assert torch.equal(ops.rope3d_positions_one(k, grid, fp, backend="emulator"), want)
+
+
+def test_rope3d_positions_one_rejects_bad_input() -> None:
+    x = rnd(1, 12, 2, 8)
+    with pytest.raises(ValueError, match="grid"):
+        ops.rope3d_positions_one(x, (1, 3, 5), torch.tensor([0]))
+    with pytest.raises(ValueError, match="frame_positions"):
+        ops.rope3d_positions_one(x, (1, 3, 4), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"frame_positions\[0\] must be >= 0"):
+        ops.rope3d_positions_one(x, (1, 3, 4), torch.tensor([-1]))
+    with pytest.raises(TypeError, match="x must be torch.bfloat16 or torch.float32"):
+        ops.rope3d_positions_one(x.double(), (1, 3, 4), torch.tensor([0]))

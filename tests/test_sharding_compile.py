@@ -30,7 +30,7 @@ MODEL_TO_GRAPH = {
     "attn_merged": "attention_block_table",
     "cross_attn": "attention",
     "rope3d": "rope3d_positions",
-    "rope3d_copies": "rope3d_positions",
+    "rope3d_copies": "rope3d_positions_one",
     "kv_cache_write": "kv_cache_write_at",
 }
 
@@ -91,7 +91,8 @@ def test_sharded_stream_compiles_to_one_graph_as_the_model_prices(model: CausalW
         assert kernels == {
             "attention_block_table": M.num_layers,
             "attention": M.num_layers,  # cross-attention
-            "rope3d_positions": 2 * M.num_layers,  # all frames, and the sink's roped copy
+            "rope3d_positions": M.num_layers,  # all frames
+            "rope3d_positions_one": M.num_layers,  # the sink's roped copy (keys only)
             "kv_cache_write_at": M.num_layers,
         }
     if plan.name != "TP1xSP2":

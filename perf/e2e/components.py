@@ -134,8 +134,8 @@ class Forward:
 
     ``block_tokens`` > 0: the forward runs its attention groups as ONE block-table kernel call over key
     blocks of that many tokens (the merged forward's ``attention_block_table``); 0: one attention call per
-    group. ``copy_tokens`` > 0: per layer one more RoPE call ropes that many cached key tokens at a
-    pass-specific position (the merged forward's roped copies: the sink in absolute mode); every core
+    group. ``copy_tokens`` > 0: per layer one more RoPE call ropes that many cached key tokens (keys only)
+    at a pass-specific position (the merged forward's roped copies: the sink in absolute mode); every core
     ropes all of them for its heads (they are not token-sharded)."""
 
     name: str
@@ -318,7 +318,10 @@ def forward_components(
         )
     )
     if fwd.copy_tokens:
-        c = kernels.rope(fwd.copy_tokens, hl, hd)
+        # the copies' keys alone (ops.rope3d_positions_one); a provider without rope_one prices q and k
+        rope_one = getattr(kernels, "rope_one", None)
+        c = rope_one(fwd.copy_tokens, hl, hd) if rope_one else kernels.rope(fwd.copy_tokens, hl, hd)
+        n_x = 1 if rope_one else 2
         out.append(
             Component(
                 "rope3d_copies",
@@ -329,7 +332,7 @@ def forward_components(
                 1,
                 True,
                 c.source,
-                hbm_bytes=2 * 2 * 2 * fwd.copy_tokens * hl * hd + 2 * 4 * fwd.copy_tokens * (hd // 2),
+                hbm_bytes=n_x * 2 * 2 * fwd.copy_tokens * hl * hd + 2 * 4 * fwd.copy_tokens * (hd // 2),
                 bound=busiest(c.engine_busy_s, "dma"),
             )
         )

@@ -130,6 +130,11 @@ class AnalyticKernels:
         b = 2 * 2 * tokens * heads * head_dim * 2  # q and k, read + write, bf16
         return KernelCost(b / self.params.hbm_Bps_per_core, 0, b, {}, "analytic")
 
+    def rope_one(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
+        """RoPE of one tensor (the keys of a roped copy): half of :meth:`rope`'s q/k bytes."""
+        b = 2 * tokens * heads * head_dim * 2  # x, read + write, bf16
+        return KernelCost(b / self.params.hbm_Bps_per_core, 0, b, {}, "analytic")
+
     def kv_write(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
         b = 2 * 2 * tokens * heads * head_dim * 2  # k and v, read + write, bf16
         return KernelCost(b / self.params.hbm_Bps_per_core, 0, b, {}, "analytic")
@@ -307,6 +312,25 @@ class TracedKernels:
 
         return self._cached(
             ("rope", tokens, heads, head_dim), compute, lambda: self._fallback.rope(tokens, heads, head_dim)
+        )
+
+    def rope_one(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
+        """One call of ``nki_kernels.rope3d.rope3d_one_kernel`` (one tensor ``[1, tokens, heads, head_dim]``
+        bf16, fp32 tables): the roped copies' keys."""
+
+        def compute() -> KernelCost:
+            import ml_dtypes
+
+            from nki_kernels.rope3d import rope3d_one_kernel
+
+            x = self._spec((1, tokens, heads, head_dim), ml_dtypes.bfloat16)
+            tab = self._spec((tokens, head_dim // 2), "float32")
+            return _profile_cost(*self._trace(rope3d_one_kernel, x, tab, tab), 0, "traced")
+
+        return self._cached(
+            ("rope_one", tokens, heads, head_dim),
+            compute,
+            lambda: self._fallback.rope_one(tokens, heads, head_dim),
         )
 
     def kv_write(self, tokens: int, heads: int, head_dim: int) -> KernelCost:
