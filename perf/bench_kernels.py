@@ -34,7 +34,7 @@ from nki_kernels.attention import attention_kernel, attention_segments_kernel
 from nki_kernels.emulator import TensorSpec, run
 from nki_kernels.emulator.cost import KernelProfile, profile, profile_range
 from nki_kernels.kv_cache import kv_cache_slide_kernel, kv_cache_write_kernel
-from nki_kernels.rope3d import rope3d_kernel, rope3d_naive_kernel
+from nki_kernels.rope3d import rope3d_kernel, rope3d_naive_kernel, rope3d_one_kernel
 from perf.neuron_measure import (
     KernelCall,
     NeuronUnavailable,
@@ -250,6 +250,9 @@ def cases(s: Shapes) -> list[tuple[str, str, dict[str, Any], Callable[[], Any]]]
     out.append(
         ("rope3d", "naive_stride2_dma", cfg, _prof(rope3d_naive_kernel, rope_args, 1, rope_min, target))
     )
+    # ops.rope3d_tables_one / rope3d_positions_one: keys only (the merged forward's roped copies)
+    one = _prof(rope3d_one_kernel, rope_args[1:], 1, rope_min // 2, target)
+    out.append(("rope3d", "one_tensor_keys_only_lnc1", cfg, one))
 
     cache, blk = s.cache, s.block
     kv_args = (_spec(1, cache, h, d), _spec(1, cache, h, d), _spec(1, blk, h, d), _spec(1, blk, h, d))
