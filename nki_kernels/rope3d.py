@@ -64,6 +64,9 @@ X_RING = 3
 TABLE_RING = 2
 """cos/sin buffers: the next super-tile's tables load while the current one is rotated."""
 
+RAMP_PAIRS = 1536
+"""Pairs per partition of the smallest super-tile of the ramp (GpSimdE's 150-cycle start: < 10 %)."""
+
 CHUNK_PAIRS = 4096
 """Pairs per partition of one compute instruction (at most): GpSimdE's 150-cycle start is < 4 % of it."""
 
@@ -84,23 +87,38 @@ def _plan(h: int, d: int, itemsize: int) -> tuple[int, int]:
     raise AssertionError("unreachable")
 
 
-def _super_tiles(length: int, max_m: int) -> list[tuple[int, int, int]]:
+def _ramp_start(h: int, d: int, max_m: int) -> int:
+    """Smallest power of two ``m`` with >= :data:`RAMP_PAIRS` pairs per partition (at most ``max_m``)."""
+    m = 1
+    while m < max_m and m * h * (d // 2) < RAMP_PAIRS:
+        m *= 2
+    return m
+
+
+def _super_tiles(length: int, max_m: int, min_m: int = 1) -> list[tuple[int, int, int]]:
     """Split ``length`` tokens into ``(t0, rows, m)`` super-tiles: rows partitions x m tokens each.
 
-    Full super-tiles use ``m = max_m``; the remainder uses the largest ``m`` that still fills 128
-    partitions, and the last < 128 tokens use ``m = 1``.
+    The ``length // 128`` full rows of 128 tokens are cut into super-tiles of ``m`` rows: a ramp
+    ``min_m, 2*min_m, ...`` (below ``max_m``) first, so that the first rotation waits only for a small
+    load, then ``max_m`` rows (and one smaller remainder), then the ramp reversed, so that the last store
+    after the last rotation is small. The last < 128 tokens form one super-tile of ``m = 1`` with fewer
+    partitions.
     """
+    units = length // PMAX
+    ramp: list[int] = []
+    m = min_m
+    while m < max_m and 2 * (sum(ramp) + m) <= units:
+        ramp.append(m)
+        m *= 2
+    full, rem = divmod(units - 2 * sum(ramp), max_m)
+    ms = ramp + [max_m] * full + ([rem] if rem else []) + ramp[::-1]
     out = []
     t0 = 0
-    while t0 < length:
-        rem = length - t0
-        m = min(max_m, rem // PMAX)
-        if m >= 1:
-            out.append((t0, PMAX, m))
-            t0 += PMAX * m
-        else:
-            out.append((t0, rem, 1))
-            t0 += rem
+    for m in ms:
+        out.append((t0, PMAX, m))
+        t0 += PMAX * m
+    if t0 < length:
+        out.append((t0, length - t0, 1))
     return out
 
 
@@ -137,7 +155,7 @@ def _rope_pass(srcs: Sequence[Any], dsts: Sequence[Any], cos: Any, sin: Any) -> 
     pid = nl.program_id(0)
     nprog = nl.num_programs()
     m_max, ct = _plan(H, D, 2 if srcs[0].dtype == nl.bfloat16 else 4)
-    tiles = _super_tiles(L, m_max)
+    tiles = _super_tiles(L, m_max, _ramp_start(H, D, m_max))
     m_max = max(m for _, _, m in tiles)
     dt = srcs[0].dtype
     x_ring = [nl.ndarray((PMAX, m_max, H, D), dtype=dt, buffer=nl.sbuf) for _ in range(X_RING)]

@@ -42,8 +42,32 @@ def test_rope3d_kernel_matches_reference(b, f, hp, wp, h, d, dtype, start) -> No
 
 
 def test_rope3d_kernel_super_tiles_and_tail() -> None:
-    # L = 2*13*50 = 1300 = 1024 (m=8) + 256 (m=2) + 20 (tail, m=1): every tiling path, B > 1.
+    # L = 2*13*50 = 1300 at H=2: one super-tile of m=10 (no ramp at 128 pairs per token) + 20-token tail
     _check(2, (2, 13, 50), 2, 128, torch.bfloat16, seed=1, start_frame=5)
+
+
+def test_rope3d_kernel_ramp_and_compute_chunks() -> None:
+    # L = 2*20*65 = 2600 at H=12, D=128: super-tiles m = 2, 4, 8, 4, 2 (the ramp) + a 40-token tail; the
+    # m=8 tile is rotated in chunks of 5 and 3 tokens (4,096 pairs per instruction at most)
+    from nki_kernels.rope3d import _plan, _ramp_start, _super_tiles
+
+    m_max, ct = _plan(12, 128, 2)
+    tiles = _super_tiles(2600, m_max, _ramp_start(12, 128, m_max))
+    assert (m_max, ct) == (8, 5) and [m for _, _, m in tiles] == [2, 4, 8, 4, 2, 1]
+    _check(1, (2, 20, 65), 12, 128, torch.bfloat16, seed=11, frame_positions=[0, 9])
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 40_000), max_m=st.integers(1, 16), min_m=st.sampled_from([1, 2, 4, 8, 16]))
+def test_super_tiles_cover_every_token_once(length: int, max_m: int, min_m: int) -> None:
+    from nki_kernels.rope3d import _super_tiles
+
+    tiles = _super_tiles(length, max_m, min_m)
+    t = 0
+    for t0, rows, m in tiles:
+        assert t0 == t and 1 <= m <= max_m and 1 <= rows <= 128 and (rows == 128 or m == 1)
+        t += rows * m
+    assert t == length
 
 
 def test_rope3d_kernel_frame_positions() -> None:
