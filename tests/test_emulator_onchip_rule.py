@@ -171,6 +171,10 @@ TABLE: dict[str, tuple[tuple[str, ...], Callable[[Make], Any]]] = {
         ("dst", "data", "indices"),
         lambda t: nisa.nc_n_gather(t("dst", (P, 16)), t("data", (P, F)), t("indices", (P, 16), u32)),
     ),
+    "local_gather": (
+        ("dst", "src_buffer", "index"),
+        lambda t: nisa.local_gather(t("dst", (P, 32)), t("src_buffer", (P, F)), t("index", (P, 2), "uint16")),
+    ),
     "nonzero_with_count": (
         ("dst", "src"),
         lambda t: nisa.nonzero_with_count(t("dst", (P, F + 1), i32), t("src", (P, F))),
@@ -182,6 +186,9 @@ NOT_ON_CHIP = {
     "dma_transpose": "DMA: HBM operands are its purpose",
     "dma_descriptors": "a DMA query, no instruction",
     "sendrecv": "core-to-core DMA with its own SBUF-only rule",
+    "dma_compute": "DMA: HBM operands are allowed (tests/test_emulator_isa_dma_gather.py)",
+    "quantize_mx": "NeuronCore-v4 only, refused on trn2 first (tests/test_emulator_isa_mx.py)",
+    "nc_matmul_mx": "NeuronCore-v4 only, refused on trn2 first (tests/test_emulator_isa_mx.py)",
     "core_barrier": "its data is a shared HBM tensor",
     "register_alloc": "registers",
     "register_load": "registers (a one-element tensor in any memory)",

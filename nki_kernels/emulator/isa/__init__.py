@@ -43,6 +43,7 @@ from ._dma import (  # noqa: F401
     dma_descriptors,
     dma_transpose,
 )
+from ._dma_compute import dma_compute  # noqa: F401 (DMA-engine scaled reduction, scatter/gather RMW)
 from ._enums import (  # noqa: F401
     NkiInstruction,
     NkiValidationError,
@@ -63,7 +64,8 @@ from ._enums import (  # noqa: F401
 )
 from ._events import _use_rw
 from ._gpsimd import affine_select, iota  # noqa: F401
-from ._gpsimd_ext import nc_n_gather, nonzero_with_count  # noqa: F401 (GpSimd gather, nonzero indices)
+from ._gpsimd_ext import local_gather, nc_n_gather, nonzero_with_count  # noqa: F401 (GpSimd gathers, nonzero)
+from ._mx import nc_matmul_mx, quantize_mx  # noqa: F401 (MX quantize / matmul, NeuronCore-v4)
 from ._registers import (  # noqa: F401
     VirtualRegister,
     register_alloc,

@@ -1,4 +1,4 @@
-"""GpSimdE instructions of NKI 0.6 beyond ``iota`` / ``affine_select``: ``nc_n_gather`` and
+"""GpSimdE instructions of NKI 0.6 beyond ``iota`` / ``affine_select``: ``nc_n_gather``, ``local_gather`` and
 ``nonzero_with_count`` (exported by :mod:`nki_kernels.emulator.isa`), per their 0.6 docstrings
 (aws-neuron/aws-neuron-sdk ``nki/api/nki/isa/__init__.py``).  GpSimd reads and writes SBUF only."""
 
@@ -64,6 +64,82 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: Any =
             )
         x = np.asarray(data.read()).reshape(P, F)
         dst.write(np.take_along_axis(x, idx, axis=1).reshape(dst.shape))
+    return NkiInstruction(op)
+
+
+_LOCAL_GATHER_ELEMS = (1, 2, 4, 8, 16, 32)
+_LOCAL_GATHER_MAX_INDICES = 4096
+
+
+def local_gather(
+    dst: NkiTensor,
+    src_buffer: NkiTensor,
+    index: NkiTensor,
+    num_elem_per_idx: int = 1,
+    num_valid_indices: int | None = None,
+    name: Any = None,
+) -> NkiInstruction:
+    """GpSimd gather inside each core's 16 partitions (0.6 docstring and its numpy example,
+    aws-neuron/aws-neuron-sdk ``nki/test/test_nki_isa_local_gather.py``): core ``c`` (partitions
+    ``16c .. 16c+15``) flattens its ``index`` rows column-major (partition first) into ``idx``, keeps the
+    first ``num_valid_indices`` (default all), and for every partition ``p`` of the core and ``j``:
+    ``dst[p, j*n : (j+1)*n] = src_buffer[p].flatten()[idx[j] : idx[j] + n]`` with ``n = num_elem_per_idx``.
+
+    Rules: all SBUF; ``src_buffer``, ``index`` and ``dst`` on the same partitions, a multiple of 16;
+    ``index`` uint16; ``n`` in {1, 2, 4, 8, 16, 32}; ``num_valid_indices`` <= the indices per core and
+    <= 4096; ``dst.dtype == src_buffer.dtype`` (no casting); dst holds ``num_valid_indices * n`` elements per
+    partition.  An index whose ``n`` elements leave the partition is undefined on hardware: raised here."""
+    launch = _state.current()
+    op = "local_gather"
+    _sbuf_operands(op, launch, ("dst", dst), ("src_buffer", src_buffer), ("index", index))
+    P = src_buffer.shape[0]
+    if index.shape[0] != P or dst.shape[0] != P or P % _GPSIMD_CORE_PARTITIONS:
+        raise ShapeMismatchError(
+            f"[partition-mismatch] {op}: src_buffer{list(src_buffer.shape)}, index{list(index.shape)} and "
+            f"dst{list(dst.shape)} need the same partitions, a multiple of {_GPSIMD_CORE_PARTITIONS}"
+        )
+    if index.dtype != "uint16":
+        raise DtypeError(f"[gather-dtype] {op}: index must be uint16, got {index.dtype}")
+    if dst.dtype != src_buffer.dtype:
+        raise DtypeError(
+            f"[gather-dtype] {op}: dst dtype {dst.dtype} must equal src_buffer's {src_buffer.dtype}"
+        )
+    n = int(num_elem_per_idx)
+    if n not in _LOCAL_GATHER_ELEMS:
+        raise ValueError(
+            f"[local-gather] {op}: num_elem_per_idx must be one of {_LOCAL_GATHER_ELEMS}, got {n}"
+        )
+    per_core = _free(index) * _GPSIMD_CORE_PARTITIONS
+    nv = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < nv <= min(per_core, _LOCAL_GATHER_MAX_INDICES):
+        raise ValueError(
+            f"[local-gather] {op}: num_valid_indices {nv} must be in "
+            f"[1, {min(per_core, _LOCAL_GATHER_MAX_INDICES)}] "
+            f"({per_core} indices per core, at most {_LOCAL_GATHER_MAX_INDICES})"
+        )
+    if _free(dst) != nv * n:
+        raise ShapeMismatchError(
+            f"[free-size-mismatch] {op}: dst{list(dst.shape)} must hold {nv} x {n} elements per partition"
+        )
+    key = (op, dst.shape, dst.dtype, src_buffer.shape, index.shape, n, nv, launch.program_id)
+    _emit(launch, key, lambda: _rec(op, "gpsimd", (dst, src_buffer, index), launch, flops=0))
+    _use(launch, (src_buffer, index), (dst,))
+    if not launch.trace_only:
+        F = _free(src_buffer)
+        x = np.asarray(src_buffer.read()).reshape(P, F)
+        ix = np.asarray(index.read()).reshape(P, -1).astype(np.int64)
+        out = np.empty((P, nv, n), dtype=x.dtype)
+        for c in range(P // _GPSIMD_CORE_PARTITIONS):
+            rows = slice(c * _GPSIMD_CORE_PARTITIONS, (c + 1) * _GPSIMD_CORE_PARTITIONS)
+            idx = ix[rows].flatten(order="F")[:nv]
+            if (idx + n > F).any():
+                raise OutOfBoundsError(
+                    f"[out-of-bounds] {op}: core {c} index {int(idx.max())} + {n} elements passes the {F} "
+                    "elements of a partition (undefined on hardware)"
+                )
+            cols = idx[:, None] + np.arange(n)[None, :]
+            out[rows] = x[rows][:, cols]
+        dst.write(out.reshape(dst.shape))
     return NkiInstruction(op)
 
 
