@@ -14,6 +14,8 @@ from nki_kernels.linear import (
     PMAX,
     SBUF_BUDGET,
     W_BUDGET,
+    W_CHUNK,
+    XS_BUFS,
     XS_COLS,
     linear_emulated,
     linear_kernel,
@@ -25,14 +27,16 @@ from tests.numerics import assert_within, reference_error
 pytestmark = pytest.mark.emulator
 
 # (M, K, N, bias, lnc): tails in every dim, K > XS_COLS (staged in chunks), several m-blocks (1100 > 1024),
-# one x^T set (K = 9000 -> bm 512 with 2 blocks), N < 128, LNC2 with an odd block count.
+# one x^T set (K = 9000: bf16 bm 640 with 3 blocks of 5/5/1 row tiles and 2 panels, the next block's row
+# tiles transposed as soon as the last panel has read them; fp32 bm 128), N < 128, LNC2 with an odd block
+# count.
 CASES = [
     (200, 300, 130, True, 1),
     (256, 256, 512, False, 1),
     (1100, 384, 700, True, 2),
     (5, 7, 3, False, 1),
     (300, 2500, 200, True, 1),
-    (600, 9000, 140, False, 1),
+    (1300, 9000, 300, False, 1),
     (2100, 130, 60, True, 2),
 ]
 
@@ -71,7 +75,7 @@ def test_plan_fits_the_sbuf_budget(k: int, itemsize: int) -> None:
         used = (
             sets * kt * bm * itemsize  # resident x^T sets
             + 2 * kt * max(nb, min(n, PMAX)) * itemsize  # two weight panels
-            + 2 * XS_COLS * itemsize  # x staging
+            + XS_BUFS * XS_COLS * itemsize  # x staging
             + 3 * 512 * itemsize
             + 2 * 512 * 4  # output and bias tiles
         )
@@ -80,7 +84,7 @@ def test_plan_fits_the_sbuf_budget(k: int, itemsize: int) -> None:
 
 def test_plan_is_wide_where_it_can_be() -> None:
     assert plan_tiles(3510, 1536, 8960, 2) == (1024, 512, 2)  # Wan ffn_up: full blocks, two x^T sets
-    assert plan_tiles(3510, 8960, 1536, 2) == (512, 256, 1)  # Wan ffn_down: one set of 512 tokens
+    assert plan_tiles(3510, 8960, 1536, 2) == (640, 256, 1)  # Wan ffn_down: one set of 640 tokens
     with pytest.raises(ValueError, match="m must be a positive int"):
         plan_tiles(0, 8, 8, 2)
 
@@ -102,6 +106,37 @@ def test_x_transposed_once_per_block_and_one_weight_dma_per_panel() -> None:
     # DMAs: x staging (1 per row tile), weights (1 per panel per block), bias (1 per panel per block),
     # stores (1 per row tile per panel)
     assert tr.count("dma_copy") == m_tiles + 2 * panels * 2 + m_tiles * panels
+    # x^T evictions: one copy per PSUM tile of up to 8 bf16 k-tiles for the 8 full row tiles (3 k-tiles
+    # each), one per k-tile for the 76-row tail; the accumulators' evictions add the bias (tensor_tensor)
+    assert tr.count("tensor_copy") + tr.count("activation") == 8 * 1 + 3
+    assert tr.count("tensor_tensor") == m_tiles * panels
+
+
+def test_the_next_panels_weights_load_in_chunks_over_this_panel() -> None:
+    # K = 4224: 33 k-tiles -> W_CHUNK-tile weight DMAs (16, 16, 1: the last one also moves nothing else),
+    # N = 600 -> 2 panels (512, 88), M = 640 -> one block of 5 row tiles; no bias
+    m, k, n = 640, 4224, 600
+    bm, nb, sets = plan_tiles(m, k, n, 2)
+    assert (bm, nb) == (640, 512)
+    _, tr = run(
+        linear_kernel,
+        TensorSpec((m, k), "bfloat16"),
+        TensorSpec((k, n), "bfloat16"),
+        None,
+        trace_only=True,
+        keep_events=True,
+    )
+    chunks = math.ceil(33 / W_CHUNK)
+    groups = 5 * math.ceil(k / XS_COLS)
+    assert tr.count("dma_copy") == groups + 2 * chunks + 5 * 2  # staging, weights, stores
+    # program order: chunk c of the second panel (88 columns) right before row tile c of the first panel
+    matmuls, before = 0, []
+    for rec, _, _ in tr.iter_events():
+        if rec.op == "nc_matmul":
+            matmuls += 1
+        elif rec.op == "dma_copy" and len(rec.shapes[0]) == 3 and rec.shapes[0][2] == 88:
+            before.append(matmuls)
+    assert before == [c * 33 for c in range(chunks)]
 
 
 def test_op_dispatch_and_leading_dims() -> None:
