@@ -44,6 +44,7 @@ The gates' second half (decoded-video PSNR >= 35 dB against the bf16 stream on t
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -280,12 +281,15 @@ def format_gate(rows: tuple[LinearGate, ...], cfg: GateConfig) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (rows are written only with ``--save``)."""
     ap = argparse.ArgumentParser(description="FP8 tensor gates on Wan2.1-1.3B block shapes (measured)")
     ap.add_argument("--save", action="store_true", help="append the rows to perf/results/fp8_gate.jsonl")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     cfg = GateConfig()
     no_out = GateConfig(outlier_frac=0.0)
     print(format_gate((*gate(cfg), kv_gate(cfg), attention_gate(cfg)), cfg))

@@ -18,6 +18,7 @@ WRITERS = (
     "perf.calibration.__main__",
     "perf.e2e.cli",
     "perf.footprint_check",
+    "perf.fp8_gate",
     "perf.fp8_psnr",
     "perf.serve_switch",
 )
@@ -26,7 +27,7 @@ PRINT_ONLY = (
     "perf.attention_cte_harness",
     "perf.bench_cost_schedule",
     "perf.e2e.elementwise_table",
-    "perf.fp8_gate",
+    "perf.e2e.fp8",
     "perf.neuron_measure",  # the --measure child (``run-kernel CALL.pkl``), writes only into its temp workdir
 )
 """Entry points with no channel to a tracked file at all (checked on their source below)."""
