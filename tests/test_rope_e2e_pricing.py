@@ -4,6 +4,8 @@ bytes are one tensor's."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_dtypes
 import pytest
 
@@ -40,11 +42,19 @@ def test_traced_rope_one_is_the_one_kernel_schedule_and_cheaper_than_q_and_k() -
 
 @pytest.mark.parametrize("with_one", [True, False], ids=["rope_one", "q_and_k_fallback"])
 def test_copies_component_prices_keys_only_when_the_provider_can(with_one: bool) -> None:
-    class QKOnly(AnalyticKernels):
-        rope_one = None  # a provider without the one-tensor kernel: the copies are priced as q and k
+    class QKOnly:
+        """A provider without the one-tensor kernel (e.g. the peer's): the copies are priced as q and k."""
+
+        def __init__(self, base: AnalyticKernels) -> None:
+            self.base = base
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "rope_one":
+                raise AttributeError(name)
+            return getattr(self.base, name)
 
     m, p, prm = get_preset("tiny"), PipelineConfig(), E2EParams()
-    kern = AnalyticKernels(prm) if with_one else QKOnly(prm)
+    kern: Any = AnalyticKernels(prm) if with_one else QKOnly(AnalyticKernels(prm))
     cm = chunk_model(m, p, cores=2, vae=None, kernels=kern, matmul=AnalyticMatmulProvider(), params=prm)
     copies = {c.name: c for c in cm.components}["rope3d_copies"]
     n_tok = steady_forwards(m, p, "merged")[0].copy_tokens
