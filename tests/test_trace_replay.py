@@ -75,6 +75,12 @@ def _rope_tables() -> None:
     )
 
 
+def _rope_one() -> None:
+    from nki_kernels.rope3d import rope3d_one_tables_emulated
+
+    rope3d_one_tables_emulated(_bf(1, 2600, 12, 64), _f32(2600, 32), _f32(2600, 32), lnc=2)
+
+
 def _attention() -> None:
     from nki_kernels.attention import attention_emulated
 
@@ -163,6 +169,7 @@ ENTRIES: dict[str, tuple[Callable[[], None], str]] = {
     "gelu_tanh_emulated": (_gelu, "gelu_tanh_bf16_lnc2"),
     "rope3d_emulated": (_rope, "rope3d_bf16_lnc1"),
     "rope3d_tables_emulated": (_rope_tables, "rope3d_bf16_lnc2"),
+    "rope3d_one_tables_emulated": (_rope_one, "rope3d_one_bf16_lnc2"),
     "attention_emulated": (_attention, "attention_bf16_lse_lnc2_static"),
     "attention_segments_emulated": (_segments, "attention_segments_fp32_lnc1_static"),
     "attention_block_table_emulated": (_block_table, "attention_block_table_bf16_lse_lnc2_static"),

@@ -188,6 +188,13 @@ def cases() -> list[Case]:
         rope("rope3d_bf16_lnc2", "rope3d_kernel", 1100, 2, 16, bf, 2),
         rope("rope3d_fp32_lnc1", "rope3d_kernel", 130, 2, 16, f32, 1),
         rope("rope3d_naive_bf16_lnc1", "rope3d_naive_kernel", 200, 2, 16, bf, 1),
+        # one tensor, H=12 D=64: super-tiles m = 4, 12 (rotated in chunks of 10 and 2 tokens), 4, tail of 40
+        Case(
+            "rope3d_one_bf16_lnc2",
+            ("rope3d", "rope3d_one_kernel"),
+            (s(1, 2600, 12, 64),) + (s(2600, 32, dtype=f32),) * 2,
+            2,
+        ),
         att("attention_bf16_lnc1", 200, 1100, bf, False, 1),
         att("attention_bf16_lse_lnc2", 200, 1100, bf, True, 2),
         att("attention_fp32_lse_lnc1", 130, 600, f32, True, 1),
