@@ -93,6 +93,8 @@ class KernelCall:
         args: the launch arguments as in the modelled case (``TensorSpec`` for tensors, lists of them for
             lists of tensors, Python scalars and tuples as they are).
         lnc: logical NeuronCores of the launch (1 or 2).
+        kwargs: keyword arguments of the launch as sorted ``(name, value)`` pairs (compile-time
+            constants such as a calibration kernel's ``reps``; picklable values only).
         layer_scale: the factor the modelled row applies to this launch's work to report a layer (attention:
             H / (lnc x traced heads per core); 1 otherwise). Informative: measured rows are not scaled.
         layer_is: how the modelled row reaches a layer from this launch (shown in measured rows).
@@ -103,10 +105,13 @@ class KernelCall:
     lnc: int = 1
     layer_scale: float = 1.0
     layer_is: str = "the launch is the layer's whole op"
+    kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.lnc not in (1, 2):
             raise ValueError(f"KernelCall.lnc must be 1 or 2, got {self.lnc}")
+        if any(not (isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str)) for kv in self.kwargs):
+            raise ValueError(f"KernelCall.kwargs must be (name, value) pairs, got {self.kwargs!r}")
         if not self.layer_scale > 0:
             raise ValueError(f"KernelCall.layer_scale must be > 0, got {self.layer_scale}")
 
@@ -211,7 +216,8 @@ class ExplorerTiming:
         case = Path(self.workdir) / name
         case.mkdir(parents=True, exist_ok=True)
         spec = case / "call.pkl"
-        spec.write_bytes(pickle.dumps((call.kernel_ref(), call.args, call.lnc)))
+        payload: tuple[Any, ...] = (call.kernel_ref(), call.args, call.lnc)
+        spec.write_bytes(pickle.dumps(payload + ((call.kwargs,) if call.kwargs else ())))
         env = dict(os.environ)
         env.update({"NEURON_FRAMEWORK_DEBUG": "1", "NEURON_LOGICAL_NC_CONFIG": str(call.lnc)})
         env.setdefault("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
@@ -272,17 +278,22 @@ def _zeros(args: Any) -> Any:
 
 
 def _run_kernel(spec_path: str) -> None:
-    """Child of :class:`ExplorerTiming`: launch the pickled call once through the real ``nki``."""
+    """Child of :class:`ExplorerTiming`: launch the pickled call once through the real ``nki``
+    (``(ref, args, lnc)`` or ``(ref, args, lnc, kwargs)``; a plain kernel function, such as a
+    calibration kernel, is wrapped in ``nki.jit`` through the shim's :class:`LazyKernel`)."""
     import importlib
 
     from nki_kernels import _nki
 
-    ref, args, lnc = pickle.loads(Path(spec_path).read_bytes())
+    ref, args, lnc, *rest = pickle.loads(Path(spec_path).read_bytes())
+    kwargs = dict(rest[0]) if rest else {}
     if _nki.backend_name() != "nki":
         raise SystemExit("run-kernel: the real nki package is not importable (the shim chose the emulator)")
     module, name = ref.split(":")
     kernel = getattr(importlib.import_module(module), name)
-    _nki.launch(kernel, *_zeros(args), lnc=lnc)
+    if not isinstance(kernel, _nki.LazyKernel):
+        kernel = _nki.LazyKernel(kernel, {})
+    _nki.launch(kernel, *_zeros(args), lnc=lnc, **kwargs)
 
 
 def add_measure_args(ap: argparse.ArgumentParser) -> None:
@@ -330,7 +341,9 @@ def modelled_launch_us(call: KernelCall, model: ModelFn | None = None) -> tuple[
     cost model prices it by its dependency-aware schedule."""
     from nki_kernels.emulator import run
 
-    _, trace = run(call.kernel, *call.args, lnc=call.lnc, trace_only=True, keep_events=True)
+    _, trace = run(
+        call.kernel, *call.args, lnc=call.lnc, trace_only=True, keep_events=True, **dict(call.kwargs)
+    )
     ns, bottleneck = (model or cost_model)(trace, call.lnc)
     return ns / 1e3, bottleneck
 

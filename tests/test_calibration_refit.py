@@ -15,7 +15,9 @@ from perf.calibration.points import POINTS
 from perf.calibration.refit import (
     TRN2_KNOBS,
     CalibrationPredictor,
+    descriptor_ns_of,
     source_groups,
+    with_descriptor_ns,
     with_queued_rate,
 )
 
@@ -25,21 +27,33 @@ BY_NAME = {p.name: p for p in POINTS}
 def test_with_queued_rate_rederives_the_extrapolated_entries() -> None:
     p = Trn2CostParams()
     eff = dict(p.dma_efficiency_points)
-    t = dict(with_queued_rate(p, 256, 100.0).dma_queued_gbps_points)
-    assert t[256] == 100.0
-    assert t[128] == pytest.approx(100.0 * eff[128] / eff[256])
-    assert t[32] == pytest.approx(100.0 * eff[32] / eff[256])
-    assert t[512] == dict(p.dma_queued_gbps_points)[512]
     t = dict(with_queued_rate(p, 4096, 300.0).dma_queued_gbps_points)
+    assert t[4096] == 300.0
     assert t[32768] == pytest.approx(300.0 / eff[4096])
-    # the default table follows the same rule (its stated derivation), to its 0.1 GB/s rounding
-    same = dict(with_queued_rate(p, 256, dict(p.dma_queued_gbps_points)[256]).dma_queued_gbps_points)
-    same = dict(with_queued_rate(Trn2CostParams(dma_queued_gbps_points=tuple(same.items())), 4096,
-                                 same[4096]).dma_queued_gbps_points)  # fmt: skip
+    assert t[8192] == pytest.approx(300.0 * eff[8192] / eff[4096])
+    assert t[512] == dict(p.dma_queued_gbps_points)[512]
+    # the default table follows the same rule above 4 KiB (its stated derivation), to 0.1 GB/s rounding
+    same = dict(with_queued_rate(p, 4096, dict(p.dma_queued_gbps_points)[4096]).dma_queued_gbps_points)
     for s, v in p.dma_queued_gbps_points:
         assert same[s] == pytest.approx(v, abs=0.06), s
-    with pytest.raises(ValueError, match="not in the table"):
-        with_queued_rate(p, 300, 1.0)
+    with pytest.raises(ValueError, match="not a table size"):
+        with_queued_rate(p, 256, 1.0)
+
+
+def test_descriptor_time_sets_the_small_sizes() -> None:
+    """At 256 B each descriptor takes t0 + 256 / 23 B/ns on one of 16 engines: t0 = 10 ns -> 16 * 256 /
+    (10 + 256 / 23) = 193.9 GB/s; below 256 B the single-DMA curve's shape scales it (32 B: x 0.014 /
+    0.10).  The default table is that rule at t0 = 4.7 ns (to its 0.1 GB/s rounding)."""
+    p = Trn2CostParams()
+    t = dict(with_descriptor_ns(p, 10.0).dma_queued_gbps_points)
+    at256 = 16 * 256 / (10 + 256 / 23)
+    assert t[256] == pytest.approx(at256)
+    assert t[128] == pytest.approx(at256 * 0.05 / 0.10) and t[32] == pytest.approx(at256 * 0.014 / 0.10)
+    assert t[512] == dict(p.dma_queued_gbps_points)[512]
+    assert descriptor_ns_of(with_descriptor_ns(p, 10.0)) == pytest.approx(10.0)
+    default = dict(with_descriptor_ns(p, 4.7).dma_queued_gbps_points)
+    for s, v in p.dma_queued_gbps_points:
+        assert v == pytest.approx(default[s], abs=0.06), s
 
 
 def test_every_fitted_parameter_is_a_knob_with_a_consistent_spec() -> None:

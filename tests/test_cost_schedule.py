@@ -23,7 +23,7 @@ from nki_kernels.emulator.trace import Region, Trace, TraceRecord
 from tests.test_cost import dma, elementwise, matmul
 
 P = Trn2CostParams()
-SYNC = P.sync_ns  # 50 ns per cross-engine dependency
+SYNC = P.sync_ns  # 33 ns per cross-engine dependency (one semaphore instruction, CS149-PROF)
 MM = 522 / 2.4  # bf16 128x128x512 matmul
 EV = (512 + 141) / 0.96  # [128,512] fp32 PSUM -> SBUF on VectorE
 
@@ -130,7 +130,7 @@ def test_waw_orders_writes() -> None:
 
 
 def test_dma_issue_is_serial_and_data_overlaps() -> None:
-    """Independent tiny DMAs: one issue lane (fitted), 486 ns each; the last one's data follows its
+    """Independent tiny DMAs: one issue lane (fitted), dma_issue_ns each; the last one's data follows its
     issue."""
     tiny = dma(4, parts=1)
     c = dma_record_cost(tiny)

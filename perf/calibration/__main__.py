@@ -46,6 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also re-fit the fitted parameters and report leave-one-source-out (slow with the schedule)",
     )
     ap.add_argument(
+        "--refit",
+        action="store_true",
+        help="also re-fit the fitted parameters on every point (the full fit of --loso, without the "
+        "held-out fits) and print the fitted values",
+    )
+    ap.add_argument(
+        "--measured",
+        default=None,
+        metavar="FILE",
+        help="use the device-measured calibration rows in FILE (python -m perf.neuron_points "
+        "measure-calibration) as the points' measurements instead of the published figures",
+    )
+    ap.add_argument(
         "--loso-by",
         choices=("repo", "path"),
         default="repo",
@@ -70,11 +83,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from perf.calibration.points import POINTS
 
     points = POINTS
+    if a.measured:
+        from perf.neuron_points import device_points_from_file
+
+        try:
+            points = device_points_from_file(a.measured)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--measured {a.measured}: {exc}")
     if a.only:
         unknown = sorted(set(a.only) - set(point_names()))
         if unknown:
             ap.error(f"--only: unknown points {unknown}; known: {', '.join(point_names())}")
-        points = tuple(p for p in POINTS if p.name in a.only)
+        points = tuple(p for p in points if p.name in a.only)
     t0 = time.perf_counter()
     events = not a.bound_only
     rows = calibration_rows(points=points, keep_events=events)
@@ -86,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = "cost model v2, " + (
         "bound model (no event log)" if a.bound_only else "dependency-aware schedule"
     )
-    print(f"trn2 calibration: measured = PUBLISHED trn2 measurement (not run here); modelled = {model}")
+    what = f"DEVICE measurement ({a.measured})" if a.measured else "PUBLISHED trn2 measurement (not run here)"
+    print(f"trn2 calibration: measured = {what}; modelled = {model}")
     print(format_rows(rows))
     for line in summary_lines(rows):
         print(line)
@@ -100,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"measured CPU wall time: {wall:.2f} s total, {trace_wall_s():.2f} s tracing "
         "(trace-only, cached per run)"
     )
+    if a.refit and not a.loso:
+        _refit(points, events)
     if a.loso:
         _loso(points, events, a.loso_by)
     if a.save:
@@ -108,6 +131,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         png = write_png(rows, Path(a.results_dir) / "calibration.png")
         print(f"rows appended to {out}; plot {png}")
     return 0
+
+
+def _refit(points: Sequence[Point], events: bool) -> None:
+    from nki_kernels.emulator.cost import Trn2CostParams
+    from perf.calibration.refit import TRN2_KNOBS, refit_lines, trn2_fitter
+
+    t0 = time.perf_counter()
+    fitter = trn2_fitter(points, keep_events=events)
+    res = fitter.fit(Trn2CostParams(), method="lm")
+    print()
+    for line in refit_lines(res, Trn2CostParams(), TRN2_KNOBS):
+        print(line)
+    print(
+        f"re-fit: measured CPU wall time {time.perf_counter() - t0:.1f} s, {fitter.evaluations} point prices"
+    )
 
 
 def _loso(points: Sequence[Point], events: bool, by: str) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "capture_trace",
     "clear_trace_cache",
     "geo_stats",
+    "kernel_args",
     "model_latency_ns",
     "modelled_us",
     "point_figure_us",
@@ -82,7 +83,10 @@ def trace_wall_s() -> float:
     return sum(_WALL_S.values())
 
 
-def _kernel_args(run: KernelRun) -> tuple[list[Any], dict[str, Any]]:
+def kernel_args(run: KernelRun) -> tuple[list[Any], dict[str, Any]]:
+    """``run``'s kernel arguments: a ``TensorSpec`` per HBM input (bf16 / fp32) and its keyword arguments
+    (``out_dtype`` names resolved to dtypes).  Used by the tracing here and by the device path
+    (``perf.neuron_points.calibration_call``)."""
     import ml_dtypes
     import numpy as np
 
@@ -116,7 +120,7 @@ def capture_trace(run: KernelRun, *, keep_events: bool = False) -> Any:
         opts["keep_events"] = True
     if not run.sbuf_check:
         opts["hw"] = dataclasses.replace(TRN2, check_sbuf_capacity=False)
-    args, kwargs = _kernel_args(run)
+    args, kwargs = kernel_args(run)
     t0 = time.perf_counter()
     _, trace = emu.run(KERNELS[run.kernel], *args, **opts, **kwargs)
     _WALL_S[key] = time.perf_counter() - t0

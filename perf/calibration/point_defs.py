@@ -47,6 +47,10 @@ class Source:
 
     @property
     def url(self) -> str:
+        """The GitHub URL of the file at ``commit``; for a device measurement (``repo`` starting with
+        ``device:``, :func:`perf.neuron_points.device_points`) the rows file it was read from."""
+        if self.repo.startswith("device:"):
+            return self.path
         return f"https://github.com/{self.repo}/blob/{self.commit}/{self.path}"
 
     def short(self) -> str:

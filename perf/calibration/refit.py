@@ -3,9 +3,10 @@ fit predictor, and the leave-one-source-out (LOSO) report of ``python -m perf.ca
 
 Knobs (:data:`TRN2_KNOBS`): every ``Trn2CostParams`` field whose source says it is fitted to calibration
 points (``docs/cost_model.md`` section 2), plus the queued DMA throughput table's measured / fitted sizes
-(256 B .. 4 KiB; the table's extrapolated sizes are re-derived from them by the rule the table states)
-and the fitted fixed per-kernel time.  Each knob's ``prior`` is the figure documented *without* any
-calibration fit, used when no retained point pins it (its ``prior_source`` names the document).
+(512 B .. 4 KiB; above 4 KiB re-derived from 4 KiB by the rule the table states), the per-descriptor
+time that sets the table below 512 B (the small-transfer rate), and the fixed per-kernel time.  Each
+knob's ``prior`` is the figure documented *without* any calibration fit, used when no retained point pins
+it (its ``prior_source`` names the document).
 
 :class:`CalibrationPredictor` prices points through the harness' model adapter, with one cache per
 ``(run, params)``.  ``kernel_fixed_ns`` is added, not re-modelled: the cost model's latency is
@@ -31,13 +32,17 @@ from perf.calibration.points import POINTS, KernelRun, Point
 
 __all__ = [
     "ADDITIVE_FIELD",
+    "DESCRIPTOR_KNOB",
     "TRN2_KNOBS",
     "CalibrationPredictor",
     "loso_lines",
+    "refit_lines",
     "rate_knob",
     "run_loso",
     "source_groups",
     "trn2_fitter",
+    "descriptor_ns_of",
+    "with_descriptor_ns",
     "with_queued_rate",
 ]
 
@@ -47,20 +52,37 @@ ADDITIVE_FIELD = "kernel_fixed_ns"
 _PLATEAU_GBPS = 16 * 23.0  # DMA-BW: 16 engines x 23 B/ns
 
 
+def with_descriptor_ns(params: Any, descriptor_ns: float) -> Any:
+    """``params`` with the queued DMA throughput below 512 B re-derived from a per-descriptor time of
+    ``descriptor_ns`` by the table's stated rule (``cost.params.small_queued_points``: 256 B from the
+    descriptor time, below it the single-DMA curve's shape), unrounded."""
+    from nki_kernels.emulator.cost.params import small_descriptor_gbps
+
+    at256 = small_descriptor_gbps(256, descriptor_ns)
+    eff = dict(params.dma_efficiency_points)
+    table = {s: (at256 * eff[s] / eff[256] if s < 512 else v) for s, v in params.dma_queued_gbps_points}
+    return dataclasses.replace(params, dma_queued_gbps_points=tuple(sorted(table.items())))
+
+
+def descriptor_ns_of(params: Any) -> float:
+    """The per-descriptor time the table's 256 B entry implies (inverse of ``small_descriptor_gbps``)."""
+    from nki_kernels.emulator.cost.params import DMA_ENGINE_BYTES_PER_NS
+
+    return 16 * 256 / dict(params.dma_queued_gbps_points)[256] - 256 / DMA_ENGINE_BYTES_PER_NS
+
+
 def with_queued_rate(params: Any, size: int, gbps: float) -> Any:
-    """``params`` with the queued DMA throughput at ``size`` bytes set to ``gbps`` and the table's
-    extrapolated entries re-derived as ``params.DMA_QUEUED_GBPS_POINTS`` states: below 256 B the 256 B
-    figure scaled by the single-DMA curve's shape (``dma_efficiency_points``), above 4 KiB the 4 KiB
-    figure scaled likewise."""
+    """``params`` with the queued DMA throughput at ``size`` (>= 512) bytes set to ``gbps`` and the
+    table's extrapolated entries above 4 KiB re-derived as ``params.DMA_QUEUED_GBPS_POINTS`` states (the
+    4 KiB figure scaled by the single-DMA curve's shape, ``dma_efficiency_points``).  Sizes below 512 B
+    follow the per-descriptor time (:func:`with_descriptor_ns`)."""
     table = dict(params.dma_queued_gbps_points)
-    if size not in table:
-        raise ValueError(f"with_queued_rate: size {size} is not in the table {sorted(table)}")
+    if size not in table or size < 512:
+        raise ValueError(f"with_queued_rate: size {size} is not a table size >= 512 in {sorted(table)}")
     table[size] = float(gbps)
     eff = dict(params.dma_efficiency_points)
     for s in table:
-        if s < 256 and 256 in table:
-            table[s] = table[256] * eff[s] / eff[256]
-        elif s > 4096 and 4096 in table:
+        if s > 4096 and 4096 in table:
             table[s] = table[4096] * eff[s] / eff[4096]
     return dataclasses.replace(params, dma_queued_gbps_points=tuple(sorted(table.items())))
 
@@ -77,6 +99,17 @@ def rate_knob(size: int, eff: float) -> Knob:
         prior=round(eff * _PLATEAU_GBPS, 1),
         prior_source=f"DMA-OV single-DMA curve {eff:g} x 368 GB/s (DMA-BW)",
     )
+
+
+DESCRIPTOR_KNOB = Knob(
+    name="dma_descriptor_ns",
+    get=descriptor_ns_of,
+    put=with_descriptor_ns,
+    bounds=(0.5, 500.0),
+    prior=100.0,
+    prior_source="DMA-OV single-DMA curve at 256 B (0.10 x 368 GB/s = 36.8 GB/s: 100 ns per descriptor)",
+)
+"""The per-descriptor time that sets the queued throughput below 512 B (the small-transfer rate)."""
 
 
 def _field(
@@ -127,7 +160,8 @@ def _trn2_knobs() -> tuple[Knob, ...]:
             values=(1.0, 2.0, 4.0),
             prior_source="DGE: two DGE instances per trn2 NeuronCore",
         ),
-        *(rate_knob(s, eff[s]) for s in (256, 512, 1024, 2048, 4096)),
+        DESCRIPTOR_KNOB,
+        *(rate_knob(s, eff[s]) for s in (512, 1024, 2048, 4096)),
         _field(
             "matmul_overhead_cycles", (0.0, 100.0), 0.0, "ISA: nc_matmul cost formula has no overhead", **cyc
         ),
@@ -268,6 +302,25 @@ def loso_lines(
     src_of = {n: s.source for s in res.sources for n in s.points}
     for n, r in res.held_out.items():
         out.append(f"| {n} | {src_of[n]} | {res.full.ratios[n]:.2f} | {r:.2f} |")
+    return out
+
+
+def refit_lines(res: Any, start: Any, knobs: Sequence[Knob] = TRN2_KNOBS) -> list[str]:
+    """Report lines of one full re-fit (:meth:`~perf.calibration.fit.Fitter.fit` result ``res`` started
+    from ``start``): every knob's start and fitted value (``unpinned`` when no point moves it), and the
+    fitted ratios' statistics."""
+    st = geo_summary(res.ratios.values())
+    out = [
+        f"re-fit on {len(res.points)} points: geometric mean {st['geomean']:.3f}, geometric SD "
+        f"x{st['geosd']:.3f}, ratios {st['min']:.2f}-{st['max']:.2f}, within x1.25: "
+        f"{st['within_1.25']:.0f}, within x1.5: {st['within_1.5']:.0f} (modelled)",
+        "",
+        "| knob | start | re-fit |",
+        "|---|---|---|",
+    ]
+    for k in knobs:
+        note = " (unpinned: prior)" if k.name in res.unpinned else ""
+        out.append(f"| {k.name} | {_fmt(k.get(start))} | {_fmt(res.values[k.name])}{note} |")
     return out
 
 

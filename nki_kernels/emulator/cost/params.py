@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["DMA_EFFICIENCY_POINTS", "DMA_QUEUED_GBPS_POINTS", "Trn2CostParams"]
+__all__ = [
+    "DMA_DESCRIPTOR_NS",
+    "DMA_EFFICIENCY_POINTS",
+    "DMA_QUEUED_GBPS_POINTS",
+    "Trn2CostParams",
+    "small_descriptor_gbps",
+    "small_queued_points",
+]
 
 #: Published trn2 throughput of ONE 128-partition DMA relative to the 32 KiB plateau, by contiguous
 #: bytes per partition (DMA-OV figure nki-dma-intro-1.jpg, y axis unlabelled).  v2 does not charge
@@ -33,18 +40,51 @@ DMA_EFFICIENCY_POINTS: tuple[tuple[int, float], ...] = (
     (32768, 1.00),
 )
 
+#: Per-descriptor time of one of the 16 queued DMA engines beyond its bytes at DMA-BW's 23 B/ns (ns):
+#: the measured queued throughput at 512 B (CS149 profile summaries, 298.7-302.5 GB/s: 27.25 ns per
+#: descriptor and engine) and at 4 KiB (NAD-DMA, 354 GB/s: 185.1 ns) give a descriptor time
+#: t(s) = t0 + s / b with b = 22.7 B/ns (DMA-BW: 23) and t0 = 4.7 ns.  It sets the queued throughput
+#: at 256 B (:func:`small_descriptor_gbps`, :func:`small_queued_points`); the leave-one-source-out
+#: re-fit checks it (``perf.calibration --loso``, knob ``dma_descriptor_ns``; docs/calibration.md).
+DMA_DESCRIPTOR_NS = 4.7
+DMA_ENGINE_BYTES_PER_NS = 23.0
+
+
+def small_descriptor_gbps(size: int, descriptor_ns: float = DMA_DESCRIPTOR_NS) -> float:
+    """Queued per-core throughput (GB/s) of ``size``-byte descriptors on 16 engines, each descriptor
+    taking ``descriptor_ns + size / 23 B/ns`` (the rule of the table's 256 B entry)."""
+    if size <= 0 or descriptor_ns < 0:
+        raise ValueError(
+            f"small_descriptor_gbps: size must be > 0 and descriptor_ns >= 0, got {size}, {descriptor_ns}"
+        )
+    return 16 * size / (descriptor_ns + size / DMA_ENGINE_BYTES_PER_NS)
+
+
+def small_queued_points(descriptor_ns: float = DMA_DESCRIPTOR_NS) -> tuple[tuple[int, float], ...]:
+    """The queued table below 512 B from a per-descriptor time: 256 B by :func:`small_descriptor_gbps`;
+    below 256 B that figure scaled by the single-DMA curve's shape (DMA_EFFICIENCY_POINTS: 128 B = 256 B
+    x 0.05 / 0.10, ...), because DMA-BW states that below 256 B per partition transfers are 'severely
+    overhead-bound' at 'a small fraction of peak', which a per-descriptor time fitted at 512 B-4 KiB
+    does not give (it would put 128 B at 54 % of peak).  Values rounded to 0.1 GB/s."""
+    at256 = small_descriptor_gbps(256, descriptor_ns)
+    eff = dict(DMA_EFFICIENCY_POINTS)
+    return tuple((s, round(at256 * eff[s] / eff[256], 1)) for s in (32, 64, 128)) + ((256, round(at256, 1)),)
+
+
 #: Per-core DMA throughput (GB/s) with several 128-partition DMAs queued, by descriptor bytes.
 #: 512 B 299 (CS149 transpose profile, DMA-active time), 1 KiB 259 and 4 KiB 354 GB/s (NAD-DMA) are
 #: measured; 2 KiB 244 is fitted to calibration point dma_2K_1K (NAD-BOUNDS V2: 2 KiB loads + 1 KiB
-#: stores at 245.8 GB/s) and 256 B 50 to dma_256B_1K_mix (V0/V1: 256 B + 1 KiB loads at 152 GB/s);
-#: below 256 B and above 4 KiB the published single-DMA curve's shape (DMA-OV) scales the nearest point
-#: (128 B = 50 * 0.05/0.10, ..., 32 KiB = 354 / 0.97).  The measured points are not monotonic (they
-#: come from different kernels); the model follows them.
+#: stores at 245.8 GB/s).  256 B: the per-descriptor time DMA_DESCRIPTOR_NS (derived from the 512 B
+#: and 4 KiB measurements) gives 258.7 GB/s; below 256 B that figure scaled by the single-DMA curve's
+#: shape (:func:`small_queued_points`: 128 B 129.4, 64 B 67.3, 32 B 36.2; DMA-BW: 'severely
+#: overhead-bound' below 256 B).  (Until the leave-one-source-out re-derivation, 256 B was 50 GB/s
+#: fitted to dma_256B_1K_mix, whose V1 DMAs are issue-bound: 2,304 DMAs x ~0.51 us is about its
+#: DMA-active time, so that fit read the issue cost as a small-transfer rate; the curve's shape then
+#: scaled 50 GB/s down to 7 GB/s at 32 B.)  Above 4 KiB the published single-DMA curve's shape (DMA-OV)
+#: scales the 4 KiB point (32 KiB = 354 / 0.97).  The measured points are not monotonic (they come
+#: from different kernels); the model follows them.
 DMA_QUEUED_GBPS_POINTS: tuple[tuple[int, float], ...] = (
-    (32, 7.0),
-    (64, 13.0),
-    (128, 25.0),
-    (256, 50.0),
+    *small_queued_points(),
     (512, 299.0),
     (1024, 259.0),
     (2048, 244.0),
@@ -96,10 +136,17 @@ class Trn2CostParams:
         (12_400.0, 13_300.0),
     )
     sync_ns: float = _p(
-        50.0,
-        "unmeasured: semaphore wait per cross-engine dependency; nominal = the ~60-cycle access start "
-        "(V2-ARCH) at 1.2 GHz",
-        (0.0, 100.0),
+        33.0,
+        "unmeasured as a latency; bounded by CS149-PROF: on engines that run no compute in the profiled "
+        "kernels every instruction is a semaphore/sync one (EXPLORER: EVENT_SEMAPHORE, increment or "
+        "wait) and takes 26-33 ns of engine time (stream fd1k, both students: TensorE 69 in 2.24 us, "
+        "ScalarE 63 in 1.94 us, GpSimd 67 in 1.76 us; transpose: GpSimd 191 in 5.79 us), 40-53 ns on the "
+        "Sync engine (DMA triggers too). Nominal = one such instruction per cross-engine dependency "
+        "(33 ns), pessimistic = two (the producer's increment and the consumer's wait, 66 ns), "
+        "optimistic = 0 (both folded into the engines' own instructions); was 50 (0..100) from the "
+        "~60-cycle access start (V2-ARCH). The calibration points do not pin it below 100 ns (geometric "
+        "SD x1.176-1.177 from 0 to 100 ns) and disfavour 200 ns (x1.196: agentic_tp_v0 1.36 -> 1.68)",
+        (0.0, 66.0),
     )
     engine_in_order: bool = _p(
         True,
@@ -198,15 +245,19 @@ class Trn2CostParams:
         DMA_EFFICIENCY_POINTS, "DMA-OV figure: single-DMA throughput vs bytes per partition"
     )
     dma_queued_gbps_points: tuple[tuple[int, float], ...] = _p(
-        DMA_QUEUED_GBPS_POINTS, "NAD-DMA / NAD-BOUNDS measured queued throughput (see DMA_QUEUED_GBPS_POINTS)"
+        DMA_QUEUED_GBPS_POINTS,
+        "NAD-DMA / NAD-BOUNDS / CS149 profiles measured queued throughput; below 512 B the per-descriptor "
+        "time DMA_DESCRIPTOR_NS (see DMA_QUEUED_GBPS_POINTS)",
     )
     max_descriptor_bytes: int = _p(
         32768, "no documented maximum; the largest published curve point (DMA-OV, 32 KiB = plateau)"
     )
     dma_issue_ns: float = _p(
-        486.0,
-        "fitted to CS149 vector_add_tiled ROW_CHUNK=1 (37,318 us / 76,800 DMAs); profiles show "
-        "0.41-0.63 us per DMA instruction (hwdge, and the compiler's choice for 'unknown')",
+        510.0,
+        "fitted to every calibration point of a default-compiled kernel (perf.calibration --loso: the full "
+        "re-fit 511 ns, 508-511 ns with any one source held out; was 486 fitted to CS149 ROW_CHUNK=1 "
+        "alone); DGE: ~600 ns per hardware-DGE instruction (hwdge, and the compiler's choice for "
+        "'unknown')",
     )
     dma_issue_lanes: int = _p(
         1,
@@ -214,19 +265,20 @@ class Trn2CostParams:
         "instructions are issued one after another",
     )
     swdge_issue_ns: float = _p(
-        486.0,
+        510.0,
         "unmeasured: swdge builds descriptors on GpSimd (DGE); from the hwdge figure to twice it",
-        (486.0, 972.0),
+        (510.0, 1020.0),
     )
     dge_none_issue_ns: float = _p(
-        300.0,
-        "unmeasured: dge_mode none uses descriptors prebuilt in HBM (DGE); trigger only, up to the "
-        "hwdge figure",
-        (200.0, 486.0),
+        230.0,
+        "fitted to the CS149 profile points compiled --disable-dge (static descriptors prebuilt in HBM, "
+        "DGE 'none'): the full re-fit 230 ns, 220-230 ns with another source held out, unpinned without "
+        "them; range from 200 ns up to the hwdge figure",
+        (200.0, 510.0),
     )
     dma_completion_ns: float = _p(
         0.0,
-        "unmeasured beyond the issue cost: DMA-BW's ~1.3 us cross-engine latency minus the 0.49 us "
+        "unmeasured beyond the issue cost: DMA-BW's ~1.3 us cross-engine latency minus the 0.51 us "
         "issue; nominal fitted to CS149 vector_add_stream FREE_DIM=200",
         (0.0, 800.0),
     )

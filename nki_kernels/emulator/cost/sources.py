@@ -27,4 +27,11 @@ SOURCES: dict[str, str] = {
     "profile screenshots nki/img/how-to/v{2,3,4,5}-full.png",
     "CS149": "xaviergonzalez/asst4-trainium2@d1552616 writeup.md, part1/kernels.py (trn2.3xlarge, "
     "nki.benchmark p99), and the neuron-profile dumps of the same assignment's kernels",
+    "CS149-PROF": "neuron-profile 'view --output-format summary-text' of the same assignment's kernels on "
+    "trn2.3xlarge (compiler 2.21.18209, profiler 2.25.145), published as text: rishic3/asst4-trainium2@"
+    "ef7e4ef89d99 part1/profile_view_{transpose_1024,stream_256k_fd1k,stream_256k_fd2k}.txt and "
+    "chenhzhu/asst4-trainium2@e30a10f5368f part1/{transpose_1024_perf,profile_1k,profile_2k}.txt",
+    "EXPLORER": "aws-neuron/aws-neuron-sdk@81ce03ae26 tools/neuron-explorer/{glossary,"
+    "profile-schema-reference}.rst (EVENT_SEMAPHORE: 'Semaphore increment or wait'; engine active time "
+    "'excluding semaphore waits')",
 }
