@@ -16,7 +16,7 @@ from rolling_forcing.cache import LayerKVCache, RollingKVCache
 from rolling_forcing.merged import MergedIndex
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn
 from rolling_forcing.schedule import PassPlan, WritePass
-from sharding.attention import ShardGroups, query_shard_tokens, sharded_attention
+from sharding.attention import ShardGroups, local_tokens, query_shard_tokens, sharded_attention
 from sharding.kv_shard import LayerBox, SpKVCache
 from sharding.plan import ShardingPlan
 
@@ -43,24 +43,62 @@ class RankAttention:
         if self._kv is not None and lc is not None:
             self._kv.keep(layer, lc)
 
-    # ---- self-attention of the two passes ------------------------------------------------------------
-    def _rope(
-        self, q_s: torch.Tensor, k_all: torch.Tensor, grid: Grid, position: int
+    # ---- RoPE of this rank's token shard, before the TP all-to-all ----------------------------------------
+    def _tables(
+        self, grid: Grid, start_frame: int = 0, positions: list[int] | torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE of this rank's query shard and of all keys of the pass (local heads).
+        """float64 ``(cos, sin)`` ``[L, D/2]`` of all ``L`` tokens of ``grid`` (frame f at ``start_frame +
+        f`` or ``positions[f]``): the unsharded forward's tables, of which each rank uses its shard's rows."""
+        dev = positions.device if isinstance(positions, torch.Tensor) else None
+        hd = self.model.cfg.head_dim
+        f64 = torch.float64
+        return ops.rope_tables(grid, hd, start_frame, frame_positions=positions, dtype=f64, device=dev)
 
-        The query shard covers tokens ``query_shard_tokens(L, plan, rank)``, not necessarily whole
-        frames: it is placed into a zero tensor of the full length, roped with the keys in one call (RoPE
-        is per token, so this is the unsharded arithmetic) and sliced back.
+    def _rope_shard(
+        self,
+        q: torch.Tensor | None,
+        k: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        stored: tuple[int, bool | torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """RoPE of this rank's token shard (all heads), before :func:`sharding.attention.sharded_attention`
+        regroups it: the all-to-all and the SP gather then carry roped q and k (RoPE is per token and
+        per head, so this is the unsharded arithmetic on this rank's rows of the unsharded ``tables``).
+
+        Args:
+            q: ``[B, L_local, H, D]`` (the token shard ``local_tokens(L, plan, rank)``, zero-padded where a
+                layer has no query), or None (a write-only layer: only k is roped).
+            k: ``[B, L_local, H, D]``, the same tokens.
+            tables: ``(cos, sin)`` ``[L, D/2]`` of all ``L`` tokens of the forward (:meth:`_tables`).
+            stored: ``(end, store_roped)``: keys of global tokens ``< end`` (the block(s) this forward writes
+                to the cache) are sent as the cache stores them: roped when ``store_roped`` (a bool, or a
+                ``[]`` bool tensor), else unroped. The local step writes them as received; attention never
+                reads them from the new keys (it reads them back from the cache).
+
+        Returns ``(q_roped or None, k_sent)``, each ``[B, L_local, H, D]``.
         """
-        n_tok = k_all.shape[1]
-        qsl = query_shard_tokens(n_tok, self.plan, self.rank)
-        if q_s.shape[1] == n_tok:
-            return ops.rope3d(q_s, k_all, grid, position, backend=self.backend)
-        q_full = q_s.new_zeros(k_all.shape)
-        q_full[:, qsl] = q_s
-        qr, kr = ops.rope3d(q_full, k_all, grid, position, backend=self.backend)
-        return qr[:, qsl].contiguous(), kr
+        cos, sin = tables
+        sl = local_tokens(cos.shape[0], self.plan, self.rank)
+        if k.shape[1] != sl.stop - sl.start:
+            raise ValueError(f"rank {self.rank}: k holds {k.shape[1]} tokens, its token shard is {sl}")
+        if sl.stop == sl.start:  # fewer tokens than ranks: an empty shard
+            return q, k
+        c, s = cos[sl], sin[sl]
+        if q is None:
+            qr, kr = None, ops.rope3d_tables_one(k.contiguous(), c, s, backend=self.backend)
+        else:
+            qr, kr = ops.rope3d_tables(q.contiguous(), k.contiguous(), c, s, backend=self.backend)
+        if stored is None:
+            return qr, kr
+        end, store_roped = stored
+        u = max(0, min(end - sl.start, k.shape[1]))  # local tokens of the written block(s)
+        if u == 0 or store_roped is True:
+            return qr, kr
+        if store_roped is False:
+            head = k[:, :u]
+        else:
+            head = torch.where(store_roped, kr[:, :u], k[:, :u])
+        return qr, torch.cat([head, kr[:, u:]], dim=1)
 
     def _pass_attn(
         self, cache: RollingKVCache, p: PassPlan, write: tuple[tuple[int, ...], bool] | None
@@ -74,12 +112,19 @@ class RankAttention:
         placeholder query per rank (the rank's first key; ``num_queries = world``) whose output is dropped.
         """
 
+        tables: dict[Grid, tuple[torch.Tensor, torch.Tensor]] = {}  # once per forward, shared by its layers
+
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             box = LayerBox(self._kv, cache, layer)
             n_tok = grid[0] * grid[1] * grid[2]
             write_only = q.shape[1] == 0
             if write_only and write is None:
                 raise ValueError("context_frames=F applies to the cache-update pass only (it writes k/v)")
+            if grid not in tables:
+                tables[grid] = self._tables(grid, p.query_position)
+            # the pass writes all its tokens: their keys travel as the cache stores them
+            stored = None if write is None else (n_tok, write[1])
+            qr, ks = self._rope_shard(None if write_only else q, k, tables[grid], stored)
 
             def local(
                 q_s: torch.Tensor,
@@ -91,24 +136,17 @@ class RankAttention:
                 backend: str | None,
                 sp_extra: torch.Tensor | None = None,
             ) -> torch.Tensor:
-                lc = box.open(sp_extra)
-                if write_only:
-                    assert write is not None
-                    slots, store_roped = write
-                    if store_roped:
-                        _, k_all = ops.rope3d(k_all, k_all, grid, p.query_position, backend=self.backend)
-                    self._write_blocks(lc, slots, k_all, v_all)
-                    return q_s.new_zeros(q_s.shape)
-                qr, kr = self._rope(q_s, k_all, grid, p.query_position)
+                lc = box.open(sp_extra)  # q_s, k_all arrive roped (k_all as stored when the pass writes)
                 if write is None:
-                    return attend_cache(lc, qr, p.cache_keys, (kr, v_all), grid, backend=self.backend)
-                slots, store_roped = write
-                self._write_blocks(lc, slots, kr if store_roped else k_all, v_all)
-                return attend_cache(lc, qr, p.cache_keys, None, grid, backend=self.backend)
+                    return attend_cache(lc, q_s, p.cache_keys, (k_all, v_all), grid, backend=self.backend)
+                self._write_blocks(lc, write[0], k_all, v_all)
+                if write_only:
+                    return q_s.new_zeros(q_s.shape)
+                return attend_cache(lc, q_s, p.cache_keys, None, grid, backend=self.backend)
 
-            q_in, n_q = (k[:, :1], self.plan.world_size) if write_only else (q, n_tok)
+            q_in, n_q = (ks[:, :1], self.plan.world_size) if qr is None else (qr, n_tok)
             out = sharded_attention(
-                q_in.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                q_in.contiguous(), ks.contiguous(), v.contiguous(), self.groups,
                 num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
@@ -134,6 +172,7 @@ class RankAttention:
         """
         last = len(self.model.blocks) - 1
         backend = self.backend
+        tables: dict[Grid, tuple[torch.Tensor, torch.Tensor]] = {}  # once per forward, shared by its layers
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             n_tok = grid[0] * grid[1] * grid[2]
@@ -147,6 +186,11 @@ class RankAttention:
             qsl = query_shard_tokens(n_tok, self.plan, self.rank)
             a, b = qsl.start, qsl.stop
             den_only = layer == last
+            if grid not in tables:
+                tables[grid] = self._tables(grid, positions=pos)
+            # the update block's keys travel as the cache stores them (attention reads it from the cache)
+            qr, ks = self._rope_shard(q, k, tables[grid], (t, upd.store_roped))
+            assert qr is not None
 
             def local(
                 q_s: torch.Tensor,
@@ -158,26 +202,23 @@ class RankAttention:
                 backend: str | None,
                 sp_extra: torch.Tensor | None = None,
             ) -> torch.Tensor:
-                lc = box.open(sp_extra)
-                q_full = q_s.new_zeros(k_all.shape)
-                q_full[:, qsl] = q_s
-                qr, kr = ops.rope3d(q_full, k_all, grid, frame_positions=pos, backend=backend)
-                lc.write(upd.slot, (kr if upd.store_roped else k_all)[:, :t], v_all[:, :t], backend=backend)
+                lc = box.open(sp_extra)  # q_s, k_all arrive roped (the update block's keys as stored)
+                lc.write(upd.slot, k_all[:, :t], v_all[:, :t], backend=backend)
                 out = q_s.new_zeros(q_s.shape)
                 if b > t:  # the shard's denoise queries
-                    qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)
+                    qd, own = q_s[:, max(a, t) - a :].contiguous(), (k_all, v_all)
                     out[:, max(a, t) - a :] = attend_cache(
                         lc, qd, den.cache_keys, own, gb, backend=backend, own_start=t
                     )
                 if a < t and not den_only:  # the shard's update queries
-                    qu = qr[:, a : min(b, t)].contiguous()
+                    qu = q_s[:, : min(b, t) - a].contiguous()
                     out[:, : min(b, t) - a] = attend_cache(
                         lc, qu, upd.pass_.cache_keys, None, gb, backend=backend
                     )
                 return out
 
             out = sharded_attention(
-                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                qr, ks.contiguous(), v.contiguous(), self.groups,
                 num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
@@ -208,6 +249,9 @@ class RankAttention:
         nc_frames = lay.copy_blocks * lay.frames_per_block
         last = len(self.model.blocks) - 1
         backend = self.backend
+        hp0, wp0 = self.model.cfg.grid_hw
+        # the tables once per forward (all frames at idx.frame_positions), shared by every layer
+        tables = self._tables((idx.frame_positions.shape[0], hp0, wp0), positions=idx.frame_positions)
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             _, hp, wp = grid
@@ -223,6 +267,10 @@ class RankAttention:
             rows = ([] if den_only or not n_upd else [0]) + ([1] if n_den else [])
             sizes = ([] if den_only or not n_upd else [n_upd]) + ([n_den] if n_den else [])
             tab = idx.table[rows]
+            # the update block's keys travel as the cache stores them (roped unless sink / relative mode);
+            # the block table never reads fresh block 0 (the update block): its readers use the cache
+            qr_s, ks = self._rope_shard(q, k, tables, (t, idx.store_roped))
+            assert qr_s is not None
 
             def local(
                 q_s: torch.Tensor,
@@ -234,14 +282,10 @@ class RankAttention:
                 backend: str | None,
                 sp_extra: torch.Tensor | None = None,
             ) -> torch.Tensor:
-                lc = box.open(sp_extra)
+                lc = box.open(sp_extra)  # q_s, k_all arrive roped (the update block's keys as stored)
                 ck, cv = lc.k, lc.v
-                q_full = q_s.new_zeros(k_all.shape)
-                q_full[:, qsl] = q_s
-                qr_full, kr = ops.rope3d_positions(q_full, k_all, grid, idx.frame_positions, backend=backend)
                 # 1. the update block's clean k/v into its slot (roped unless it is the sink / relative)
-                k_new = torch.where(idx.store_roped, kr[:, :t], k_all[:, :t])
-                k_w = torch.where(idx.write_valid, k_new, ck.index_select(1, idx.write_tokens))
+                k_w = torch.where(idx.write_valid, k_all[:, :t], ck.index_select(1, idx.write_tokens))
                 v_w = torch.where(idx.write_valid, v_all[:, :t], cv.index_select(1, idx.write_tokens))
                 ops.kv_cache_write_at(
                     ck, cv, k_w.contiguous(), v_w.contiguous(), idx.write_slot, backend=backend
@@ -252,17 +296,17 @@ class RankAttention:
                 out = q_s.new_zeros(q_s.shape)
                 if not sizes:  # last layer, query shard inside the update block: nothing is read
                     return out
-                qr = qr_full[:, qsl.start + (n_upd if den_only else 0) : qsl.stop].contiguous()
+                qr = q_s[:, (n_upd if den_only else 0) :].contiguous()
                 # 3. this shard's query groups in one launch; ring blocks read in place
                 res = ops.attention_block_table(
-                    qr, [ck, kr, gkr], [cv, v_all, gv], tab, sizes, t, backend=backend
+                    qr, [ck, k_all, gkr], [cv, v_all, gv], tab, sizes, t, backend=backend
                 )
                 assert isinstance(res, torch.Tensor)
                 out[:, q_s.shape[1] - res.shape[1] :] = res
                 return out
 
             out = sharded_attention(
-                q.contiguous(), k.contiguous(), v.contiguous(), self.groups,
+                qr_s, ks.contiguous(), v.contiguous(), self.groups,
                 num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)

@@ -454,9 +454,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "backend=backend)",
            ("tests/test_batched_methods.py",), "every batch element caches element 0's update values"),
     Mutant("rank-batched-own-element", "sharding/rank_attention.py",
-           "qd, own = qr[:, max(a, t) : b].contiguous(), (kr, v_all)",
-           "qd, own = qr[:, max(a, t) : b].contiguous(), "
-           "(kr, v_all[:1].expand_as(v_all).contiguous())",
+           "qd, own = q_s[:, max(a, t) - a :].contiguous(), (k_all, v_all)",
+           "qd, own = q_s[:, max(a, t) - a :].contiguous(), "
+           "(k_all, v_all[:1].expand_as(v_all).contiguous())",
            ("tests/test_batched_methods.py",), "denoise queries attend element 0's own values"),
     Mutant("shard-cache-gather-late", "sharding/attention.py",
            "        extra_started = all_gather_start(sp_extra, groups.sp_group)",
