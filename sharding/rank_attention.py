@@ -2,7 +2,8 @@
 :class:`sharding.rank_stream.RankStream`): per pass kind, the function each layer of a token-sharded
 forward calls for its self-attention (:func:`sharding.attention.sharded_attention` around the unsharded
 pass's local step on this rank's heads and query shard, on the layer's KV cache or, SP-sharded, on the
-whole key range assembled for it by :mod:`sharding.kv_shard`)."""
+whole key range assembled for it by :mod:`sharding.kv_shard`). Each rank ropes q and k of its own token
+shard (all heads) before the TP all-to-all, so the collectives carry roped q and k (v as is)."""
 
 from __future__ import annotations
 
@@ -166,8 +167,9 @@ class RankAttention:
         """Sharded self-attention of one batched forward of a sequential method: the unsharded
         :func:`rolling_forcing.attend.batched_update_attn` on this rank's heads and query shard (the 2T
         tokens: the held-back update block ``upd``, then the block to denoise ``den``), the same steps
-        and the same layout rule (only whole tensors reach the ops; the query shard is placed in a
-        full-length zero tensor). Last layer (``forward(context_frames=fpb)``): the update queries are
+        and the same layout rule (only whole tensors reach the ops). Each rank ropes its token shard
+        before the all-to-all (:meth:`_rope_shard`; the update block's keys as the cache stores them).
+        Last layer (``forward(context_frames=fpb)``): the update queries are
         skipped, their zero placeholders unread.
         """
         last = len(self.model.blocks) - 1
@@ -230,13 +232,15 @@ class RankAttention:
     def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
         """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).
 
-        :func:`sharding.attention.sharded_attention` regroups q, k, v to (head group x query shard) and
+        Each rank first ropes q and k of its own token shard, all heads, at ``idx.frame_positions``
+        (:meth:`_rope_shard`; the update block's keys as the cache stores them), then
+        :func:`sharding.attention.sharded_attention` regroups them to (head group x query shard) and
         gathers every new key of the local heads; the local step then does what the unsharded merged
-        forward does, on this rank's heads and query shard: rope all frames at ``idx.frame_positions``
-        (the query shard placed in a full-length zero tensor), write the update block's clean k/v into its
-        ring slot of the layer from :meth:`_layer` (SP-sharded: each rank then keeps its share), rope the
-        copies (sink / relative-mode keys) from the cache, then one ``ops.attention_block_table`` launch over
-        [ring in place, new keys, copies] with the block table ``idx.table``. The query shard's tokens
+        forward does after its RoPE, on this rank's heads and query shard: write the update block's clean
+        k/v into its ring slot of the layer from :meth:`_layer` (SP-sharded: each rank then keeps its
+        share), rope the copies (sink / relative-mode keys) from the cache, then one
+        ``ops.attention_block_table`` launch over [ring in place, new keys, copies] with the block table
+        ``idx.table``. The query shard's tokens
         ``[a, b)`` are split at the update block's end ``T``: its local query groups are the non-empty
         ones of ``(min(b, T) - a, b - max(a, T))`` with the matching table rows (static per rank).
 

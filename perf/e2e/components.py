@@ -301,6 +301,8 @@ def forward_components(
         )
     )
     add_layout("cross_attn_layout", "cross_attention", cq, m.text_len, ch, False)
+    # token mode: the sharded stream's ops.rope3d_tables on the rank's own token shard, all heads, before the
+    # TP all-to-all (sharding.rank_attention.RankAttention._rope_shard); tp_linear: the SP shard, local heads
     c = kernels.rope(cq, ch, hd)
     rope_bytes = 2 * 2 * 2 * cq * ch * hd + 2 * 4 * cq * (hd // 2)  # q, k read + written; cos/sin fp32
     out.append(
