@@ -6,18 +6,23 @@ With one short key set per head the cost is the queries': a per-head loop reads 
 ``[B, Lq, H, D]`` as a 2*D-byte descriptor, transposed (q^T) and stored back one head at a time. Here the
 K^T / V of every head stay in SBUF for the call and the loop runs over 128-query tiles, each tile's q of
 ALL heads moved by ONE hwdge ``dma_transpose`` (rows of H*D*2 bytes, 4-D ``[16, 8, H, D] -> [D, 8, H,
-16]``) and its output of all heads stored by ONE ``dma_copy``. The softmax offset is the per-head loop's for
-one key chunk (:func:`nki_kernels.attention._flash_rows`, static): each row's own largest score, so
-``1 <= l <= Lk`` and only a non-finite row trips the guard. Per (tile, head) unit, one stage per turn::
+16]``) and its output of all heads stored by ONE ``dma_copy``. The softmax offset is each row's own largest
+score (as the per-head loop's for one key chunk, :func:`nki_kernels.attention._flash_rows`, static) rounded
+to bf16, so ``l`` stays within a factor ``exp(scale |max| 2^-8)`` of ``[1, Lk]`` and only a non-finite row
+(or one whose scaled max exceeds ~10^4 nats) trips the guard. The scores are computed twice on TensorE,
+``S`` (queries on partitions) for the row max and ``S^T`` (keys on partitions) with the offset added by a
+second matmul, so ONE ScalarE exp writes P^T straight into the PV's stationary tile: no P^T transposes or
+PSUM evictions. Per (tile, head) unit, one stage per turn::
 
     turn u - 2   S = q_t K_h^T                       (ONE matmul, K^T moving: [128 q, Lk] fp32 in PSUM)
-    turn u       nm = min(-scale S) = -scale max S   (ONE VectorE tensor_scalar_reduce from PSUM)
-    turn u + 1   P = exp(scale S + nm)               (ONE ScalarE pass from PSUM into bf16)
-    turn u + 2   P^T by TensorE transposes           (one PSUM bank)
-    turn u + 3   P^T evicted: half the blocks VectorE, half ScalarE
-    turn u + 4   PV (V's column D = 1 sums l) into the PSUM bank of its group of 3 heads
+    turn u       negm = bf16(min(-S)) = -max S       (ONE VectorE tensor_scalar_reduce from PSUM)
+                 diag(negm) = I * negm               (ONE VectorE tensor_scalar, bf16 SBUF, fast mode)
+    turn u       S^T = K_h q_t^T per 128-key block   (K^T block stationary, q^T moving; one PSUM bank)
+    turn u + 1   S^T += ones^T diag(negm)            (per block: every key row gets -max of its query)
+    turn u + 2   P^T = exp(scale S^T)                (ONE ScalarE pass from PSUM into bf16 SBUF)
+    turn u + 3   PV (V's column D = 1 sums l) into the PSUM bank of its group of 3 heads
     per group    1/l (ONE VectorE reciprocal over the group's l columns), o = PV / l on ScalarE from PSUM
-    the guard    after every tile, per head: each row's 1/l >= 1/GUARD_L_MAX (NaN fails)
+    the guard    after every tile, per head: each row's 1/l within [1/GUARD_L_MAX, 1/GUARD_L_MIN]
 
 so no in-order engine waits for the previous stage of the same unit.
 """
@@ -41,8 +46,11 @@ LOOK = 2
 """Units by which a unit's scores are computed ahead of its row max (so they wait in PSUM, S_SLOTS of
 them)."""
 
-S_SLOTS = 5
-"""Score buffers (PSUM, one bank each): a unit's scores live from turn u - LOOK to its exp at u + 1."""
+S_SLOTS = 3
+"""Row-major score buffers (PSUM, one bank each): a unit's ``S`` lives from turn u - LOOK to its max at u."""
+
+T_SLOTS = 3
+"""Transposed score buffers (PSUM, one bank each): a unit's ``S^T`` lives from turn u to its exp at u + 2."""
 
 QLEAD = 8
 """Units by which a tile's q^T load is issued ahead of its first scores."""
@@ -102,7 +110,7 @@ class HeadsPass:
 def _pass(hp: HeadsPass) -> None:
     q, H, D, b, lk, nkb = hp.q, hp.H, hp.D, hp.b, hp.lk, hp.nkb
     dt, f32 = q.dtype, nl.float32
-    l_max = hp.bounds[1]
+    l_min, l_max = hp.bounds[0], hp.bounds[1]
     nt = (hp.q_hi - hp.q_lo + PMAX - 1) // PMAX
     units = [(t, h) for t in range(nt) for h in range(H)]
     nu = len(units)
@@ -121,18 +129,22 @@ def _pass(hp: HeadsPass) -> None:
     nq = -(-(QLEAD + 1) // H) + 2  # q^T tiles in flight
     qT = [nl.ndarray((D, 8, H, HWDGE_ROWS), dtype=dt, buffer=nl.sbuf) for _ in range(nq)]
     s_ps = [nl.ndarray((PMAX, lk), dtype=f32, buffer=nl.psum) for _ in range(S_SLOTS)]
-    p_sb = [nl.ndarray((PMAX, lk), dtype=dt, buffer=nl.sbuf) for _ in range(RING)]
-    pT_ps = [nl.ndarray((PMAX, nkb, PMAX), dtype=dt, buffer=nl.psum) for _ in range(2)]
+    sT_ps = [nl.ndarray((PMAX, nkb, PMAX), dtype=f32, buffer=nl.psum) for _ in range(T_SLOTS)]
     pT = [nl.ndarray((PMAX, nkb, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(RING)]
+    diag = [nl.ndarray((PMAX, PMAX), dtype=dt, buffer=nl.sbuf) for _ in range(RING)]
+    ones = nl.ndarray((PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
+    ident = nl.ndarray((PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
+    nisa.memset(ones, 1.0, engine=nisa.gpsimd_engine)
+    nisa.affine_select(ident, [[-1, PMAX]], 1, ones, 0.0)  # ident[p, i] = 1 where p - i == 0
     pv_ps = [nl.ndarray((PMAX, per_bank, D + 1), dtype=f32, buffer=nl.psum) for _ in range(2)]
     scratch = nl.ndarray((PMAX, lk), dtype=f32, buffer=nl.sbuf)  # the row max's by-product
-    nm = nl.ndarray((PMAX, nu), dtype=f32, buffer=nl.sbuf)  # -scale * row max per unit
+    negm = nl.ndarray((PMAX, nu), dtype=dt, buffer=nl.sbuf)  # -(row max) per unit, rounded to bf16
     rl = nl.ndarray((PMAX, H, nt), dtype=f32, buffer=nl.sbuf)  # 1/l per row, head and tile
     o_out = [nl.ndarray((PMAX, H, D), dtype=dt, buffer=nl.sbuf) for _ in range(2)]
     lse_t = [nl.ndarray((PMAX, H), dtype=f32, buffer=nl.sbuf) for _ in range(2)]
+    lo = nl.ndarray((PMAX, H), dtype=f32, buffer=nl.sbuf)
     if rows(nt - 1) < PMAX:  # rows past the last query: 1/l = 1 (inside the guard's bound)
         nisa.memset(rl[:, :, nt - 1 : nt], 1.0, engine=nisa.vector_engine)
-    nv = (nkb + 1) // 2  # P^T blocks evicted by VectorE; ScalarE the rest (the two engines' balance)
 
     loaded: set[int] = set()
 
@@ -159,7 +171,7 @@ def _pass(hp: HeadsPass) -> None:
             nisa.tensor_copy(dst[:, full, :, : n - r0], tq[:D, :, : n - r0], engine=nisa.vector_engine)
 
     # the stages of unit u (tile t, head h), each on its own turn so no in-order engine waits for the
-    # previous stage: scores at turn u - LOOK, max u, exp u + 1, transposes u + 2, evictions u + 3, PV u + 4
+    # previous stage: S at turn u - LOOK, max and S^T u, offset u + 1, exp u + 2, PV u + 3
     def scores(u: int) -> None:
         t, h = units[u]
         load_q(t)
@@ -168,33 +180,38 @@ def _pass(hp: HeadsPass) -> None:
         nisa.nc_matmul(dst, stationary=qT[t % nq][:D, :, h, :], moving=kT[:D, :g, h, :], accumulate=False)
 
     def row_max(u: int) -> None:
-        # nm = min(-scale * S) = -scale * max(S) (exact in fp32); the products land in a scratch tile
+        # negm = min(-S) = -max(S) (exact in fp32); the products land in a scratch tile. Then the offset's
+        # diagonal matrix diag(-max) (bf16, so the offset is -max rounded to bf16) for the S^T matmul
         nisa.tensor_scalar_reduce(
-            dst=scratch, data=s_ps[u % S_SLOTS][:, :lk], op0=nl.multiply, operand0=-hp.scale,
-            reduce_op=nl.minimum, reduce_res=nm[:, u : u + 1],
+            dst=scratch, data=s_ps[u % S_SLOTS][:, :lk], op0=nl.multiply, operand0=-1.0,
+            reduce_op=nl.minimum, reduce_res=negm[:, u : u + 1],
         )  # fmt: skip
+        nisa.tensor_scalar(diag[u % RING], ident, nl.multiply, negm[:, u : u + 1], engine=nisa.vector_engine)
 
-    def exps(u: int) -> None:
-        nisa.activation(
-            p_sb[u % RING], nl.exp, s_ps[u % S_SLOTS][:, :lk], bias=nm[:, u : u + 1], scale=hp.scale
-        )
-
-    def transposes(u: int) -> None:
-        p, ps = p_sb[u % RING], pT_ps[u % 2]
+    def scores_t(u: int) -> None:
+        """S^T [128 k, blk, 128 q] = K_blk q_t^T per 128-key block (K^T stationary, q^T moving)."""
+        t, h = units[u]
         for blk in range(nkb):
             kb = min(PMAX, lk - blk * PMAX)
-            nisa.nc_transpose(ps[:kb, blk, :], p[:, blk * PMAX : blk * PMAX + kb])
+            g0, g1 = blk * 8, blk * 8 + kb // HWDGE_ROWS
+            nisa.nc_matmul(sT_ps[u % T_SLOTS][:kb, blk, :], stationary=kT[:D, g0:g1, h, :],
+                           moving=qT[t % nq][:D, :, h, :], accumulate=False)  # fmt: skip
 
-    def evictions(u: int) -> None:
-        ps, dst = pT_ps[u % 2], pT[u % RING]
+    def offsets(u: int) -> None:
+        """S^T[k, q] += -max_q (bf16): ones [128 q', 128 k] stationary, diag(-max) [128 q', 128 q] moving."""
+        for blk in range(nkb):
+            kb = min(PMAX, lk - blk * PMAX)
+            nisa.nc_matmul(sT_ps[u % T_SLOTS][:kb, blk, :], stationary=ones[:, :kb], moving=diag[u % RING],
+                           accumulate=True)  # fmt: skip
+
+    def exps(u: int) -> None:
+        """P^T = exp(scale * (S^T - max)) straight from PSUM into the PV's bf16 stationary tile."""
+        st, dst = sT_ps[u % T_SLOTS], pT[u % RING]
         nbf, kr = divmod(lk, PMAX)
-        for lo, hi, eng in ((0, min(nv, nbf), "v"), (min(nv, nbf), nbf, "s")):
-            if hi > lo and eng == "v":
-                nisa.tensor_copy(dst[:, lo:hi, :], ps[:, lo:hi, :], engine=nisa.vector_engine)
-            elif hi > lo:
-                nisa.activation(dst[:, lo:hi, :], nl.copy, ps[:, lo:hi, :])
+        if nbf:
+            nisa.activation(dst[:, :nbf, :], nl.exp, st[:, :nbf, :], scale=hp.scale)
         if kr:
-            nisa.activation(dst[:kr, nbf, :], nl.copy, ps[:kr, nbf, :])
+            nisa.activation(dst[:kr, nbf, :], nl.exp, st[:kr, nbf, :], scale=hp.scale)
 
     out_done: set[int] = set()
     later: list[list[Any]] = [[] for _ in range(RECIP_DELAY + OUT_DELAY)]  # work deferred by n turns
@@ -234,11 +251,13 @@ def _pass(hp: HeadsPass) -> None:
                 return
             q0 = hp.q_lo + t * PMAX
             nisa.dma_copy(dst=hp.out[b, q0 : q0 + qr, :, :], src=ob[:qr, :, :])
-            if hp.return_lse:  # lse = log(l) - nm = -log(1/l) - nm
+            if hp.return_lse:  # lse = log(l) + scale * bf16(max) = -log(1/l) - scale * bf16(-max)
                 lt = lse_t[t % 2]
-                nisa.activation(lt[:qr, :], nl.log, rl[:qr, :, t])
-                nisa.scalar_tensor_tensor(lt[:qr, :], lt[:qr, :], nl.multiply, -1.0, nl.subtract,
-                                          nm[:qr, t * H : t * H + H])  # fmt: skip
+                nisa.tensor_scalar(lt[:qr, :], negm[:qr, t * H : t * H + H], nl.multiply, hp.scale,
+                                   engine=nisa.vector_engine)  # fmt: skip
+                nisa.activation(lo[:qr, :], nl.log, rl[:qr, :, t])
+                nisa.scalar_tensor_tensor(lt[:qr, :], lo[:qr, :], nl.multiply, -1.0, nl.subtract,
+                                          lt[:qr, :])  # fmt: skip
                 nisa.dma_copy(dst=hp.lse[b, q0 : q0 + qr, :], src=lt[:qr, :])
 
         return [outputs]
@@ -247,27 +266,29 @@ def _pass(hp: HeadsPass) -> None:
     _load_heads_kv(hp, kT, v)
     for u in range(min(LOOK, nu)):
         scores(u)
-    for j in range(nu + 4):  # turn j: stage s of unit j - s
+    for j in range(nu + 3):  # turn j: stage s of unit j - s
         if 0 <= j < nu:
             row_max(j)
-        if 0 <= j - 1 < nu:
-            exps(j - 1)
+        if 0 <= j - 2 < nu:
+            exps(j - 2)
         step()
         if j + LOOK < nu:
             scores(j + LOOK)
         load_q(units[min(nu - 1, j + QLEAD)][0])
-        if 0 <= j - 2 < nu:
-            transposes(j - 2)
+        if j < nu:
+            scores_t(j)
+        if 0 <= j - 1 < nu:
+            offsets(j - 1)
         if 0 <= j - 3 < nu:
-            evictions(j - 3)
-        if 0 <= j - 4 < nu:
-            pv(j - 4)
+            pv(j - 3)
     while any(later):  # the last groups' 1/l, then their outputs
         step()
-    # the guard: as the resident loop's one-chunk pass, each row's offset is its own largest score, so
-    # 1 <= l <= Lk and only a NaN / infinite row can fail: l <= l_max (1/l >= 1/l_max; NaN fails)
+    # the guard: each row's offset is its own largest score rounded to bf16 (relative error <= 2^-9), so
+    # l stays within [exp(-scale |max| 2^-8), Lk exp(scale |max| 2^-9)]: only a NaN / infinite row, or one
+    # whose scaled max exceeds ~10^4 nats, can fail l_min <= l <= l_max (on 1/l; NaN fails)
     f = nl.ndarray((PMAX, H, nt), dtype=f32, buffer=nl.sbuf)
     nisa.tensor_scalar(f, rl, nl.greater_equal, 1.0 / l_max, engine=nisa.vector_engine)
+    nisa.scalar_tensor_tensor(f, rl, nl.less_equal, 1.0 / l_min, nl.minimum, f)
     nisa.tensor_reduce(hp.good[:, :H], nl.minimum, f, axis=(2,))
 
 
