@@ -90,7 +90,9 @@ def test_sendrecv_on_mismatched_pipes_is_refused():
         nisa.sendrecv(a, b, send_to_rank=1 - me, recv_from_rank=1 - me, pipe_id=me)  # pipes 0 and 1
         return x
 
-    with pytest.raises(emu.LaunchError, match=r"\[lnc-deadlock\].*on pipe"):
+    with pytest.raises(
+        emu.LaunchError, match=r"\[lnc-deadlock\] program \d waits for sendrecv data .* while"
+    ):
         run(k, np.zeros(1, np.float32), lnc=2)
 
 

@@ -56,12 +56,19 @@ class _Recorder:
                 row.update(_classify(report))
             elif report.skipped:
                 row["reason"] = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
-            self.rows.append(row)
+            self._add(row)
 
-    def pytest_sessionfinish(self, session: Any) -> None:
-        with self.out.open("w") as f:
-            for r in self.rows:
-                f.write(json.dumps(r) + "\n")
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:  # a test file that does not import counts as one errored case
+            msg = str(report.longrepr).strip().splitlines()
+            self._add({"id": report.nodeid, "outcome": "failed", "kind": "error",
+                       "message": "collection: " + (msg[-1] if msg else "")[:380]})  # fmt: skip
+
+    def _add(self, row: dict[str, Any]) -> None:
+        """Append at once, so the finished cases of a file that times out are kept."""
+        self.rows.append(row)
+        with self.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _classify(report: Any) -> dict[str, Any]:
@@ -103,7 +110,7 @@ def _run_in_process(checkout: Path, out: Path, pytest_args: list[str]) -> int:
 # driver side -------------------------------------------------------------------------------------------
 def _family(nodeid: str) -> str:
     path = nodeid.split("::")[0]
-    path = path.removeprefix("test/integration/nkilib/")
+    path = path.split("integration/nkilib/", 1)[-1]
     return path.removesuffix(".py").replace("/test_", "/")
 
 
@@ -178,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ap.error(f"paths: {p} is not a file or directory of the checkout")
     rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, f in enumerate(files):
             out = Path(tmp) / f"rows{i}.jsonl"
@@ -196,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json is not None:
         a.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(format_table(summarize(rows)))
+    for n in notes:
+        print(f"* {n}")
     return 0
 
 

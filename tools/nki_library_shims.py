@@ -47,7 +47,9 @@ class _StubModule(types.ModuleType):
         full = f"{self.__name__}.{name}"
 
         def _refuse(*a: Any, **k: Any) -> Any:
-            raise RuntimeError(f"{full} is a stand-in of the nki-library harness (tools/nki_library_shims.py)")
+            raise RuntimeError(
+                f"{full} is a stand-in of the nki-library harness (tools/nki_library_shims.py)"
+            )
 
         cls = type(name, (Exception,), {"__module__": self.__name__, "stub_call": staticmethod(_refuse)})
         setattr(self, name, cls)
@@ -108,8 +110,8 @@ def _make_neuron_dtypes() -> types.ModuleType:
     m.float4_e2m1fn_x4 = np.uint32
     m.static_cast = _static_cast
     m.sizeinbytes = lambda dtype: _np_dtype(dtype).itemsize
-    m.is_float_type = lambda dtype: _np_dtype(dtype).kind in "fV" or _np_dtype(dtype) in (
-        np.dtype(d) for d in _NP_DTYPES.values()
+    m.is_float_type = lambda dtype: (
+        _np_dtype(dtype).kind in "fV" or _np_dtype(dtype) in (np.dtype(d) for d in _NP_DTYPES.values())
     )
     m.finfo = lambda dtype: ml_dtypes.finfo(_np_dtype(dtype))
     return m
@@ -132,7 +134,9 @@ def _make_simulator() -> dict[str, types.ModuleType]:
         return emu_nki.simulate(kernel)
 
     nki_mod.cpu_simulate = cpu_simulate
-    empty = {n: types.ModuleType(f"nki_cpu_simulator.nki.{n}") for n in ("builtin", "compiler", "tensor", "typing")}
+    empty = {
+        n: types.ModuleType(f"nki_cpu_simulator.nki.{n}") for n in ("builtin", "compiler", "tensor", "typing")
+    }
     # ``nki.language`` as a copy of the emulator's namespace plus the ``dtypes`` submodule attribute (the
     # emulator's own module is left untouched)
     lang = types.ModuleType("nki_cpu_simulator.nki.language")

@@ -48,6 +48,8 @@ class Scheduler:
         self.barriers = [0] * n
         self.mail: dict[tuple[int, int, int], deque] = {}
         self.error: BaseException | None = None
+        self.events = 0  # barrier arrivals, sends and finished programs: what can end a wait
+        self.waiting: list[str | None] = [None] * n
         self.results: list[Any] = [None] * n
 
     # baton -------------------------------------------------------------------------------------------
@@ -76,23 +78,33 @@ class Scheduler:
 
     def wait_until(self, pid: int, ready: Callable[[], bool], what: str) -> None:
         """Block program ``pid`` until ``ready()`` (the other program runs meanwhile)."""
+        other = 1 - pid
         while not ready():
-            if self.done[1 - pid]:
+            if self.done[other]:
                 raise LaunchError(
-                    f"[lnc-deadlock] program {pid} waits for {what}, but program {1 - pid} finished "
-                    "without it"
+                    f"[lnc-deadlock] program {pid} waits for {what}, but program {other} finished without it"
                 )
+            mark = self.events
+            self.waiting[pid] = what
             self._pass(pid)
             self._wait_turn(pid)
+            self.waiting[pid] = None
+            if not ready() and self.events == mark and self.waiting[other] is not None:
+                raise LaunchError(
+                    f"[lnc-deadlock] program {pid} waits for {what} while program {other} waits for "
+                    f"{self.waiting[other]}"
+                )
 
     # the two cross-core instructions -------------------------------------------------------------------
     def barrier(self, pid: int) -> None:
         self.barriers[pid] += 1
+        self.events += 1
         k = self.barriers[pid]
         self.wait_until(pid, lambda: self.barriers[1 - pid] >= k, f"core_barrier #{k} of program {1 - pid}")
 
     def send(self, pid: int, to: int, pipe: int, data: Any) -> None:
         self.mail.setdefault((pid, to, pipe), deque()).append(data)
+        self.events += 1
 
     def recv(self, pid: int, frm: int, pipe: int) -> Any:
         box = self.mail.setdefault((frm, pid, pipe), deque())
@@ -118,6 +130,7 @@ class Scheduler:
         self._save(pid)
         with self.cv:
             self.done[pid] = True
+            self.events += 1
             self.turn = 1 - pid if not self.done[1 - pid] else pid
             self.cv.notify_all()
 

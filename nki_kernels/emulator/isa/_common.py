@@ -101,6 +101,39 @@ def _apply_binary(name: str, a: Any, b: Any, reverse: bool = False) -> np.ndarra
         return np.asarray(f(a, b))
 
 
+UNARY_ALU = frozenset({"abs", "rsqrt"})
+"""Unary ALU operators a ``tensor_scalar``-family instruction accepts as ``op0`` / ``op1`` with its operand
+``None`` or ``0`` (the NKI 0.6 ``tensor_scalar`` / ``tensor_scalar_reduce`` docstrings: "Must be None or 0
+when op0 is a unary operator (e.g., nl.abs)"; ``rsqrt`` is the operator its ``engine`` parameter names)."""
+
+
+def _scalar_op_name(op: Any, op_label: str, arg: str, operand: Any) -> str:
+    """An ALU op of a tensor-scalar instruction: a binary op, or a unary one (:data:`UNARY_ALU`) whose operand
+    is ``None`` or ``0``."""
+    name = opdefs.op_name(op, arg)
+    if name in opdefs.BINARY:
+        return name
+    if name in UNARY_ALU:
+        if operand is None or (
+            isinstance(operand, (int, float)) and not isinstance(operand, bool) and operand == 0
+        ):
+            return name
+        raise ValueError(
+            f"{op_label}: {arg}={name} is a unary ALU op, its operand must be None or 0, got {operand!r}"
+        )
+    raise ValueError(
+        f"{op_label}: {arg}={name} is not a binary ALU op (nor a unary one: {sorted(UNARY_ALU)})"
+    )
+
+
+def _apply_op(name: str, a: Any, b: Any, reverse: bool = False) -> np.ndarray:
+    """``_apply_binary``, or the unary ALU op ``name`` on ``a`` (its operand ignored)."""
+    if name in UNARY_ALU:
+        with np.errstate(all="ignore"):
+            return np.asarray(opdefs.UNARY[name](a))
+    return _apply_binary(name, a, b, reverse)
+
+
 def _binary_name(op: Any, op_label: str, arg: str) -> str:
     name = opdefs.op_name(op, arg)
     if name not in opdefs.BINARY:

@@ -17,7 +17,21 @@ from ..errors import (
     ShapeMismatchError,
 )
 from ..tensor import NkiTensor, psum
-from ._common import _apply_binary, _bcast, _binary_name, _count, _emit, _operand, _rec, _sig, _store, _vals
+from ._common import (
+    UNARY_ALU,
+    _apply_binary,
+    _apply_op,
+    _bcast,
+    _binary_name,
+    _count,
+    _emit,
+    _operand,
+    _rec,
+    _scalar_op_name,
+    _sig,
+    _store,
+    _vals,
+)
 from ._enums import _E, _ENGINE_TRACE_ID, _TC_ENGINES, _TT_ENGINES, NkiInstruction, engine, reduce_cmd
 from ._events import _use, _use_rrw, _use_rw
 from ._rules import _axes, _free, _no_gpsimd_psum, _onchip, _pick_engine, _same_pf
@@ -127,9 +141,11 @@ def tensor_scalar(
         _onchip(data, opn, "data", launch)
     if dst.shape != data.shape:
         _same_pf(opn, dst, "dst", data, "data")
-    n0 = _binary_name(op0, opn, "op0")
-    n1 = None if op1 is None else _binary_name(op1, opn, "op1")
-    if (op1 is None) != (operand1 is None):
+    n0 = _scalar_op_name(op0, opn, "op0", operand0)
+    n1 = None if op1 is None else _scalar_op_name(op1, opn, "op1", operand1)
+    if (op1 is None and operand1 is not None) or (
+        n1 is not None and n1 not in UNARY_ALU and operand1 is None
+    ):
         raise ValueError("tensor_scalar: op1 and operand1 must be given together")
     eng = _E.vector if engine is _E.vector else _pick_engine(engine, _E.vector, opn, _TC_ENGINES)
     if eng is _E.gpsimd:
@@ -140,7 +156,7 @@ def tensor_scalar(
         raise DtypeError(
             f"[bitvec-dtype] tensor_scalar bit-vector op needs integer data/dst, got {data.dtype}/{dst.dtype}"
         )
-    o0 = _operand(operand0, P, opn, "operand0", launch)
+    o0 = np.float32(0) if operand0 is None else _operand(operand0, P, opn, "operand0", launch)
     o1 = None if operand1 is None else _operand(operand1, P, opn, "operand1", launch)
     en = _ENGINE_TRACE_ID[id(eng)]
     vec0 = isinstance(operand0, NkiTensor)
@@ -168,9 +184,9 @@ def tensor_scalar(
         x = _vals(data).reshape(dst.shape)
         o0 = _bcast(o0, x.ndim)
         o1 = _bcast(o1, x.ndim)
-    y = _apply_binary(n0, x, o0, reverse0)
+    y = _apply_op(n0, x, o0, reverse0)
     if n1 is not None:
-        y = _apply_binary(n1, y, o1, reverse1)
+        y = _apply_op(n1, y, o1, reverse1)
     _store(dst, y if bitvec else np.asarray(y, dtype=np.float32))
     return NkiInstruction(opn)
 
@@ -406,11 +422,11 @@ def tensor_scalar_reduce(
     _onchip(dst, opn, "dst", launch)
     _onchip(data, opn, "data", launch)
     _same_pf(opn, dst, "dst", data, "data")
-    n0 = _binary_name(op0, opn, "op0")
+    n0 = _scalar_op_name(op0, opn, "op0", operand0)
     rn = opdefs.op_name(reduce_op, "reduce_op")
     red = opdefs.reduce_fn(rn, "reduce_op")
     P = data.shape[0]
-    o0 = _operand(operand0, P, opn, "operand0", launch)
+    o0 = np.float32(0) if operand0 is None else _operand(operand0, P, opn, "operand0", launch)
     if reduce_res is not None:
         _onchip(reduce_res, opn, "reduce_res", launch)
         if reduce_res.shape[0] != P or _free(reduce_res) != 1:
@@ -423,7 +439,7 @@ def tensor_scalar_reduce(
     if launch.trace_only:
         return NkiInstruction(opn)
     x = _vals(data).reshape(dst.shape)
-    y = np.asarray(_apply_binary(n0, x, _bcast(o0, x.ndim), reverse0), dtype=np.float32)
+    y = np.asarray(_apply_op(n0, x, _bcast(o0, x.ndim), reverse0), dtype=np.float32)
     _store(dst, y)
     if reduce_res is not None:
         r = red(y.reshape(P, -1), axis=(1,)).astype(np.float32)
