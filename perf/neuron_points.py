@@ -266,19 +266,38 @@ def device_points_from_file(path: str | Path, *, points: Sequence[Point] = POINT
     return device_points(latest.values(), points=points, source_path=str(path))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m perf.neuron_points`` (``--save`` off by default)."""
+    ap = argparse.ArgumentParser(prog="python -m perf.neuron_points", description=main.__doc__)
+    ap.add_argument("command", nargs="?", choices=("measure-calibration",), default="measure-calibration")
+    ap.add_argument("--only", nargs="*", default=None, metavar="POINT", help="subset of the points")
+    ap.add_argument("--workdir", default=None, help="directory for NEFF/NTFF (default: a new temp dir)")
+    ap.add_argument(
+        "--save",
+        action="store_true",
+        help=f"append the rows to the tracked {MEASURED_FILE.relative_to(RESULTS_DIR.parents[1])}",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSONL file the rows are appended to (default: build/perf/calibration_measured.jsonl, "
+        "untracked; the tracked file with --save)",
+    )
+    return ap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m perf.neuron_points measure-calibration [--only P ...] [--workdir D] [--out F]``: time
-    the calibration points on this machine's Neuron device and append their rows to ``--out``."""
+    """``python -m perf.neuron_points measure-calibration [--only P ...] [--workdir D] [--save | --out F]``:
+    time the calibration points on this machine's Neuron device and append their rows to a JSONL file."""
     import tempfile
 
     from perf.neuron_measure import ExplorerTiming, require_measure
 
-    ap = argparse.ArgumentParser(prog="python -m perf.neuron_points", description=main.__doc__)
-    ap.add_argument("command", choices=("measure-calibration",))
-    ap.add_argument("--only", nargs="*", default=None, metavar="POINT", help="subset of the points")
-    ap.add_argument("--workdir", default=None, help="directory for NEFF/NTFF (default: a new temp dir)")
-    ap.add_argument("--out", default=str(MEASURED_FILE), help="JSONL file the rows are appended to")
+    ap = build_parser()
     a = ap.parse_args(argv)
+    if a.save and a.out:
+        ap.error("--save and --out contradict: --save writes the tracked file")
+    a.out = str(MEASURED_FILE) if a.save else (a.out or str(Path("build/perf/calibration_measured.jsonl")))
     pts = POINTS
     if a.only:
         unknown = sorted(set(a.only) - {p.name for p in POINTS})

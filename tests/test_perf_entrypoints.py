@@ -20,6 +20,7 @@ WRITERS = (
     "perf.footprint_check",
     "perf.fp8_gate",
     "perf.fp8_psnr",
+    "perf.neuron_points",
     "perf.serve_switch",
 )
 """Entry points that can write tracked results (each: ``build_parser()``, --save off by default)."""
