@@ -42,8 +42,17 @@ def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
 def all_gather_start(x: torch.Tensor, group: Any) -> torch.Tensor:
     """Issue the all-gather of ``x`` over ``group`` (the ``_c10d_functional`` op, not yet waited for);
     :func:`all_gather_wait` completes it. Collective over ``group``: every rank issues it in the same order
-    relative to its other collectives."""
-    return funcol.all_gather_single(x.contiguous(), 0, group)
+    relative to its other collectives.
+
+    Eagerly (not under ``torch.compile``) the gather completes here: on CPU gloo an issued gather left
+    outstanding while other collectives of the forward run gave a rare heap corruption in a rank
+    (``malloc(): unaligned tcache chunk detected``, one sharded-methods case in one of two full CI runs);
+    eager CPU ranks gain nothing from the overlap. In a compiled graph the issue and the wait stay split
+    (the graph the model prices)."""
+    out = funcol.all_gather_single(x.contiguous(), 0, group)
+    if not torch.compiler.is_compiling():
+        out = funcol.wait_tensor(out)
+    return out
 
 
 def all_gather_wait(started: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
