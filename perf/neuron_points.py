@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     time the calibration points on this machine's Neuron device and append their rows to a JSONL file."""
     import tempfile
 
-    from perf.neuron_measure import ExplorerTiming, require_measure
+    from perf.neuron_measure import ExplorerTiming, NeuronUnavailable, require_measure
 
     ap = build_parser()
     a = ap.parse_args(argv)
@@ -304,7 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             ap.error(f"--only: unknown points {unknown}")
         pts = tuple(p for p in POINTS if p.name in a.only)
-    profiler = require_measure()  # NeuronUnavailable, naming what is missing, before any launch
+    try:
+        profiler = require_measure()  # naming what is missing, before any launch
+    except NeuronUnavailable as e:
+        print(f"python -m perf.neuron_points: {e}", file=sys.stderr)
+        return 2
     wd = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="nki-ardiff-calibration-"))
     rows = measure_calibration(pts, ExplorerTiming(workdir=wd, profiler=profiler))
     out = append_rows(rows, Path(a.out))
