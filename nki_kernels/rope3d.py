@@ -332,13 +332,7 @@ def rope3d_tables_emulated(q: Any, k: Any, cos: Any, sin: Any, lnc: int = 1) -> 
     if q.shape[3] % 2:
         raise ValueError(f"q/k head_dim D={q.shape[3]} must be even")
     want = (q.shape[1], q.shape[3] // 2)
-    tabs = []
-    for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) != want:
-            raise ValueError(f"{name} must be [L, D//2] = {want}, got {tuple(t.shape)}")
-        if t.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
-        tabs.append(t.detach().to("cpu", torch.float32).contiguous().numpy())
+    tabs = _host_tables(cos, sin, want)
     (qo, ko), _ = launch(rope3d_kernel, q.contiguous(), k.contiguous(), tabs[0], tabs[1], lnc=lnc)
     return _to_torch(qo, q.dtype), _to_torch(ko, q.dtype)
 
@@ -390,6 +384,16 @@ def rope3d_one_tables_emulated(x: Any, cos: Any, sin: Any, lnc: int = 1) -> Any:
     if x.shape[3] % 2:
         raise ValueError(f"x head_dim D={x.shape[3]} must be even")
     want = (x.shape[1], x.shape[3] // 2)
+    tabs = _host_tables(cos, sin, want)
+    xo, _ = launch(rope3d_one_kernel, x.contiguous(), tabs[0], tabs[1], lnc=lnc)
+    return _to_torch(xo, x.dtype)
+
+
+def _host_tables(cos: Any, sin: Any, want: tuple[int, int]) -> list[Any]:
+    """``cos``, ``sin`` checked as ``[L, D//2]`` (``want``) float32/float64 torch tensors, returned as
+    contiguous float32 numpy arrays (the kernels' table inputs)."""
+    import torch
+
     tabs = []
     for name, t in (("cos", cos), ("sin", sin)):
         if tuple(t.shape) != want:
@@ -397,8 +401,7 @@ def rope3d_one_tables_emulated(x: Any, cos: Any, sin: Any, lnc: int = 1) -> Any:
         if t.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
         tabs.append(t.detach().to("cpu", torch.float32).contiguous().numpy())
-    xo, _ = launch(rope3d_one_kernel, x.contiguous(), tabs[0], tabs[1], lnc=lnc)
-    return _to_torch(xo, x.dtype)
+    return tabs
 
 
 def _to_torch(x: Any, dtype: Any) -> Any:

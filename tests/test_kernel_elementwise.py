@@ -239,7 +239,7 @@ def test_gate_op_rejects_bad_input(args, err, match) -> None:
 def test_bench_rows_move_exactly_the_minimum_bytes() -> None:
     """The perf/bench_kernels elementwise rows (quick shapes) run and their traced HBM bytes are the
     one-pass minimum each row states."""
-    from perf.bench_kernels import elementwise_cases
+    from perf.bench_elementwise import elementwise_cases
 
     rows = elementwise_cases(quick=True)
     assert [(r[0], r[1].rsplit("_", 1)[1]) for r in rows] == [
