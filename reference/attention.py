@@ -10,7 +10,7 @@ Depends on torch only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -159,6 +159,29 @@ def attention_block_table(
         return attention_fp8.attention_block_table(
             q, k_sources, v_sources, block_table, q_groups, block_tokens, scale=scale, return_lse=return_lse
         )
+
+    def attend(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        res = attention(qg, k, v, scale=scale, return_lse=True)
+        assert isinstance(res, tuple)
+        return res
+
+    out, lse = block_table_groups(q, k_sources, v_sources, block_table, q_groups, block_tokens, attend)
+    return (out, lse) if return_lse else out
+
+
+def block_table_groups(
+    q: torch.Tensor,
+    k_sources: Sequence[torch.Tensor],
+    v_sources: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    q_groups: Sequence[int],
+    block_tokens: int,
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block-table gather of :func:`attention_block_table` (same layouts): each query group's
+    non-empty blocks concatenated in table order and passed to ``attend(q_group, k, v) -> (out, lse)``;
+    a group with no keys gives zeros and lse ``-inf``.
+    Returns ``out`` ``[B, Lq, H, D]``, lse ``[B, Lq, H]``."""
     table = block_table.tolist()
     outs, lses = [], []
     lo = 0
@@ -173,23 +196,19 @@ def attention_block_table(
             ks.append(k_sources[src][:, a:b])
             vs.append(v_sources[src][:, a:b])
         if ks:
-            res = attention(qg, torch.cat(ks, dim=1), torch.cat(vs, dim=1), scale=scale, return_lse=True)
-            assert isinstance(res, tuple)
-            o, lse = res
+            o, lse = attend(qg, torch.cat(ks, dim=1), torch.cat(vs, dim=1))
         else:
             o = torch.zeros_like(qg)
             lse = torch.full(qg.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
         outs.append(o)
         lses.append(lse)
-    out = torch.cat(outs, dim=1).contiguous()
-    if return_lse:
-        return out, torch.cat(lses, dim=1).contiguous()
-    return out
+    return torch.cat(outs, dim=1).contiguous(), torch.cat(lses, dim=1).contiguous()
 
 
 __all__ = [
     "attention",
     "attention_block_table",
+    "block_table_groups",
     "attention_segments",
     "default_scale",
     "gather_segments",

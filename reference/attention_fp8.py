@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from reference.attention import gather_segments
+from reference.attention import block_table_groups, gather_segments
 
 E4M3_MAX = 240.0
 """Largest finite NeuronCore-v3 ``float8_e4m3`` value (the type TensorE's double-row matmul takes on trn2)."""
@@ -152,29 +152,14 @@ def attention_block_table(
     zeros and lse ``-inf``. With empty entries among a group's first 1,024 key positions the kernel's
     offset may differ from this one (docs/kernels/attention_fp8.md)."""
     vs = block_table_v_scale(v_sources)
-    table = block_table.tolist()
-    outs, lses = [], []
-    lo = 0
-    for g, nq in enumerate(q_groups):
-        qg = q[:, lo : lo + int(nq)]
-        lo += int(nq)
-        ks, vv = [], []
-        for src, blk in table[g]:
-            if src >= 0:
-                a, z = blk * block_tokens, (blk + 1) * block_tokens
-                ks.append(k_sources[src][:, a:z])
-                vv.append(v_sources[src][:, a:z])
-        if ks:
-            res = attention(qg, torch.cat(ks, 1), torch.cat(vv, 1), scale=scale, return_lse=True, v_scale=vs)
-            assert isinstance(res, tuple)
-            o, lse = res
-        else:
-            o = torch.zeros_like(qg)
-            lse = torch.full(qg.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-        outs.append(o)
-        lses.append(lse)
-    out = torch.cat(outs, dim=1).contiguous()
-    return (out, torch.cat(lses, dim=1).contiguous()) if return_lse else out
+
+    def attend(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        res = attention(qg, k, v, scale=scale, return_lse=True, v_scale=vs)
+        assert isinstance(res, tuple)
+        return res
+
+    out, lse = block_table_groups(q, k_sources, v_sources, block_table, q_groups, block_tokens, attend)
+    return (out, lse) if return_lse else out
 
 
 __all__ = [
