@@ -293,9 +293,14 @@ class TensorViews:
         strides = tuple(s for s, _ in pairs)
         dyn = None
         if scalar_offset is not None or vector_offset is not None:
-            if not 0 <= indirect_dim < len(st.shape):
-                raise ViewError(f"[ap] indirect_dim {indirect_dim} out of range for storage {list(st.shape)}")
-            mult = math.prod(st.shape[indirect_dim + 1 :])
+            # NKI 0.6 ``NkiTensor.ap``: indirect_dim is "a dimension in self.shape whose stride scales the
+            # offset" (prod(self.shape[indirect_dim+1:]) for a contiguous tensor), so a reshaped view
+            # supplies its own strides, not the allocation's.
+            if not 0 <= indirect_dim < len(base.shape):
+                raise ViewError(
+                    f"[ap] indirect_dim {indirect_dim} out of range for the tensor's shape {list(base.shape)}"
+                )
+            mult = base.strides[indirect_dim]
             if scalar_offset is not None:
                 dyn = ("scalar", scalar_offset, mult, st.size, indirect_dim)
             else:
