@@ -16,6 +16,7 @@ WRITERS = (
     "perf.bench_pipeline",
     "perf.bench_quality",
     "perf.calibration.__main__",
+    "perf.demo_chain",
     "perf.e2e.cli",
     "perf.footprint_check",
     "perf.fp8_gate",

@@ -1,0 +1,53 @@
+"""perf.demo_chain: the three ways run what they say on the shipped demo model (6 blocks, one prompt)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from perf import demo_chain
+from perf.quality.detect import detect, read_backgrounds
+from perf.quality.metrics import presence, prompt_background, prompt_objects
+from rolling_forcing.config import PipelineConfig
+from rolling_forcing.decode import to_uint8_frames
+from rolling_forcing.demo import load_demo
+from rolling_forcing.demo.autoencoder import load_autoencoder
+
+PROMPT = "a yellow triangle bouncing on a navy background"
+
+
+def test_ways_and_roundtrip_on_the_demo_model() -> None:
+    demo, ae = load_demo(with_decoder=False), load_autoencoder()
+    rows = demo_chain.measure_prompt(demo, ae, PROMPT, 6, 0)
+    assert [r["way"] for r in rows] == ["roundtrip", "teacher", "chain", "stream"]
+    truth = demo_chain._truth_latents(ae, PROMPT, 18, 0)
+    frames = to_uint8_frames(ae.decode(truth))
+    want = presence(
+        detect(frames), prompt_objects(PROMPT), read_backgrounds(frames), prompt_background(PROMPT)
+    )
+    assert rows[0]["presence"] == want
+    levels = [str(i) for i in range(len(PipelineConfig().timesteps))]
+    for r in rows[1:]:
+        assert sorted(r["x0_mse"]) == levels and 0.0 <= r["presence"] <= 1.0
+    # teacher: a block's input holds (1 - sigma) of its true latent, so the lowest-noise level's x0 error is
+    # the smallest; the chain's level-0 input is pure noise whatever the way: the same level-0 error
+    teacher, chain = rows[1]["x0_mse"], rows[2]["x0_mse"]
+    assert teacher[levels[-1]] < teacher["0"]
+    assert chain["0"] == pytest.approx(teacher["0"], rel=0.2)
+
+
+def test_truth_latents_render_the_prompt_layout() -> None:
+    from perf.quality.streams import scene_for_prompt
+    from rolling_forcing.procedural import prompt_layout, render
+
+    ae = load_autoencoder()
+    z = demo_chain._truth_latents(ae, PROMPT, 3, 0)
+    video = render(prompt_layout(scene_for_prompt(PROMPT, np.random.default_rng(0))), 0, 9)
+    x = torch.from_numpy(video).permute(0, 3, 1, 2).float()[None] / 127.5 - 1.0
+    torch.testing.assert_close(z, ae.encode(x), rtol=0, atol=0)
+
+
+def test_blocks_below_a_full_window_are_refused() -> None:
+    with pytest.raises(ValueError, match="--blocks must be >= 6"):
+        demo_chain.run(None, (PROMPT,), 5, 0)
