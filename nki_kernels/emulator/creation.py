@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -171,7 +172,17 @@ def shared_identity_matrix(n: int, dtype: Any = uint8, dst: Any = None) -> NkiTe
 
 
 def shared_constant(constant: Any) -> NkiTensor:
+    """``nl.shared_constant(constant)``: a ``shared_hbm`` tensor holding ``constant`` (NKI 0.6: "a numpy array
+    or a file path to a ``.npy`` file"); its shape and dtype are the array's."""
     launch = _state.current()
+    if isinstance(constant, (str, os.PathLike)):
+        path = os.fspath(constant)
+        if not path.endswith(".npy") or not os.path.isfile(path):
+            raise ValueError(
+                f"shared_constant: constant must be a numpy array or the path of an existing .npy file, "
+                f"got {path!r}"
+            )
+        constant = np.load(path, mmap_mode="r", allow_pickle=False)
     arr = np.asarray(constant)
     t = allocate(arr.shape, _dt.normalize(arr.dtype), shared_hbm, "constant")
     if not launch.trace_only:
