@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tools import nki_library_run as h
-from tools.nki_library_shims import _make_neuron_dtypes
+from tools.nki_library_shims import _compiler_modules, _make_neuron_dtypes, _make_simulator
 
 ROWS = [
     {"id": "test/integration/nkilib/core/embeddings/test_rope.py::T::a[1]", "outcome": "passed"},
@@ -51,3 +51,33 @@ def test_neuron_dtypes_stand_in_rounds_to_nearest_even():
     np.testing.assert_array_equal(
         nd.static_cast(np.array([2.7, -2.7]), np.int32), np.array([2, -2], np.int32)
     )
+
+
+class _Report:
+    """The two attributes of a pytest report that ``_classify`` reads."""
+
+    def __init__(self, crash: str) -> None:
+        self.longrepr = type(
+            "R", (), {"reprcrash": type("C", (), {"message": crash})(), "__str__": lambda s: crash}
+        )()
+
+
+def test_classify_validation_failure_is_a_mismatch_and_a_missed_expected_error_is_not():
+    out = h._classify(_Report("test.utils.exceptions.ValidationException: Validation failed for ['out']"))
+    assert out["kind"] == "mismatch"
+    missed = "AssertionError: Regex pattern did not match.\n  Expected regex: 'size mismatch'\n  Actual: 'x'"
+    assert h._classify(_Report(missed))["kind"] == "error"
+    refused = "nki_kernels.emulator.errors.SbufCapacityError: [sbuf-capacity] too big"
+    assert h._classify(_Report(refused)) == {"kind": "refused", "tag": "sbuf-capacity", "message": refused}
+
+
+def test_compiler_package_names_resolve_to_the_stand_ins():
+    """Built without installing (install() would alias ``nki`` for the whole test session)."""
+    typing_mod = _make_simulator()["nki_cpu_simulator.nki.typing"]
+    mods = _compiler_modules(typing_mod, _make_neuron_dtypes())
+    nt = mods["neuronxcc.nki.typing"]
+    assert isinstance(nt.mutable_tensor, type) and isinstance(nt.tensor, type)
+    assert mods["neuronxcc"].nki.typing is nt
+    static_cast = mods["neuronxcc"].starfish.support.dtype.static_cast
+    got = static_cast(np.array([1.0 + 2.0**-8], np.float32), ml_dtypes.bfloat16)
+    assert got.astype(np.float32)[0] == 1.0  # the tie rounds to even

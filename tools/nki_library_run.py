@@ -81,7 +81,11 @@ def _classify(report: Any) -> dict[str, Any]:
     if "nki_kernels.emulator.errors." in msg or (emu and _TAG.search(msg)):
         tag = _TAG.search(msg)
         return {"kind": "refused", "tag": tag.group(1) if tag else "?", "message": msg[:400]}
-    if re.search(r"mismatch|not close|allclose|Mismatched elements|exceeds tolerance", text, re.I):
+    if "Regex pattern did not match" in msg:  # a negative case whose expected error did not come
+        return {"kind": "error", "message": msg[:400]}
+    if re.search(
+        r"mismatch|not close|allclose|Mismatched elements|exceeds tolerance|Validation failed", text, re.I
+    ):
         return {"kind": "mismatch", "message": msg[:400]}
     return {"kind": "error", "message": msg[:400]}
 

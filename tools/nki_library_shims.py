@@ -13,6 +13,9 @@ It also provides, for the harness only:
 * ``neuron_dtypes`` (an AWS package the tests use to cast inputs: ``static_cast``, ``sizeinbytes``,
   ``is_float_type``, ``finfo``, ``bfloat16``, the x4-packed fp8/fp4 names) on ml_dtypes, with
   round-to-nearest-even casts;
+* ``neuronxcc.nki.typing`` (``tensor``/``mutable_tensor``, parameter annotations only) and
+  ``neuronxcc.starfish.support.dtype`` (the ``neuron_dtypes`` stand-in): compiler-package names that a few
+  kernels and tests import directly (router_topk, quantize_to_mx, qkv_cte);
 * empty stand-ins for the client libraries that the suite's conftest imports for remote hosts, S3/SQS
   uploads, HTML reports and metrics (``boto3``, ``botocore``, ``fabric2``, ``paramiko``, ``pytest_html``,
   ``aws_embedded_metrics``, ``plotext``, ``scipy`` is *not* stubbed): simulation mode never calls them.
@@ -164,6 +167,28 @@ def _make_simulator() -> dict[str, types.ModuleType]:
     for n, m in empty.items():
         mods[f"nki_cpu_simulator.nki.{n}"] = m
         setattr(nki_mod, n, m)
+    typing_mod = empty["typing"]
+    for n in ("tensor", "mutable_tensor"):  # parameter annotations only (``x: nt.mutable_tensor``)
+        setattr(typing_mod, n, type(n, (), {"__doc__": "annotation of an NKI kernel parameter (stand-in)"}))
+    return mods
+
+
+def _compiler_modules(
+    typing_mod: types.ModuleType, dtypes_mod: types.ModuleType
+) -> dict[str, types.ModuleType]:
+    """The compiler package's names a few kernels/tests import directly: ``neuronxcc.nki.typing`` (the
+    annotations of ``typing_mod``) and ``neuronxcc.starfish.support.dtype`` (``dtypes_mod``, the
+    ``neuron_dtypes`` stand-in), as ``sys.modules`` entries with their parents."""
+    mods: dict[str, types.ModuleType] = {}
+    for name in ("neuronxcc", "neuronxcc.nki", "neuronxcc.starfish", "neuronxcc.starfish.support"):
+        mods[name] = types.ModuleType(name)
+        mods[name].__path__ = []
+    mods["neuronxcc.nki.typing"] = typing_mod
+    mods["neuronxcc.starfish.support.dtype"] = dtypes_mod
+    for name in list(mods):
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(mods[parent], child, mods[name])
     return mods
 
 
@@ -180,6 +205,7 @@ def install() -> None:
         if name.startswith("nki_cpu_simulator.nki"):
             sys.modules[name.removeprefix("nki_cpu_simulator.")] = mod
     sys.modules["neuron_dtypes"] = _make_neuron_dtypes()
+    sys.modules.update(_compiler_modules(mods["nki_cpu_simulator.nki.typing"], sys.modules["neuron_dtypes"]))
     if importlib.util.find_spec("attr") is None:  # host management's ``from attr import dataclass``
         attr = types.ModuleType("attr")
         attr.dataclass = dataclasses.dataclass
