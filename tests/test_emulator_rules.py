@@ -257,8 +257,8 @@ def test_out_of_bounds_ds_and_ap():
     def k_ds():
         nl.ndarray((128, 64), nl.float32)[:, nl.ds(60, 8)]
 
-    def k_ap(x):
-        x.ap([[64, 4], [1, 65]], offset=0)
+    def k_ap(x):  # refused when accessed (building the view alone is legal: test_emulator_ap_bounds.py)
+        nisa.dma_copy(nl.ndarray((4, 65), nl.float32, buffer=nl.sbuf), x.ap([[64, 4], [1, 65]], offset=0))
 
     with pytest.raises(emu.OutOfBoundsError, match=r"nl.ds\(60, 8\)"):
         _run(k_ds, trace_only=True)

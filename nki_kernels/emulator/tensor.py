@@ -122,7 +122,7 @@ _new = object.__new__
 class NkiTensor(TensorViews):
     """A strided view over a storage.  See the module docstring."""
 
-    __slots__ = ("_st", "offset", "shape", "strides", "dtype", "name", "_dyn", "__weakref__")
+    __slots__ = ("_st", "offset", "shape", "strides", "dtype", "name", "_dyn", "_oob", "__weakref__")
 
     def __init__(
         self, shape: Any, dtype: Any, storage: Any = None, buffer: Any = sbuf, name: str = ""
@@ -148,6 +148,7 @@ class NkiTensor(TensorViews):
         self.dtype = dtype
         self.name = name
         self._dyn = None
+        self._oob: str | None = None
 
     @classmethod
     def _make(cls, st: Storage, offset: int, shape: tuple, strides: tuple, dtype: str, name: str, dyn=None):
@@ -159,12 +160,16 @@ class NkiTensor(TensorViews):
         t.dtype = dtype
         t.name = name
         t._dyn = dyn
+        t._oob = None
         return t
 
     def _view(self, offset: int, shape: tuple, strides: tuple, dyn: Any = "same") -> NkiTensor:
-        return NkiTensor._make(
+        t = NkiTensor._make(
             self._st, offset, shape, strides, self.dtype, self.name, self._dyn if dyn == "same" else dyn
         )
+        if self._oob is not None:
+            t._carry_oob(self._oob)
+        return t
 
     # ---------------------------------------------------------------- properties
     @property
@@ -284,6 +289,9 @@ class NkiTensor(TensorViews):
         t.dtype = self.dtype
         t.name = self.name
         t._dyn = self._dyn
+        t._oob = None
+        if self._oob is not None:
+            t._carry_oob(self._oob)
         return t
 
     def _getitem_general(self, key: tuple) -> NkiTensor:
@@ -479,6 +487,8 @@ class NkiTensor(TensorViews):
 
     def read(self, oob_skip: bool = False) -> np.ndarray | None:
         """Values of the view as a numpy array in storage dtype (a read-only strided view when possible)."""
+        if self._oob is not None:
+            raise OutOfBoundsError(self._oob)
         data = self._st.data
         if data is None:
             return None
@@ -494,6 +504,8 @@ class NkiTensor(TensorViews):
     def write(self, values: np.ndarray, oob_skip: bool = False) -> np.ndarray | None:
         """Store ``values`` (broadcastable to the view, already in storage dtype).  Returns flat indices
         written when the write went through an index array (else None)."""
+        if self._oob is not None:
+            raise OutOfBoundsError(self._oob)
         data = self._st.data
         if data is None:
             return None
@@ -512,6 +524,8 @@ class NkiTensor(TensorViews):
 
     def written_mask_view(self) -> np.ndarray | None:
         """PSUM only: writable strided view over the per-element 'written by matmul' flags."""
+        if self._oob is not None:
+            raise OutOfBoundsError(self._oob)
         w = self._st.written
         if w is None:
             return None

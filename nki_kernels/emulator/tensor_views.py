@@ -314,11 +314,25 @@ class TensorViews:
         if dyn is None:
             lo, hi = t.addr_range()
             if lo < 0 or hi >= st.size:
-                raise OutOfBoundsError(
+                # An access pattern is metadata: building one that leaves the storage is legal (nki-library
+                # builds matmul operands before the test that skips them); an instruction that accesses it
+                # is refused (NkiTensor.check_in_bounds, called by every instruction and by read/write).
+                t._oob = (
                     f"[out-of-bounds] ap pattern {pattern} offset {off} addresses elements [{lo}, {hi}] of "
                     f"storage {st.name or '<unnamed>'}{list(st.shape)} ({st.size} elements)"
                 )
         return t
+
+    def _carry_oob(self: NkiTensor, msg: str) -> None:
+        """A view of an out-of-bounds ``.ap`` view keeps its message while it still leaves the storage."""
+        lo, hi = self.addr_range()
+        self._oob = msg if self._dyn is None and (lo < 0 or hi >= self._st.size) else None
+
+    def check_in_bounds(self: NkiTensor) -> None:
+        """Raise the deferred ``[out-of-bounds]`` error of an ``.ap`` view that leaves its storage: building
+        such a view is legal (an access pattern is metadata), an instruction accessing it is not."""
+        if self._oob is not None:
+            raise OutOfBoundsError(self._oob)
 
     # ---------------------------------------------------------------- addressing helpers
 

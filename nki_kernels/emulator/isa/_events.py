@@ -14,16 +14,21 @@ _SPACE = {"sbuf": "sbuf", "psum": "psum", "hbm": "hbm", "shared_hbm": "hbm"}
 
 
 def _use(launch: _state.Launch, reads: tuple, writes: tuple) -> None:
-    """One issued instruction accessed ``reads`` and ``writes`` (non-tensors are skipped)."""
+    """One issued instruction accessed ``reads`` and ``writes`` (non-tensors are skipped).  An operand that
+    is an out-of-bounds ``.ap`` view is refused here (trace-only runs read no values)."""
     n = launch.seq = launch.seq + 1
     for t in reads:
         if type(t) is NkiTensor:
+            if t._oob is not None:
+                t.check_in_bounds()
             live = t._st.live
             if live[0] < 0:  # first access
                 live[1] = n
             live[0] = n
     for t in writes:
         if type(t) is NkiTensor:
+            if t._oob is not None:
+                t.check_in_bounds()
             live = t._st.live
             if live[0] < 0:
                 live[1] = n
@@ -34,6 +39,9 @@ def _use(launch: _state.Launch, reads: tuple, writes: tuple) -> None:
 
 def _use_rw(launch: _state.Launch, r: NkiTensor, w: NkiTensor) -> None:
     """``_use`` for the common one-read, one-write instruction (no tuples, no loops: hot path)."""
+    if r._oob is not None or w._oob is not None:
+        _use(launch, (r,), (w,))
+        return
     n = launch.seq = launch.seq + 1
     live = r._st.live
     if live[0] < 0:
@@ -49,6 +57,9 @@ def _use_rw(launch: _state.Launch, r: NkiTensor, w: NkiTensor) -> None:
 
 def _use_rrw(launch: _state.Launch, r1: NkiTensor, r2: NkiTensor, w: NkiTensor) -> None:
     """``_use`` for two reads and one write (hot path)."""
+    if r1._oob is not None or r2._oob is not None or w._oob is not None:
+        _use(launch, (r1, r2), (w,))
+        return
     n = launch.seq = launch.seq + 1
     live = r1._st.live
     if live[0] < 0:

@@ -212,7 +212,11 @@ def _use_matmul(
     launch: Any, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_transpose: Any, accumulate: Any
 ) -> None:
     """Access of one matmul (hot path, inlined): liveness stamps of its three operands; its event reads dst
-    too where it may add onto it (accumulate True or None, not in transpose mode)."""
+    too where it may add onto it (accumulate True or None, not in transpose mode).  An out-of-bounds ``.ap``
+    operand is refused here (trace-only runs read no values)."""
+    if stationary._oob is not None or moving._oob is not None or dst._oob is not None:
+        for t in (stationary, moving, dst):
+            t.check_in_bounds()
     n = launch.seq = launch.seq + 1
     live = stationary._st.live
     if live[0] < 0:
