@@ -136,6 +136,20 @@ def _dma_record(op: str, dst: NkiTensor, src: NkiTensor, launch: _state.Launch, 
         _use(launch, _dma_reads(dst, src), (dst,))
 
 
+def dge_member(mode: Any, op: str) -> dge_mode:
+    """``mode`` as an ``nisa.dge_mode`` member: the member itself or its integer value (0 unknown, 1 swdge,
+    2 hwdge, 3 none; nki-library passes the values, e.g. ``dge_mode=3`` for a static-descriptor DMA, and
+    runs on hardware); anything else is refused."""
+    if type(mode) is _DGE:
+        return mode
+    if type(mode) is int and mode in _DGE_VALUES:
+        return _DGE(mode)
+    raise TypeError(f"{op}: dge_mode must be an nisa.dge_mode member or its value (0-3), got {mode!r}")
+
+
+_DGE_VALUES = frozenset(m.value for m in _DGE)
+
+
 def dma_copy(
     dst: NkiTensor,
     src: NkiTensor,
@@ -181,6 +195,7 @@ def dma_copy(
                 )
     if type(oob_mode) is not _OOB:
         raise TypeError(f"dma_copy: oob_mode must be an nisa.oob_mode member, got {oob_mode!r}")
+    dge_mode = dge_member(dge_mode, op)
     if dge_mode is _DGE.hwdge and dst.dtype != src.dtype:
         raise DtypeError(
             f"[dma-dtype] dma_copy with dge_mode=hwdge needs equal dtypes, got dst {dst.dtype} / src "
@@ -230,8 +245,7 @@ def _dma_transpose_rules(
     for t, a in ((dst, "dst"), (src, "src")):
         if not isinstance(t, NkiTensor):
             raise TypeError(f"{op}: {a} must be an NkiTensor, got {type(t).__name__}")
-    if type(dge_mode) is not _DGE:
-        raise TypeError(f"{op}: dge_mode must be an nisa.dge_mode member, got {dge_mode!r}")
+    dge_mode = dge_member(dge_mode, op)
     if type(oob_mode) is not _OOB:
         raise TypeError(f"{op}: oob_mode must be an nisa.oob_mode member, got {oob_mode!r}")
     if dst._st.buffer is not sbuf:
