@@ -1,12 +1,13 @@
-"""Stage 3 of the demo DiT: train on the stream's own denoising chain (docs/demo_model.md, "Stage 3").
+"""Stage 3 of the demo DiT: regression on the stream's own denoising chain (an experiment, not run by
+``train-demo``; docs/demo_model.md, "Where the stream loses its objects").
 
 Why: stages 1-2 noise every window block from the *true* latent at its level (teacher forcing). The
 stream never sees such inputs: a block enters its window as pure noise, and at each later level its input
-is the model's own x0 prediction of the previous level re-noised with fresh noise. Measured on the
-stage-2 weights (three prompts, 14 blocks, true clean context in both cases): with true-latent inputs
-the final level's x0 decodes to the prompt's objects in 38 / 100 / 92 % of frames; with the chain's own
-inputs in 19 / 55 / 5 %, and the x0 error *grows* down the chain (0.39 -> 0.51 mean squared, normalised
-latents) instead of shrinking. The stream's misses come from the chain, not from the clean context.
+is the model's own x0 prediction of the previous level re-noised with fresh noise. ``python -m
+perf.demo_chain`` on the shipped weights (three prompts, 14 blocks, true clean context both times): with
+true-latent inputs the final level's x0 decodes to the prompt's objects in 38 / 100 / 94 % of frames; with
+the chain's own inputs in 19 / 64 / 4 %, and the x0 error does not fall down the chain (0.39 -> 0.51 mean
+squared, normalised latents, first prompt). The stream's misses come from the chain, not the context.
 
 So a stage-3 sample is a window of a *chain rollout* (:func:`chain_rollout`): for a batch of clips, every
 window of a ``max_clean_blocks + window_blocks``-block stream runs in order, without gradient, each block
@@ -18,12 +19,13 @@ context is the clip's true latents with stage 1's Gaussian jitter (or, with prob
 (``rolling_forcing.procedural.prompt_layout``) the true latent is a valid target for whatever input the
 chain produced: the loss is the flow MSE against ``(x_t - x0_true) / sigma`` (the flow whose
 ``flow_to_x0`` is the true x0). This is Self-Forcing's idea (train on the model's own rollout,
-https://arxiv.org/abs/2506.08009) with a regression target in place of a distilled teacher, which only
-works because the data is deterministic given the prompt and the context.
+https://arxiv.org/abs/2506.08009) with a regression target in place of a distilled teacher.
 
+Measured: it does not help. A regression target on inputs that carry no object makes every level predict
+the context-only mean (600 steps: presence 12 / 15 / 4 %, objects fade); the docs list the variants tried.
 Each rollout feeds ``windows_per_rollout`` gradient steps on distinct windows of it (the rollout costs
-about as much as three gradient steps). A warm restart from stage 2's EMA weights (fresh AdamW, EMA
-starting from those weights). Seeded from ``seed + 2``.
+about as much as three gradient steps). A warm restart from ``start``'s weights (fresh AdamW, EMA starting
+from those weights). Seeded from ``seed + 2``.
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ NoiseFn = Callable[[int, int, tuple[int, ...]], torch.Tensor]
 
 @dataclass(frozen=True)
 class Stage3Config:
-    """Hyper-parameters of :func:`train_stage3` (defaults: the shipped run; ``steps=0`` skips the stage).
+    """Hyper-parameters of :func:`train_stage3` (defaults: the measured 600-step run of docs/demo_model.md;
+    ``steps=0`` skips the stage).
     Batch, stream length (``max_clean_blocks``), jitter, weight decay, grad clip and EMA decay are stage
     1's (:class:`DitTrainConfig`)."""
 
-    steps: int = 1500
+    steps: int = 600
     lr: float = 3e-4
     warmup_steps: int = 50
     windows_per_rollout: int = 6
