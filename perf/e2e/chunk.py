@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from perf.e2e.compact import KV_CACHES, text_kv_collective, vae_weight_gather
 from perf.e2e.components import GROUPS, Component, Forward, forward_components, vae_components
 from perf.e2e.kernels import KernelProvider
 from perf.e2e.launches import LaunchPlan, neffs_per_chunk
@@ -41,10 +42,11 @@ from perf.e2e.overlap import (
 )
 from perf.e2e.params import E2EParams
 from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, tp_linear_comm
-from perf.footprint import VaeProbe, merged_tokens, vae_strides
+from perf.footprint import VAE_WEIGHT_PLACEMENTS, VaeProbe, merged_tokens, vae_strides
 from perf.matmul_model import MatmulProvider
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.merged import copy_blocks
+from sharding.layer_comm import LayerCollective
 
 __all__ = [
     "OVERHEAD_GROUPS",
@@ -213,6 +215,8 @@ def chunk_model(
     weights: str = "replicated",
     compile_mode: str = "fullgraph",
     comm_schedule: str | None = None,
+    kv_cache: str = "sp_sharded",
+    vae_weights: str = "replicated",
 ) -> ChunkModel:
     """Modelled chunk at ``end``: the forwards (default: steady state of ``variant``) + VAE decode of the
     block + kernel fixed costs, collective barriers and NEFF launches (module docstring).
@@ -233,17 +237,37 @@ def chunk_model(
     others are ``serial_plan``): None picks ``overlap`` for ``compile_mode="fullgraph"`` (collectives
     inside the one graph, issued asynchronously) and ``serial_split`` otherwise (host collectives cut
     the graph).  Every choice's charge is kept in :attr:`ChunkModel.comm_alternatives`.
+
+    ``kv_cache`` (:data:`perf.e2e.compact.KV_CACHES`): ``"sp_compact"`` (needs ``sp > 1`` and weights
+    ``"replicated"`` or ``"fsdp"``) prices the compact layout's collectives: the cache-share gather of
+    a ring one slot shorter and the per-layer text k/v all-gather
+    (:func:`perf.e2e.compact.text_kv_collective`, component ``text_kv_gather``: the time it adds to the
+    forward's critical path + its contention, or its time under ``serial_split``), scheduled with the
+    stream's own collectives (``overlap`` or ``serial_split``, also with ``weights="fsdp"``, whose weight
+    gathers stay priced as above).  ``vae_weights="fsdp"`` adds ``vae_weight_gather``
+    (:func:`perf.e2e.compact.vae_weight_gather`, charged in full once per decode).
     """
     if weights not in WEIGHT_VARIANTS:
         raise ValueError(f"chunk_model: weights must be one of {WEIGHT_VARIANTS}, got {weights!r}")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"chunk_model: kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+    if vae_weights not in VAE_WEIGHT_PLACEMENTS:
+        raise ValueError(
+            f"chunk_model: vae_weights must be one of {VAE_WEIGHT_PLACEMENTS}, got {vae_weights!r}"
+        )
+    compact = kv_cache == "sp_compact"
+    if compact and weights == "tp_linear":
+        raise ValueError("chunk_model: kv_cache='sp_compact' is priced with weights 'replicated' or 'fsdp'")
+    if compact and comm_schedule == "serial_plan":
+        raise ValueError("chunk_model: kv_cache='sp_compact' takes comm_schedule 'overlap' or 'serial_split'")
     if comm_schedule is None:
-        if weights != "replicated":
+        if weights != "replicated" and not compact:
             comm_schedule = "serial_plan"
         else:
             comm_schedule = "overlap" if compile_mode == "fullgraph" else "serial_split"
     if comm_schedule not in COMM_SCHEDULES:
         raise ValueError(f"chunk_model: comm_schedule must be one of {COMM_SCHEDULES}, got {comm_schedule!r}")
-    if weights != "replicated" and comm_schedule != "serial_plan":
+    if weights != "replicated" and comm_schedule != "serial_plan" and not compact:
         raise ValueError(
             f"chunk_model: comm_schedule={comm_schedule!r} models the sharded stream's own collectives "
             f"(weights='replicated'); weights={weights!r} takes 'serial_plan'"
@@ -286,8 +310,13 @@ def chunk_model(
         )
         if not has_head:
             cs = [c for c in cs if c.name != "head_gather"]
-        if weights == "replicated" and comm_s > 0:
-            cs, fo, alt = _stream_comm(m, p, fwd, pl, cs, comm_schedule, point.end, params.hbm_Bps_per_core)
+        if compact and pl.sp < 2:
+            raise ValueError(f"chunk_model: kv_cache='sp_compact' needs sp > 1, the plan is {pl.name}")
+        text = text_kv_collective(m, pl.tp * pl.sp, pl.model) if compact else None
+        if (weights == "replicated" or compact) and comm_s > 0:
+            cs, fo, alt = _stream_comm(
+                m, p, fwd, pl, cs, comm_schedule, point.end, params.hbm_Bps_per_core, text
+            )
             overlaps.append(fo)
             alts = _add_alternatives(alts, alt)
         if weights == "fsdp":
@@ -313,6 +342,10 @@ def chunk_model(
     if vae is not None:
         layers = vae.steady if vae_layers == "steady" else vae.first
         comps += vae_components(vae, layers, cores, matmul, params, vae_layers, end)
+        if vae_weights == "fsdp":
+            vb, vt = vae_weight_gather(vae.decoder_params, cores, cmodel)
+            src = f"FSDP all-gather of the decoder weights, {vb / 1e6:.1f} MB/core, unhidden ({cmodel.name})"
+            comps.append(Component("vae_weight_gather", "vae", vt, 1, 0, 0, False, src, 1))
     assert pl is not None
     kernel_calls = sum(c.launches * c.calls for c in comps)
     collectives = sum(c.collectives * c.calls for c in comps)
@@ -399,19 +432,26 @@ def _stream_comm(
     schedule: str,
     end: str,
     hbm_Bps: float,
+    text: LayerCollective | None = None,
 ) -> tuple[list[Component], ForwardOverlap, list[CommAlternative]]:
     """One forward's per-layer collectives as the stream's code issues them
     (:func:`sharding.layer_comm.layer_collectives`, SP-sharded cache), charged by ``schedule``: the
     ``sharding_comm`` component replaced (and ``comm_contention`` added for ``overlap``); returns the
-    forward's overlap and the three schedules' charges (per forward)."""
+    forward's overlap and the three schedules' charges (per forward).
+
+    ``text`` (the compact layout, :func:`perf.e2e.compact.text_kv_collective`): the cache share is a ring
+    one slot shorter, ``text`` joins the layer's collectives and the component ``text_kv_gather`` takes
+    what it adds (``overlap``: the forward's exposed time + contention minus those of the same program
+    without it; ``serial_split``: its time)."""
     from sharding.layer_comm import layer_collectives
 
     L = m.num_layers
-    colls = layer_collectives(
-        pl, tokens=fwd.tokens, cache_slots=p.buffer_slots, tokens_per_block=p.tokens_per_block(m)
-    )
+    slots = p.buffer_slots - (1 if text is not None else 0)
+    base = layer_collectives(pl, tokens=fwd.tokens, cache_slots=slots, tokens_per_block=p.tokens_per_block(m))
+    colls = (*base, text) if text is not None else base
     times = {c.name: c.time_s * c.calls / L for c in cs if c.per_layer and c.group != "comm"}
     fo = forward_overlap(fwd.name, times, colls, L, end=end, hbm_Bps=hbm_Bps)
+    fb = forward_overlap(fwd.name, times, base, L, end=end, hbm_Bps=hbm_Bps) if text is not None else fo
     n = len(colls)
     moved = sum(c.bytes for c in colls)
     # the not-built estimate: token sub-blocks (perf.e2e.overlap.layer_program pieces); its split kernels
@@ -419,31 +459,46 @@ def _stream_comm(
     sub = forward_overlap(fwd.name, times, colls, L, end=end, hbm_Bps=hbm_Bps, pieces=SUB_BLOCKS)
     split = set(split_names(times))
     more_calls = (SUB_BLOCKS - 1) * L * sum(c.launches for c in cs if c.per_layer and c.name in split)
-    n_sub = n + (SUB_BLOCKS - 1) * sum(c.role != "kv_cache" for c in colls)
+    n_sub = n + (SUB_BLOCKS - 1) * sum(c.role not in ("kv_cache", "text_kv") for c in colls)
     alts = [
         CommAlternative("overlap", fo.charge_s, n * L, moved),
         CommAlternative("serial_split", fo.serial_s, n * L, moved),
-        CommAlternative("serial_plan", pl.comm_time_s * L, pl.comm.collectives * L, pl.comm.total_bytes),
+        CommAlternative(
+            "serial_plan",
+            (pl.comm_time_s + (text.time_s if text is not None else 0.0)) * L,
+            (pl.comm.collectives + (text is not None)) * L,
+            pl.comm.total_bytes + (text.bytes if text is not None else 0),
+        ),
         CommAlternative(ESTIMATE, sub.charge_s, n_sub * L, moved, more_calls),
     ]
     if schedule == "serial_plan":
         return cs, fo, alts
-    src = f"{n} collectives per layer ({'/'.join(c.role for c in colls)}; {pl.model.name})"
+    src = f"{len(base)} collectives per layer ({'/'.join(c.role for c in base)}; {pl.model.name})"
     out: list[Component] = []
+    nb = len(base)
     for c in cs:
         if c.name != "sharding_comm":
             out.append(c)
         elif schedule == "serial_split":
-            out.append(replace(c, time_s=fo.serial_s / L, collectives=n, source=f"serialised: {src}"))
+            out.append(replace(c, time_s=fb.serial_s / L, collectives=nb, source=f"serialised: {src}"))
         else:
             tag = f"overlap critical path: {src}"
-            out.append(replace(c, time_s=fo.exposed_s / L, collectives=n, source=tag))
+            out.append(replace(c, time_s=fb.exposed_s / L, collectives=nb, source=tag))
             out.append(
                 Component(
-                    "comm_contention", "comm", fo.contention_s / L, L, 0, 0, True,
+                    "comm_contention", "comm", fb.contention_s / L, L, 0, 0, True,
                     f"hidden collectives' HBM time x {end} contention", bound="collective",
                 )
             )  # fmt: skip
+    if text is not None:
+        if schedule == "serial_split":
+            t_text, how = text.time_s, "serialised"
+        else:
+            t_text = (fo.charge_s - fb.charge_s) / L
+            how = "overlap: exposed time + contention it adds to the forward"
+        mb = text.bytes / 1e6
+        src_t = f"text k/v all-gather, {mb:.2f} MB per core per layer, {how} ({pl.model.name})"
+        out.append(Component("text_kv_gather", "comm", t_text, L, 0, 0, True, src_t, 1, bound="collective"))
     return out, fo, alts
 
 

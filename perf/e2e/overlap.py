@@ -277,7 +277,12 @@ def layer_program(
     ``"<name>#<i>"`` (a collective part pays its whole ``latency_s`` + its share of the rest): part ``i``
     of the all-to-all and the new keys' gather needs part ``i`` of the projection + norm, the attention
     (all parts) needs every part of the new keys, part ``i`` of the output all-to-all needs part ``i`` of
-    the attention (by queries) and part ``i`` of o_proj needs it."""
+    the attention (by queries) and part ``i`` of o_proj needs it.
+
+    A collective of role ``"text_kv"`` (the compact KV layout's text k/v all-gather,
+    :func:`perf.e2e.compact.text_kv_collective`) is issued after the layer's new-key collectives (the CC
+    stream is idle under the attention), needs only its one-layer buffer (free once the previous layer's
+    ``cross_attn`` ended) and the layer's ``cross_attn`` waits for it."""
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ValueError(f"layer_program: layers must be an int >= 1, got {layers!r}")
     if isinstance(gather_buffers, bool) or not isinstance(gather_buffers, int) or gather_buffers < 1:
@@ -290,6 +295,8 @@ def layer_program(
     post = [n for n in names if stage(n) == "post"]
     if not attn or not pre:
         raise ValueError(f"layer_program: times need pre-attention and attention components, got {names}")
+    if any(c.role == "text_kv" for c in collectives) and "cross_attn" not in post:
+        raise ValueError(f"layer_program: a 'text_kv' collective needs a 'cross_attn' component, got {names}")
     split = set(split_names(times)) if pieces > 1 else set()
     k = pieces
 
@@ -331,6 +338,8 @@ def layer_program(
             if "kv_fresh" in roles:
                 dep = [coll("kv_fresh", f"{tag}kv_fresh{sfx}", dep, k if sfx else 1)]
             fresh += dep
+        if "text_kv" in roles:  # the compact layout's text k/v: cached, needs only its one-layer buffer
+            coll("text_kv", tag + "text_kv", (f"{ly - 1}:cross_attn",) if ly else ())
         for i, n in enumerate(attn):
             for j, part in enumerate(parts(n)):
                 deps: tuple[str, ...] = tuple(fresh) if i == 0 and j == 0 else ()
@@ -349,6 +358,8 @@ def layer_program(
                     deps = outs[j] if len(ps) > 1 else tuple(x for o in outs for x in o)
                 else:
                     deps = ()
+                if n == "cross_attn" and "text_kv" in roles:
+                    deps = (*deps, tag + "text_kv")
                 ops.append(Op(tag + part, "compute", times[n] / len(ps), deps))
         carry = () if post else tuple(x for o in outs for x in o)
     return ops + comm

@@ -14,6 +14,7 @@ from perf.e2e.components import GROUPS
 from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
+from perf.e2e.report_compact import compact_note
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
 from perf.e2e.report_guard import guard_headline_lines, guard_lines, read_guard_rows
 from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
@@ -21,7 +22,6 @@ from perf.e2e.report_overlap import overlap_lines
 from perf.e2e.report_peer import calibration_verdict, peer_breakdown_lines, peer_table
 from perf.e2e.run import E2EResult
 from perf.e2e.weights import WEIGHT_VARIANTS
-from perf.footprint import Footprint
 
 __all__ = [
     "render_report",
@@ -191,7 +191,7 @@ def targets_lines(r: E2EResult) -> list[str]:
     L.append(
         f"| HBM <= {_gb(prm.target_hbm_bytes)} GB in bf16 | baseline {_gb(fp_bf16.per_chip)} GB "
         f"({fp_bf16.label}); "
-        f"best modelled placement {_gb(best.per_chip)} GB ({best.label}){lb_txt}{_compact_note(best, r)} | "
+        f"best modelled placement {_gb(best.per_chip)} GB ({best.label}){lb_txt}{compact_note(best, r)} | "
         f"{'yes' if hbm_ok else 'no'} |"
     )
     fp8_lines = [fp for fp in r.footprints if fp.label.startswith("fp8") and "shared" not in fp.label]
@@ -211,20 +211,6 @@ def targets_lines(r: E2EResult) -> list[str]:
         "the steady chunk above; the warm-up windows are in the time to first frame.\n"
     )
     return L
-
-
-def _compact_note(fp: Footprint, r: E2EResult) -> str:
-    """The compact KV layout's unpriced collective, said beside the HBM figure that assumes it."""
-    if "compact" not in fp.label:
-        return ""
-    m = r.model
-    per_core = m.num_layers * m.text_len * 2 * m.dim * 2 * (r.cores - 1) / r.cores
-    return (
-        f" (the compact layout token-shards the text k/v and all-gathers it before each layer's "
-        f"cross-attention: {per_core / 1e6:.1f} MB per core per forward, one collective per layer, not in "
-        "the fps rows above, which price the stream's default layout; it depends on no compute of the "
-        "layer, so the overlap schedule could hide it)"
-    )
 
 
 def render_report(r: E2EResult, png_names: Sequence[str]) -> str:

@@ -30,11 +30,28 @@ from perf.matmul_model import MatmulProvider, TracedLinearProvider, default_matm
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.fp8 import kv_fp8_bytes_per_element
 
-__all__ = ["E2EResult", "PeerRow", "Ttff", "run_model", "peer_provider", "OUR_VARIANTS"]
+__all__ = [
+    "E2EResult",
+    "PeerRow",
+    "Ttff",
+    "run_model",
+    "peer_provider",
+    "OUR_VARIANTS",
+    "COMPACT",
+    "COMPACT_MODES",
+]
 
 OUR_VARIANTS = ("merged", "two_pass", "merged_eager")
 """Our chunk variants: merged and two-pass compiled one graph per forward (``fullgraph``), and the merged
 forward of the sharded stream without ``compile=`` (``eager_sharded``: host collectives cut the graph)."""
+
+
+COMPACT: dict[str, Any] = {"weights": "fsdp", "vae_weights": "fsdp", "kv_cache": "sp_compact"}
+"""The HBM-best placement (perf/footprint.py): FSDP-sharded DiT + VAE weights, the compact KV layout."""
+COMPACT_MODES = ("fullgraph", "eager_sharded")
+"""Compile modes :data:`COMPACT` is priced in: one graph per forward (collectives on the CC stream, the
+overlap schedule; the stream does not build it: ``kv_cache="sp_compact"`` refuses ``compile=``,
+``sharding/kv_shard.py``) and the eager stream that runs it (host collectives, serialised)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,8 @@ class E2EResult:
     peer: list[PeerRow] = field(default_factory=list)
     peer_kernels_name: str = ""
     guard: GuardSensitivity = field(default_factory=GuardSensitivity)
+    compact: dict[tuple[str, str], ChunkModel] = field(default_factory=dict)
+    """The HBM-best placement (:data:`COMPACT`) per (compile mode of :data:`COMPACT_MODES`, end)."""
 
     def chunk(self, variant: str, end: str) -> ChunkModel:
         return self.chunks[(variant, end)]
@@ -168,8 +187,7 @@ def run_model(
         for wp, wl in (("fsdp", "FSDP-sharded weights"), ("tp_linear", "TP-sharded linears"))
         for kvb, lab in kvs
     ]
-    compact = {"weights": "fsdp", "vae_weights": "fsdp", "kv_cache": "sp_compact"}  # perf/footprint.py
-    specs += [(kvb, lab, compact, "FSDP-sharded DiT + VAE weights, compact KV cache") for kvb, lab in kvs]
+    specs += [(kvb, lab, COMPACT, "FSDP-sharded DiT + VAE weights, compact KV cache") for kvb, lab in kvs]
     for kvb, lab, placement, wl in specs:
         fps_.append(
             footprint(
@@ -186,6 +204,14 @@ def run_model(
                 else chunk_model(m, pipe, cores=cores, variant="merged", weights=wp, end=end, **kw)
             )
             wv.append((wp, end, cm))
+    compact = {
+        (mode, end): chunk_model(
+            m, pipe, cores=cores, variant="merged", end=end, compile_mode=mode, **COMPACT, **kw
+        )
+        for mode in COMPACT_MODES
+        for end in ENDS
+        if merged.sp > 1  # the compact layout needs SP ranks (perf/footprint.py)
+    }
     if peer and peer_kernels is None:
         peer_kernels = peer_provider(kernels)
     peers = _peer_rows(pipe, peer_kernels or kernels, peer_matmul(matmul, params), params) if peer else []
@@ -208,6 +234,7 @@ def run_model(
         peer=peers,
         peer_kernels_name=getattr(peer_kernels, "name", "") if peer else "",
         guard=guard,
+        compact=compact,
     )
 
 
