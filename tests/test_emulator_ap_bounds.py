@@ -20,6 +20,7 @@ from nki_kernels.emulator import run
 
 pytestmark = pytest.mark.emulator
 OOB = r"\[out-of-bounds\] ap pattern \[\[8, 4\], \[1, 8\]\] offset 4 addresses elements \[4, 35\]"
+ONE = r"\[out-of-bounds\] ap pattern \[\[8, 1\], \[1, 1\]\] offset 40 addresses elements \[40, 40\]"
 
 
 def _tile(x):
@@ -69,6 +70,13 @@ def _access(how):
             nisa.nc_matmul(p, bad, t)
         elif how == "slice still outside":
             nisa.tensor_copy(d[:, 2:8], bad[:, 2:8])
+        elif how in ("register_load", "register_store"):
+            one = t.ap([[8, 1], [1, 1]], offset=40)  # element 40 of a 32-element tile
+            reg = nisa.register_alloc(0)
+            if how == "register_load":
+                nisa.register_load(reg, one)
+            else:
+                nisa.register_store(one, reg)
         return _out(d)
 
     return k
@@ -85,9 +93,12 @@ def _access(how):
         "dma_copy",
         "matmul stationary",
         "slice still outside",
+        "register_load",
+        "register_store",
     ],
 )
 def test_an_instruction_accessing_an_out_of_bounds_view_is_refused(how, trace_only):
     x = emu.TensorSpec((4, 8), "float32") if trace_only else np.zeros((4, 8), np.float32)
-    with pytest.raises(emu.OutOfBoundsError, match=OOB):
+    msg = ONE if how.startswith("register") else OOB
+    with pytest.raises(emu.OutOfBoundsError, match=msg):
         run(_access(how), x, trace_only=trace_only)

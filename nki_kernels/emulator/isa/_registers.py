@@ -46,11 +46,13 @@ def register_move(dst: VirtualRegister, src: Any) -> None:
 def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
     if src.size != 1:
         raise ShapeMismatchError(f"register_load: src {src._desc()} must have a single element")
+    src.check_in_bounds()  # an out-of-bounds .ap view, also in trace-only runs (no values read there)
     dst.value = 0 if src._st.data is None else int(np.asarray(src.read()).reshape(-1)[0])
 
 
 def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
     if dst.size != 1:
         raise ShapeMismatchError(f"register_store: dst {dst._desc()} must have a single element")
+    dst.check_in_bounds()
     if dst._st.data is not None:
         dst.write(_dt.cast(np.full(dst.shape, src.value, dtype=np.int64), dst.dtype))
