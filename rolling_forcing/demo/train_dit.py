@@ -16,10 +16,12 @@ initial weights; with a fixed thread count and torch version the run is bitwise 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,7 @@ __all__ = [
     "sample_layout",
     "save_dit",
     "train_dit",
+    "warm_restart",
     "warmup_cosine_lr",
 ]
 
@@ -170,6 +173,30 @@ def make_batch(
             target[:, lo - s * fpb : hi - s * fpb] = (sig / pipe_cfg.sigmas[level]) * (eps - x0[:, lo:hi])
         t[:, lo:hi] = ts
     return x, t, target, [clips.prompts[int(i)] for i in idx]
+
+
+class StageState(NamedTuple):
+    """What a warm-restarted DiT stage trains: the models (train mode), their EMA copies (eval mode), both
+    parameter lists in the order :func:`optimizer_step` pairs them, and a fresh AdamW."""
+
+    model: CausalWanModel
+    text: DemoTextEncoder
+    ema_model: CausalWanModel
+    ema_text: DemoTextEncoder
+    params: list[torch.nn.Parameter]
+    ema_params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+
+
+def warm_restart(start: DitTrainResult, lr: float, weight_decay: float) -> StageState:
+    """Stages 2 and 3: copies of ``start``'s weights (``start`` is not modified) to train and to hold the
+    EMA, and a fresh AdamW (betas 0.9, 0.99) at ``lr``."""
+    model, text = copy.deepcopy(start.model).train(), copy.deepcopy(start.text_encoder).train()
+    ema_m, ema_t = copy.deepcopy(start.model).eval(), copy.deepcopy(start.text_encoder).eval()
+    params = [*model.parameters(), *text.parameters()]
+    ema_params = [*ema_m.parameters(), *ema_t.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99))
+    return StageState(model, text, ema_m, ema_t, params, ema_params, opt)
 
 
 def warmup_cosine_lr(step: int, lr: float, warmup_steps: int, steps: int) -> float:

@@ -28,7 +28,6 @@ Everything is seeded from ``seed + 1`` (a separate generator from stage 1's).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from rolling_forcing.config import ModelConfig, PipelineConfig
-from rolling_forcing.demo.text_encoder import DemoTextEncoder
 from rolling_forcing.demo.train_attention import TrainLayout, training_forward
 from rolling_forcing.demo.train_dit import (
     DitTrainConfig,
@@ -46,6 +44,7 @@ from rolling_forcing.demo.train_dit import (
     make_batch,
     optimizer_step,
     sample_layout,
+    warm_restart,
     warmup_cosine_lr,
 )
 from rolling_forcing.model import CausalWanModel, TextKV, add_noise
@@ -140,12 +139,7 @@ def train_stage2(
         return start
     if tcfg.noise_scale != 1.0:
         raise ValueError(f"train_stage2 needs DitTrainConfig.noise_scale == 1, got {tcfg.noise_scale}")
-    model: CausalWanModel = copy.deepcopy(start.model).train()
-    text: DemoTextEncoder = copy.deepcopy(start.text_encoder).train()
-    ema_m, ema_t = copy.deepcopy(start.model).eval(), copy.deepcopy(start.text_encoder).eval()
-    params = [*model.parameters(), *text.parameters()]
-    ema_params = [*ema_m.parameters(), *ema_t.parameters()]
-    opt = torch.optim.AdamW(params, lr=rcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.99))
+    model, text, ema_m, ema_t, params, ema_params, opt = warm_restart(start, rcfg.lr, tcfg.weight_decay)
     gen = torch.Generator().manual_seed(tcfg.seed + 1)
     losses: list[float] = []
     t0 = time.perf_counter()

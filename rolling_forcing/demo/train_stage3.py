@@ -30,7 +30,6 @@ from those weights). Seeded from ``seed + 2``.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,13 +39,13 @@ import torch.nn.functional as F
 
 from rolling_forcing import schedule
 from rolling_forcing.config import ModelConfig, PipelineConfig
-from rolling_forcing.demo.text_encoder import DemoTextEncoder
 from rolling_forcing.demo.train_attention import TrainLayout, training_forward, training_layout
 from rolling_forcing.demo.train_dit import (
     DitTrainConfig,
     DitTrainResult,
     LatentClips,
     optimizer_step,
+    warm_restart,
     warmup_cosine_lr,
 )
 from rolling_forcing.model import CausalWanModel, TextKV, add_noise
@@ -209,12 +208,7 @@ def train_stage3(
         raise ValueError(
             f"clips hold {clips.latents.shape[1]} latent frames; stage 3 needs {num_blocks * fpb}"
         )
-    model: CausalWanModel = copy.deepcopy(start.model).train()
-    text: DemoTextEncoder = copy.deepcopy(start.text_encoder).train()
-    ema_m, ema_t = copy.deepcopy(start.model).eval(), copy.deepcopy(start.text_encoder).eval()
-    params = [*model.parameters(), *text.parameters()]
-    ema_params = [*ema_m.parameters(), *ema_t.parameters()]
-    opt = torch.optim.AdamW(params, lr=rcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.99))
+    model, text, ema_m, ema_t, params, ema_params, opt = warm_restart(start, rcfg.lr, tcfg.weight_decay)
     gen = torch.Generator().manual_seed(tcfg.seed + 2)
 
     def draw(block: int, level: int, shape: tuple[int, ...]) -> torch.Tensor:
