@@ -60,13 +60,10 @@ def measure_prompt(demo: Any, ae: Any, prompt: str, blocks: int, seed: int) -> l
     from perf.quality.metrics import presence, prompt_background, prompt_objects
     from rolling_forcing.config import PipelineConfig
     from rolling_forcing.decode import to_uint8_frames
-    from rolling_forcing.demo.train_attention import training_forward
     from rolling_forcing.demo.train_stage3 import chain_rollout
-    from rolling_forcing.model import add_noise
 
     pc = PipelineConfig(positions="relative")
-    fpb, sig, ts = pc.frames_per_block, pc.sigmas, pc.timesteps
-    table = pc.scheduler_table()
+    fpb, last = pc.frames_per_block, len(pc.timesteps) - 1
     truth = _truth_latents(ae, prompt, blocks * fpb, seed)
     model = demo.model.float().eval()
     with torch.no_grad():
@@ -88,44 +85,36 @@ def measure_prompt(demo: Any, ae: Any, prompt: str, blocks: int, seed: int) -> l
             return torch.randn(shape, generator=g)
 
         if way == "teacher":
-            windows = _teacher_windows(truth, pc, blocks, gen, add_noise, table)
-            outputs = None
+            windows = _teacher_windows(model, text_kv, truth, pc, blocks, gen)
         else:
-            windows, outputs = chain_rollout(
-                model,
-                text_kv,
-                truth,
-                pc,
-                blocks,
-                draw,
-                own_context=way == "stream",
-            )
+            windows, _ = chain_rollout(model, text_kv, truth, pc, blocks, draw, own_context=way == "stream")
         errs: dict[int, list[float]] = {}
         final = torch.zeros_like(truth)
-        with torch.no_grad():
-            for win in windows:
-                lay = win.layout
-                flow = training_forward(model, lay, pc, win.x, win.t, text_kv)
-                for i, level in enumerate(lay.levels):
-                    blk = slice((lay.start + i) * fpb, (lay.start + i + 1) * fpb)
-                    x0 = win.x[:, blk] - sig[level] * flow[:, i * fpb : (i + 1) * fpb]
-                    errs.setdefault(level, []).append(float((x0 - truth[:, blk]).pow(2).mean()))
-                    if level == len(ts) - 1:
-                        final[:, blk] = x0
-        if outputs is not None:
-            torch.testing.assert_close(final, outputs, rtol=0, atol=0)  # the windows are the rollout's own
+        for win in windows:
+            lay = win.layout
+            for i, level in enumerate(lay.levels):
+                blk = slice((lay.start + i) * fpb, (lay.start + i + 1) * fpb)
+                x0 = win.x0[:, i * fpb : (i + 1) * fpb]
+                errs.setdefault(level, []).append(float((x0 - truth[:, blk]).pow(2).mean()))
+                if level == last:
+                    final[:, blk] = x0
         mse = {str(k): round(float(np.mean(v)), 4) for k, v in sorted(errs.items())}
         rows.append({"prompt": prompt, "way": way, "presence": score(final), "x0_mse": mse})
     return rows
 
 
-def _teacher_windows(truth, pc, blocks, gen, add_noise, table):
-    """Every window with true context and each block noised from its true latent (stage 1's inputs)."""
+@torch.no_grad()
+def _teacher_windows(
+    model: Any, text_kv: Any, truth: torch.Tensor, pc: Any, blocks: int, gen: torch.Generator
+) -> list[Any]:
+    """Every window with true context and each block noised from its true latent (stage 1's inputs), with
+    the model's x0 of its blocks."""
     from rolling_forcing import schedule
-    from rolling_forcing.demo.train_attention import training_layout
-    from rolling_forcing.demo.train_stage3 import ChainWindow
+    from rolling_forcing.demo.train_attention import training_forward, training_layout
+    from rolling_forcing.demo.train_stage3 import ChainWindow, window_x0
+    from rolling_forcing.model import add_noise
 
-    fpb = pc.frames_per_block
+    fpb, table = pc.frames_per_block, pc.scheduler_table()
     out = []
     for w in range(schedule.num_windows(pc, blocks)):
         lay = training_layout(pc, blocks, w)
@@ -136,7 +125,8 @@ def _teacher_windows(truth, pc, blocks, gen, add_noise, table):
             eps = torch.randn(x[:, blk].shape, generator=gen)
             x[:, blk] = add_noise(truth[:, blk], eps, pc.timesteps[level], table)
             t[:, blk] = pc.timesteps[level]
-        out.append(ChainWindow(lay, x, t))
+        x0 = window_x0(lay, x, training_forward(model, lay, pc, x, t, text_kv), pc)
+        out.append(ChainWindow(lay, x, t, x0))
     return out
 
 

@@ -114,7 +114,8 @@ def test_chain_target_gives_the_true_latent_through_flow_to_x0() -> None:
     x = torch.randn(2, (lay.end + 1) * fpb, 4, 2, 2, generator=g)
     t = torch.zeros(2, (lay.end + 1) * fpb)
     truth = torch.randn(2, n * fpb, 4, 2, 2, generator=g)
-    target = chain_target(ChainWindow(lay, x, t), truth, PIPE)
+    unused_x0 = torch.full((2, len(lay.levels) * fpb, 4, 2, 2), float("nan"))  # chain_target reads no x0
+    target = chain_target(ChainWindow(lay, x, t, unused_x0), truth, PIPE)
     for i, level in enumerate(lay.levels):
         b = lay.start + i
         sigma = PIPE.sigmas[level]
@@ -173,7 +174,8 @@ def test_stage3_config_rejects_bad_values(bad: dict) -> None:
 
 
 def test_training_forward_of_a_chain_window_is_the_rollouts_own_prediction() -> None:
-    """The gradient step sees exactly the input the rollout saw (the window is stored, not rebuilt)."""
+    """The gradient step sees exactly the input the rollout saw (the window is stored, not rebuilt), and
+    the window's x0 is that forward's, every block at its own level's sigma."""
     n = 6
     model, text_kv, calls, chunks = _pipeline_run(n)
     windows, outputs = chain_rollout(
@@ -182,11 +184,11 @@ def test_training_forward_of_a_chain_window_is_the_rollouts_own_prediction() -> 
     fpb = PIPE.frames_per_block
     last = len(PIPE.timesteps) - 1
     for win in windows:
-        if last not in win.layout.levels:
-            continue
-        i = win.layout.levels.index(last)
-        b = win.layout.start + i
         with torch.no_grad():
             flow = training_forward(model, win.layout, PIPE, win.x, win.t, text_kv)
-        x0 = win.x[:, b * fpb : (b + 1) * fpb] - PIPE.sigmas[last] * flow[:, i * fpb : (i + 1) * fpb]
-        torch.testing.assert_close(x0, outputs[:, b * fpb : (b + 1) * fpb], rtol=0, atol=0)
+        for i, level in enumerate(win.layout.levels):
+            b = win.layout.start + i
+            x0 = win.x[:, b * fpb : (b + 1) * fpb] - PIPE.sigmas[level] * flow[:, i * fpb : (i + 1) * fpb]
+            torch.testing.assert_close(win.x0[:, i * fpb : (i + 1) * fpb], x0, rtol=0, atol=0)
+            if level == last:
+                torch.testing.assert_close(x0, outputs[:, b * fpb : (b + 1) * fpb], rtol=0, atol=0)

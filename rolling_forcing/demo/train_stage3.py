@@ -50,7 +50,15 @@ from rolling_forcing.demo.train_dit import (
 )
 from rolling_forcing.model import CausalWanModel, TextKV, add_noise
 
-__all__ = ["ChainWindow", "NoiseFn", "Stage3Config", "chain_rollout", "chain_target", "train_stage3"]
+__all__ = [
+    "ChainWindow",
+    "NoiseFn",
+    "Stage3Config",
+    "chain_rollout",
+    "chain_target",
+    "train_stage3",
+    "window_x0",
+]
 
 NoiseFn = Callable[[int, int, tuple[int, ...]], torch.Tensor]
 """``noise(block, level, shape) -> eps``: the noise a block's input is drawn with at a level."""
@@ -86,11 +94,30 @@ class Stage3Config:
 class ChainWindow:
     """One window of a chain rollout: its layout, the sequence ``x`` ``[B, (e+1)*fpb, C, H, W]`` (clean
     context then the window's chain inputs) and timesteps ``t`` ``[B, (e+1)*fpb]`` (0 on the context), as
-    :func:`rolling_forcing.demo.train_attention.training_forward` takes them."""
+    :func:`rolling_forcing.demo.train_attention.training_forward` takes them, and the model's x0 of the
+    window's blocks ``[B, (e-s+1)*fpb, C, H, W]`` from that forward (:func:`window_x0`)."""
 
     layout: TrainLayout
     x: torch.Tensor
     t: torch.Tensor
+    x0: torch.Tensor
+
+
+def window_x0(
+    layout: TrainLayout, x: torch.Tensor, flow: torch.Tensor, pipe_cfg: PipelineConfig
+) -> torch.Tensor:
+    """The x0 of a window's blocks ``[B, (e-s+1)*fpb, C, H, W]`` from its input sequence ``x`` ``[B,
+    (e+1)*fpb, C, H, W]`` and the forward's flow ``[B, (e-s+1)*fpb, C, H, W]``: ``x_t - sigma * flow`` per
+    block at its level's sigma."""
+    fpb = pipe_cfg.frames_per_block
+    return torch.cat(
+        [
+            x[:, (layout.start + i) * fpb : (layout.start + i + 1) * fpb]
+            - pipe_cfg.sigmas[level] * flow[:, i * fpb : (i + 1) * fpb]
+            for i, level in enumerate(layout.levels)
+        ],
+        dim=1,
+    )
 
 
 @torch.no_grad()
@@ -125,7 +152,7 @@ def chain_rollout(
             f"{tuple(context.shape)}"
         )
     table = pipe_cfg.scheduler_table()
-    sig, ts = pipe_cfg.sigmas, pipe_cfg.timesteps
+    ts = pipe_cfg.timesteps
     last = len(ts) - 1
     clean = context.clone()
     outputs = torch.zeros_like(context)
@@ -142,12 +169,12 @@ def chain_rollout(
             eps = noise(b, level, tuple(x[:, blk].shape))
             x[:, blk] = eps if level == 0 else add_noise(prev[b], eps, ts[level], table)
             t[:, blk] = ts[level]
-        windows.append(ChainWindow(lay, x, t))
-        flow = training_forward(model, lay, pipe_cfg, x, t, text_kv)
+        x0 = window_x0(lay, x, training_forward(model, lay, pipe_cfg, x, t, text_kv), pipe_cfg)
+        windows.append(ChainWindow(lay, x, t, x0))
         for i, level in enumerate(lay.levels):
             b = s + i
             blk = slice(b * fpb, (b + 1) * fpb)
-            prev[b] = x[:, blk] - sig[level] * flow[:, i * fpb : (i + 1) * fpb]
+            prev[b] = x0[:, i * fpb : (i + 1) * fpb]
             if level == last:
                 outputs[:, blk] = prev[b]
                 if own_context:
