@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from perf.e2e.weights import params_gather
 from rolling_forcing.config import ModelConfig
 from sharding.layer_comm import LayerCollective
 
@@ -64,9 +65,7 @@ def vae_weight_gather(
 ) -> tuple[int, float]:
     """FSDP all-gather of the VAE decoder's weights over ``cores`` ranks, once per decode: ``(bytes
     received per rank, seconds)``; each rank holds ``ceil(1 / cores)`` of ``decoder_params x
-    weight_bytes`` and receives the rest (as :func:`perf.e2e.weights.fsdp_gather` for the DiT)."""
+    weight_bytes`` and receives the rest (:func:`perf.e2e.weights.params_gather`, as the DiT's)."""
     _count("decoder_params", decoder_params)
     _count("cores", cores)
-    b = int(decoder_params * weight_bytes)
-    recv = b - math.ceil(b / cores) if cores > 1 else 0
-    return recv, comm_model.all_gather_s(cores, recv, cores > comm_model.cores_per_chip)
+    return params_gather(decoder_params, cores, comm_model, weight_bytes)

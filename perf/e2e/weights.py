@@ -12,7 +12,7 @@ from typing import Any
 from perf.footprint import WEIGHT_PLACEMENTS, dit_block_param_count, dit_outside_param_count
 from rolling_forcing.config import ModelConfig
 
-__all__ = ["WEIGHT_VARIANTS", "all_reduce_s", "fsdp_gather", "tp_linear_comm"]
+__all__ = ["WEIGHT_VARIANTS", "all_reduce_s", "fsdp_gather", "params_gather", "tp_linear_comm"]
 
 WEIGHT_VARIANTS = WEIGHT_PLACEMENTS
 """The weight placements the chunk model sweeps: every placement :func:`perf.footprint.footprint` knows."""
@@ -37,13 +37,18 @@ def fsdp_gather(
     (:func:`perf.footprint.dit_block_param_count`, :func:`perf.footprint.dit_outside_param_count`),
     timed as one ring all-gather of ``CommModel`` (``sharding.plan``).
     """
-    spans = cores > comm_model.cores_per_chip
-    out: list[Any] = []
-    for n_par in (dit_block_param_count(m), dit_outside_param_count(m)):
-        b = int(n_par * weight_bytes)
-        recv = b - math.ceil(b / cores) if cores > 1 else 0
-        out += [recv, comm_model.all_gather_s(cores, recv, spans)]
-    return out[0], out[1], out[2], out[3]
+    blk, blk_s = params_gather(dit_block_param_count(m), cores, comm_model, weight_bytes)
+    out, out_s = params_gather(dit_outside_param_count(m), cores, comm_model, weight_bytes)
+    return blk, blk_s, out, out_s
+
+
+def params_gather(n_params: int, cores: int, comm_model: Any, weight_bytes: float = 2) -> tuple[int, float]:
+    """FSDP all-gather of ``n_params`` weights of ``weight_bytes`` over ``cores`` ranks: ``(bytes received
+    per rank, seconds)``; each rank holds ``ceil(bytes / cores)`` and receives the rest, timed as one ring
+    all-gather of ``comm_model`` (spanning chips beyond ``cores_per_chip``)."""
+    b = int(n_params * weight_bytes)
+    recv = b - math.ceil(b / cores) if cores > 1 else 0
+    return recv, comm_model.all_gather_s(cores, recv, cores > comm_model.cores_per_chip)
 
 
 def tp_linear_comm(
