@@ -192,3 +192,24 @@ def test_training_forward_of_a_chain_window_is_the_rollouts_own_prediction() -> 
             torch.testing.assert_close(win.x0[:, i * fpb : (i + 1) * fpb], x0, rtol=0, atol=0)
             if level == last:
                 torch.testing.assert_close(x0, outputs[:, b * fpb : (b + 1) * fpb], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tail_fraction", [0.0, 1.0])
+def test_pick_windows_draws_distinct_main_windows_and_a_tail_window_at_its_rate(tail_fraction: float) -> None:
+    from rolling_forcing.demo.train_stage3 import _pick_windows
+
+    n = 13  # windows 0..12 warm-up/full, 13..16 tail (window_blocks - 1 = 4 of them)
+    kinds = [training_layout(PIPE, n, w).kind for w in range(schedule.num_windows(PIPE, n))]
+    n_main = sum(k != "tail" for k in kinds)
+    rcfg = Stage3Config(windows_per_rollout=6, tail_fraction=tail_fraction)
+    g = torch.Generator().manual_seed(0)
+    seen_main: set[int] = set()
+    for _ in range(200):
+        picks = _pick_windows(PIPE, n, rcfg, g)
+        assert len(picks) == 6 and len(set(picks)) == 6
+        assert all(kinds[w] != "tail" for w in picks[:-1])
+        assert (kinds[picks[-1]] == "tail") == (tail_fraction == 1.0)
+        seen_main.update(w for w in picks if kinds[w] != "tail")
+    assert seen_main == set(range(n_main))  # every warm-up and full window is drawn
+    capped = _pick_windows(PIPE, n, Stage3Config(windows_per_rollout=50, tail_fraction=0.0), g)
+    assert sorted(capped) == list(range(n_main))

@@ -12,18 +12,10 @@ says why. Those are listed, not run, and excluded from the kill rate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from tools.mutant import Mutant
+from tools.mutants_demo import DEMO_MUTANTS
 
-
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    path: str
-    original: str
-    replacement: str
-    tests: tuple[str, ...]
-    effect: str
-    equivalent: str = ""
+__all__ = ["MUTANTS", "Mutant"]
 
 
 _ATT = ("tests/test_attention_extremes.py", "tests/test_kernel_attention.py")
@@ -44,7 +36,7 @@ _CONV = ("tests/test_kernel_conv3d_packing.py", "tests/test_kernel_conv3d.py")
 _GUARD = ("tests/test_attention_guard_edges.py",)  # the static offset's guard at its bounds exactly
 _HAZ = ("tests/test_cost_schedule_hazards.py", "tests/test_cost_schedule.py")  # one test per hazard kind
 
-MUTANTS: tuple[Mutant, ...] = (
+_CORE: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- nki_kernels: kernels
     Mutant("att-running-max", "nki_kernels/attention.py",
            "op1=nl.minimum,\n                    operand1=nm_old[:qr],",
@@ -597,3 +589,5 @@ MUTANTS: tuple[Mutant, ...] = (
            "if isinstance(v, float) and v > 1e300:", ("tests/test_perf_runner.py",),
            "a NaN figure is written to the results instead of being rejected"),
 )  # fmt: skip
+
+MUTANTS: tuple[Mutant, ...] = _CORE + DEMO_MUTANTS
