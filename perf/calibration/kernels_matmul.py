@@ -337,7 +337,9 @@ def sdk_blocked_mnk_kernel(lhsT: Any, rhs: Any, bm: int = 16, bn: int = 2, bk: i
     return result
 
 
-def agentic_transpose_kernel(lhs: Any, rhs: Any, transpose_lhs: bool = True) -> Any:
+def agentic_transpose_kernel(
+    lhs: Any, rhs: Any, transpose_lhs: bool = True, lhs_loads: int | None = None
+) -> Any:
     """Tiled matmul with loads per (m, n, k) (loops m, n, k over 128 x 512 x 128 tiles), bf16.
 
     ``transpose_lhs=True`` (the investigation's V0): ``lhs`` is ``A[M, K]``; per (m, n, k) the ``A``
@@ -345,26 +347,43 @@ def agentic_transpose_kernel(lhs: Any, rhs: Any, transpose_lhs: bool = True) -> 
     to SBUF as the stationary ``[128 (k), 128 (m)]`` tile.  ``transpose_lhs=False`` (V1): ``lhs`` is
     ``lhsT[K, M]`` and the stationary tile is loaded directly.  Then the rhs tile ``[128, 512]`` is
     loaded and multiplied into the (m, n) PSUM accumulator; after the K loop the accumulator is evicted
-    (VectorE, fp32 -> input dtype) and stored.  Result ``[M, N]`` in ``shared_hbm``."""
+    (VectorE, fp32 -> input dtype) and stored.  Result ``[M, N]`` in ``shared_hbm``.
+
+    ``lhs_loads`` (sensitivity only; ``None`` = as listed, one load per (m, n, k)): the ``lhs`` tile of
+    (m, k) does not depend on n, so a compiler may keep it across n-iterations (as it kept 5 of 8 in the
+    agentic V0 profile, :func:`agentic_v0_kernel`).  With ``lhs_loads`` in ``1 .. N/512`` the tile is loaded
+    at the first n of each of ``lhs_loads`` groups of n-iterations (:func:`v0_lhst_groups`) and reused in
+    the group; the transposes stay per (m, n, k) (the published 1,024 TRANSPOSE MATMULs)."""
     M, K = lhs.shape if transpose_lhs else lhs.shape[::-1]
     _dims(_Shape((K, M)), rhs)
     N = rhs.shape[1]
+    n_tiles = N // TILE_N
+    if lhs_loads is not None and (type(lhs_loads) is not int or not 1 <= lhs_loads <= n_tiles):
+        raise ValueError(
+            f"agentic_transpose_kernel: lhs_loads must be None or an int in 1..N/512 = {n_tiles}, "
+            f"got {lhs_loads!r}"
+        )
+    starts = set(v0_lhst_groups(n_tiles, lhs_loads if lhs_loads is not None else n_tiles))
     result = nl.ndarray((M, N), dtype=lhs.dtype, buffer=nl.shared_hbm)
     for m in range(M // TILE_M):
         ms = slice(m * TILE_M, (m + 1) * TILE_M)
-        for n in range(N // TILE_N):
+        held: list[Any] = []  # the lhs tiles of this m, per k, reused within a group of n-iterations
+        for n in range(n_tiles):
             acc = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for k in range(K // TILE_K):
                 ks = slice(k * TILE_K, (k + 1) * TILE_K)
-                lt = nl.ndarray((TILE_K, TILE_M), dtype=lhs.dtype, buffer=nl.sbuf)
+                if n in starts:
+                    src = lhs[ms, ks] if transpose_lhs else lhs[ks, ms]
+                    t = nl.ndarray(src.shape, dtype=lhs.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=t, src=src)
+                    held[k : k + 1] = [t]
                 if transpose_lhs:
-                    at = nl.ndarray((TILE_M, TILE_K), dtype=lhs.dtype, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=at, src=lhs[ms, ks])
+                    lt = nl.ndarray((TILE_K, TILE_M), dtype=lhs.dtype, buffer=nl.sbuf)
                     tp = nl.ndarray((TILE_K, TILE_M), dtype=lhs.dtype, buffer=nl.psum)
-                    nisa.nc_transpose(dst=tp, data=at)
+                    nisa.nc_transpose(dst=tp, data=held[k])
                     nisa.tensor_copy(dst=lt, src=tp)
                 else:
-                    nisa.dma_copy(dst=lt, src=lhs[ks, ms])
+                    lt = held[k]
                 rt = nl.ndarray((TILE_K, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=rt, src=rhs[ks, n * TILE_N : (n + 1) * TILE_N])
                 nisa.nc_matmul(dst=acc, stationary=lt, moving=rt, accumulate=k > 0)
