@@ -181,6 +181,7 @@ def sharded_attention(
     backend: str | None = None,
     attention_fn: Callable[..., Any] | None = None,
     sp_extra: torch.Tensor | None = None,
+    after_keys: Callable[[], None] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of all queries over all keys, computed TP x SP-sharded; collective over all ranks.
 
@@ -201,6 +202,11 @@ def sharded_attention(
             the graph lets it overlap their projection and collectives (a fused gather with the keys
             would wait for them). ``attention_fn`` then also gets ``sp_extra=`` ``[sp,
             *sp_extra.shape]`` in SP-rank order (``[1, ...]`` when ``sp == 1``).
+        after_keys: called once on every rank after the new keys' collectives (the TP all-to-all and the
+            SP gather) and before ``attention_fn`` (even where this rank's query shard is empty): the
+            point where a collective independent of this layer (the compact layout's text k/v gather,
+            :class:`sharding.kv_shard.TextKVGather`) is issued, the collective stream being idle under
+            the attention.
 
     Returns:
         out ``[B, Lq_local, H, D]`` (q's dtype) for this rank's tokens, and with ``return_lse`` the lse
@@ -275,6 +281,9 @@ def sharded_attention(
         k_all, v_all = k_s, v_s
         if sp_extra is not None:
             extra_parts = sp_extra.unsqueeze(0)
+
+    if after_keys is not None:
+        after_keys()
 
     # 3. attention on local heads and local queries.
     fn = _default_attention if attention_fn is None else attention_fn

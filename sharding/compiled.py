@@ -10,7 +10,9 @@ counts the end-to-end model prices per forward (``perf.e2e``: one NEFF per forwa
 It also records, per collective in graph order, whether the collective depends on compute of the forward
 (:attr:`GraphRecord.collective_order`: a matmul or a kernel call among its inputs' ancestors): a
 collective that does not (the SP-sharded cache's share of a layer) may be issued before any compute of
-the forward and run under it, the dependency the overlap model (``perf.e2e.overlap``) relies on.
+the forward and run under it, the dependency the overlap model (``perf.e2e.overlap``) relies on; and the
+bytes of its result (:attr:`GraphRecord.collective_bytes`), which the model's per-collective bytes are
+checked against.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class GraphRecord:
     collective_order: tuple[tuple[str, bool], ...] = ()
     """Every collective in graph order: ``(name, after_compute)``, ``after_compute`` True when a compute
     op (:data:`COMPUTE_OPS` or a kernel call) of the graph is among its ancestors."""
+    collective_bytes: tuple[int, ...] = ()
+    """Per collective of :attr:`collective_order`, the bytes of its result on this rank (an all-gather's:
+    every rank's part, padding included; from the traced tensor's shape and dtype), 0 if not traced."""
 
     @property
     def num_collectives(self) -> int:
@@ -72,6 +77,7 @@ def graph_record(gm: torch.fx.GraphModule) -> GraphRecord:
     coll: dict[str, int] = {}
     kern: dict[str, int] = {}
     order: list[tuple[str, bool]] = []
+    sizes: list[int] = []
     after: set[torch.fx.Node] = set()  # nodes with a compute op among their ancestors (or themselves)
     for node in gm.graph.nodes:
         follows = any(a in after for a in node.all_input_nodes)  # through every node kind (methods too)
@@ -88,10 +94,16 @@ def graph_record(gm: torch.fx.GraphModule) -> GraphRecord:
         if ns == "_c10d_functional" and op != "wait_tensor":
             coll[op] = coll.get(op, 0) + 1
             order.append((op, follows))
+            val = node.meta.get("example_value")
+            sizes.append(val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0)
         elif ns == "nki_ardiff":
             kern[op] = kern.get(op, 0) + 1
     return GraphRecord(
-        len(gm.graph.nodes), tuple(sorted(coll.items())), tuple(sorted(kern.items())), tuple(order)
+        len(gm.graph.nodes),
+        tuple(sorted(coll.items())),
+        tuple(sorted(kern.items())),
+        tuple(order),
+        tuple(sizes),
     )
 
 

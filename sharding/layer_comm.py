@@ -38,8 +38,11 @@ GRAPH_OPS = {
     "qkv_in": "all_to_all_single",
     "kv_fresh": "all_gather_into_tensor",
     "out": "all_to_all_single",
+    "text_kv": "all_gather_into_tensor",
 }
-"""The ``_c10d_functional`` op each role is in a compiled forward (:class:`sharding.compiled.GraphRecord`)."""
+"""The ``_c10d_functional`` op each role is in a compiled forward (:class:`sharding.compiled.GraphRecord`);
+``"text_kv"``: the compact layout's per-layer text k/v gather over all ranks (:class:`sharding.kv_shard.
+TextKVGather`; priced by ``perf.e2e.compact.text_kv_collective``, not by :func:`layer_collectives`)."""
 
 
 @dataclass(frozen=True)

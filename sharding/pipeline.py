@@ -308,8 +308,9 @@ class ShardedRollingForcingPipeline:
             steps (the block's first call).
         static: as :class:`~rolling_forcing.pipeline.RollingForcingPipeline` (sequential methods only).
         kv_cache: ``"sp_sharded"`` (default), ``"replicated"`` or ``"sp_compact"`` (a ring one slot
-            shorter and the text k/v token-sharded; Rolling Forcing, eager, sp > 1): how a head group's SP
-            ranks keep the KV cache (module docstring; :class:`RankStream`; :mod:`sharding.kv_shard`).
+            shorter and the text k/v token-sharded; Rolling Forcing, sp > 1, eager or ``compile=``): how
+            a head group's SP ranks keep the KV cache (module docstring; :class:`RankStream`;
+            :mod:`sharding.kv_shard`).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
 
@@ -349,7 +350,7 @@ class ShardedRollingForcingPipeline:
         self.merged: bool = upd_mode is not UpdateMode.TWO_PASS
         self.static = static
         self.plan = pipeline_plan(model_cfg, pipe_cfg, cores, tp=tp)
-        check_compact_layout(self.kv_cache, self.method.sequential, compile, self.plan)
+        check_compact_layout(self.kv_cache, self.method.sequential, self.plan)
         self.model, self.model_cfg, self.pipe_cfg = model, model_cfg, pipe_cfg
         self.backend, self.positions, self.timeout_s = backend, mode, timeout_s
         self.last_results: list[dict[str, Any]] | None = None

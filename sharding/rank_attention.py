@@ -7,18 +7,19 @@ shard (all heads) before the TP all-to-all, so the collectives carry roped q and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from nki_kernels import ops
 from rolling_forcing.attend import attend_cache
-from rolling_forcing.cache import LayerKVCache, RollingKVCache
+from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.merged import MergedIndex
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn
 from rolling_forcing.schedule import PassPlan, WritePass
 from sharding.attention import ShardGroups, local_tokens, query_shard_tokens, sharded_attention
-from sharding.kv_shard import LayerBox, SpKVCache
+from sharding.kv_shard import CompactRing, LayerBox, RingIndex, SpKVCache, TextKVGather
 from sharding.plan import ShardingPlan
 
 __all__ = ["RankAttention"]
@@ -35,14 +36,21 @@ class RankAttention:
     rank: int
     backend: str | None
     _kv: SpKVCache | None
+    _ring: CompactRing | None
     _layout: Any  # MergedLayout, or a sequential method's static layout
 
     # ---- the cache of one attention layer -------------------------------------------------------------
-    def _keep(self, layer: int, lc: LayerKVCache | None) -> None:
-        """After a layer that wrote ``lc`` (a :class:`~sharding.kv_shard.LayerBox` 's layer): keep its share
-        (None: the layer's local step did not run on this rank, so it wrote nothing)."""
-        if self._kv is not None and lc is not None:
-            self._kv.keep(layer, lc)
+    def _ring_index(self) -> RingIndex | None:
+        """The compact ring's map of the eager forward running now (None: not ``"sp_compact"``)."""
+        return None if self._ring is None else self._ring.index
+
+    @staticmethod
+    def _after_keys(text: TextKVGather | None, layer: int) -> Callable[[], None] | None:
+        """The ``after_keys`` hook of layer ``layer``'s sharded attention: issue the layer's text k/v gather
+        (``"sp_compact"``, :meth:`~sharding.kv_shard.TextKVGather.start`); None without ``text``."""
+        if text is None:
+            return None
+        return lambda: text.start(layer)
 
     # ---- RoPE of this rank's token shard, before the TP all-to-all ----------------------------------------
     def _tables(
@@ -102,10 +110,16 @@ class RankAttention:
         return qr, torch.cat([head, kr[:, u:]], dim=1)
 
     def _pass_attn(
-        self, cache: RollingKVCache, p: PassPlan, write: tuple[tuple[int, ...], bool] | None
+        self,
+        cache: RollingKVCache,
+        p: PassPlan,
+        write: tuple[tuple[int, ...], bool] | None,
+        text: TextKVGather | None = None,
     ) -> SelfAttnFn:
         """Sharded self-attention of one pass; ``write = (slots, store_roped)`` for a pass that writes its
-        blocks (the update pass: one slot; LongLive's re-cache: one per block, in frame order).
+        blocks (the update pass: one slot; LongLive's re-cache: one per block, in frame order). ``text``:
+        the forward's gathered text k/v (``"sp_compact"``), whose layer gather each layer issues after its
+        keys' collectives (:meth:`_after_keys`).
 
         A layer called with no queries (the last layer of ``forward(context_frames=F)``) only writes the
         pass's k/v. :func:`sharding.attention.sharded_attention` still regroups them to all keys of the
@@ -116,7 +130,7 @@ class RankAttention:
         tables: dict[Grid, tuple[torch.Tensor, torch.Tensor]] = {}  # once per forward, shared by its layers
 
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
-            box = LayerBox(self._kv, cache, layer)
+            box = LayerBox(self._kv, cache, layer, self._ring_index())
             n_tok = grid[0] * grid[1] * grid[2]
             write_only = q.shape[1] == 0
             if write_only and write is None:
@@ -149,10 +163,11 @@ class RankAttention:
             out = sharded_attention(
                 q_in.contiguous(), ks.contiguous(), v.contiguous(), self.groups,
                 num_queries=n_q, num_keys=n_tok, attention_fn=local, backend=self.backend, sp_extra=box.share,
+                after_keys=self._after_keys(text, layer),
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
             if write is not None:
-                self._keep(layer, box.lc)
+                box.keep()
             return q if write_only else out
 
         return attn
@@ -181,7 +196,7 @@ class RankAttention:
             t = n_tok // 2
             gb: Grid = (grid[0] // 2, grid[1], grid[2])
             pos = [p + i for p in (upd.pass_.query_position, den.query_position) for i in range(gb[0])]
-            box = LayerBox(self._kv, cache, layer)
+            box = LayerBox(self._kv, cache, layer, self._ring_index())
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
                 q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
@@ -224,12 +239,14 @@ class RankAttention:
                 num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
-            self._keep(layer, box.lc)
+            box.keep()
             return out[:, drop:]
 
         return attn
 
-    def _merged_attn(self, cache: RollingKVCache, idx: MergedIndex) -> SelfAttnFn:
+    def _merged_attn(
+        self, cache: RollingKVCache, idx: MergedIndex, ring: RingIndex | None, text: TextKVGather | None
+    ) -> SelfAttnFn:
         """Sharded self-attention of one merged forward (``rolling_forcing.merged.merged_forward``'s steps).
 
         Each rank first ropes q and k of its own token shard, all heads, at ``idx.frame_positions``
@@ -243,6 +260,10 @@ class RankAttention:
         ``idx.table``. The query shard's tokens
         ``[a, b)`` are split at the update block's end ``T``: its local query groups are the non-empty
         ones of ``(min(b, T) - a, b - max(a, T))`` with the matching table rows (static per rank).
+
+        ``ring``: the compact ring's map of this forward (``kv_cache="sp_compact"``; tensors, so a compiled
+        forward takes them as inputs) and ``text`` its gathered text k/v (each layer issues its gather
+        after the keys' collectives), None otherwise.
 
         Last layer (``forward(context_frames=fpb)``): q holds only the local tokens after the update
         block; they are zero-padded back to the full shard (the update queries' outputs are not used) and
@@ -260,7 +281,7 @@ class RankAttention:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid) -> torch.Tensor:
             _, hp, wp = grid
             n_tok = grid[0] * hp * wp
-            box = LayerBox(self._kv, cache, layer)
+            box = LayerBox(self._kv, cache, layer, ring)
             drop = k.shape[1] - q.shape[1]  # leading local tokens without a query (last layer only)
             if drop:
                 q = torch.cat([q.new_zeros((q.shape[0], drop, *q.shape[2:])), q], dim=1)
@@ -312,9 +333,10 @@ class RankAttention:
             out = sharded_attention(
                 qr_s, ks.contiguous(), v.contiguous(), self.groups,
                 num_queries=n_tok, num_keys=n_tok, attention_fn=local, backend=backend, sp_extra=box.share,
+                after_keys=self._after_keys(text, layer),
             )  # fmt: skip
             assert isinstance(out, torch.Tensor)
-            self._keep(layer, box.lc)
+            box.keep()
             return out[:, drop:]
 
         return attn

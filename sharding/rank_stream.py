@@ -44,6 +44,7 @@ from sharding.collectives import all_gather
 from sharding.compiled import CompiledForward, GraphRecord
 from sharding.kv_shard import (
     CompactRing,
+    RingIndex,
     SpKVCache,
     TextKVGather,
     check_compact_layout,
@@ -75,10 +76,10 @@ class RankStream(RankAttention):
         kv_cache: ``"sp_sharded"`` (default): within a head group every SP rank keeps only its share of
             every cached block and each attention layer all-gathers the layer's whole key range
             (:mod:`sharding.kv_shard`); ``"replicated"``: every SP rank keeps the whole key range of its
-            heads (``sp`` x the memory, no cache traffic); ``"sp_compact"`` (Rolling Forcing, eager, ``sp >
-            1``): SP-sharded with a ring one slot shorter and the text k/v token-sharded over all ranks,
-            gathered per layer (:mod:`sharding.kv_shard`). Same stream in every layout. Every rank must
-            pass the same value.
+            heads (``sp`` x the memory, no cache traffic); ``"sp_compact"`` (Rolling Forcing, ``sp > 1``,
+            eager or ``compile=``): SP-sharded with a ring one slot shorter and the text k/v token-sharded
+            over all ranks, gathered per layer (:mod:`sharding.kv_shard`). Same stream in every layout.
+            Every rank must pass the same value.
 
     The stream runs on the one driver of every stream (:class:`rolling_forcing.driver.StreamDriver`);
     this class supplies its forwards (:class:`~rolling_forcing.driver.StreamPasses`:
@@ -131,7 +132,7 @@ class RankStream(RankAttention):
                 "compile= applies to Rolling Forcing's merged forward only (merged=True or None with a "
                 f"backend that has ops.attention_block_table), not method={meth.name!r}, merged={merged}"
             )
-        check_compact_layout(self.kv_cache, meth.sequential, compile, self.plan)
+        check_compact_layout(self.kv_cache, meth.sequential, self.plan)
         self._compiled = CompiledForward(self._merged_forward, compile)
         self.cache: RollingKVCache | None = None
         self._kv: SpKVCache | None = None  # the SP-sharded cache's gather / keep (None: replicated or sp 1)
@@ -200,9 +201,10 @@ class RankStream(RankAttention):
     # ---- the passes the driver runs (rolling_forcing.driver.StreamPasses) --------------------------------
     def denoise_pass(self, st: StreamState, plan: Plan, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The denoise forward of ``plan`` (sharded self-attention over the pass's cache keys + own keys)."""
-        attn = self._pass_attn(st.cache, plan.denoise, None)
+        text = self._text_of(st)
+        attn = self._pass_attn(st.cache, plan.denoise, None, self._gathered_text(text))
         self._ring_begin(plan.denoise.cache_keys, ())
-        out = self.forward(x, t, self._text(st), attn, kind="denoise")
+        out = self.forward(x, t, text, attn, kind="denoise")
         self._ring_commit()
         return out
 
@@ -224,33 +226,49 @@ class RankStream(RankAttention):
         )  # fmt: skip
         idx = MergedIndex.from_step(step, lay, st.cache.layers[0].k.device)
         kind = "static" if spec.method.sequential else "merged"
+        if held is None:
+            ring = self._ring_begin(plan.denoise.cache_keys, ())
+        else:
+            ring = self._ring_begin((*held.write.pass_.cache_keys, *plan.denoise.cache_keys), held.write)
+        ring_in = () if ring is None else ring.tensors()
         if not self._compiled.compiled:
-            attn = self._merged_attn(st.cache, idx)
-            frames = lay.update_frames
-            if held is None:
-                self._ring_begin(plan.denoise.cache_keys, ())
-            else:
-                self._ring_begin((*held.write.pass_.cache_keys, *plan.denoise.cache_keys), held.write)
-            out = self.forward(
-                x, t, self._text(st), attn, context_frames=frames, kind=kind, index=idx.tensors()
-            )
-            self._ring_commit()
-            return out
-        self.stats.log(kind, x, t, self._token_shard_spec(x), *idx.tensors())  # outside the graph
-        out = self._compiled(x, t, st.cache.text_kv(), st.cache, *idx.tensors())
-        if self._kv is not None:
-            self._kv.note_compiled_gather()
+            out = self._merged_forward(x, t, st.cache.text_kv(), st.cache, ring_in, *idx.tensors(), kind=kind)
+        else:
+            shard = self._token_shard_spec(x)
+            self.stats.log(kind, x, t, shard, *idx.tensors(), *ring_in)  # outside the graph
+            out = self._compiled(x, t, st.cache.text_kv(), st.cache, ring_in, *idx.tensors())
+            if self._kv is not None:
+                self._kv.note_compiled_gather()
+            if ring is not None:
+                self._text(st.cache.text_kv(), self._text_sizes).note_compiled()
+        self._ring_commit()
         return out
 
     def _merged_forward(
-        self, x: torch.Tensor, t: torch.Tensor, text_kv: TextKV, cache: RollingKVCache, *index: torch.Tensor
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        text_kv: TextKV,
+        cache: RollingKVCache,
+        ring: tuple[torch.Tensor, ...],
+        *index: torch.Tensor,
+        kind: str | None = None,
     ) -> torch.Tensor:
         """One merged forward as a function of its tensors (what ``compile=`` compiles: no Python value in
-        it depends on the window; the collectives are functional ops of the graph)."""
+        it depends on the window; the collectives are functional ops of the graph). ``ring``: the compact
+        ring's :class:`~sharding.kv_shard.RingIndex` tensors (``"sp_compact"``; its text k/v ``text_kv``
+        is then this rank's share, gathered per layer in the graph), ``()`` otherwise; ``index``: the
+        :class:`~rolling_forcing.merged.MergedIndex` tensors. ``kind``: eager, the :attr:`stats` kind it is
+        counted under; None (compiled): counted by the caller, outside the graph."""
         idx = MergedIndex(*index)
-        attn = self._merged_attn(cache, idx)
+        gathered = self._text(text_kv, None if kind is None else self._text_sizes) if ring else None
+        attn = self._merged_attn(cache, idx, RingIndex(*ring) if ring else None, gathered)
         frames = self._layout.update_frames
-        return self.forward(x, t, text_kv, attn, context_frames=frames, kind="merged", log=False)
+        text = text_kv if gathered is None else gathered
+        log = kind is not None
+        return self.forward(
+            x, t, text, attn, context_frames=frames, kind=kind or "merged", index=(*index, *ring), log=log
+        )
 
     def _token_shard_spec(self, x: torch.Tensor) -> torch.Tensor:
         """A meta tensor of this rank's token shard ``[B, L_local, dim]`` (for :attr:`stats` signatures)."""
@@ -264,9 +282,12 @@ class RankStream(RankAttention):
     ) -> None:
         """A cache-writing forward of one clean block (cache update or re-cache pass); only its k/v writes
         matter: the last layer stops at them (``context_frames`` = all frames)."""
-        attn = self._pass_attn(st.cache, write.pass_, ((write.slot,), write.store_roped))
+        text = self._text_of(st)
+        attn = self._pass_attn(
+            st.cache, write.pass_, ((write.slot,), write.store_roped), self._gathered_text(text)
+        )
         self._ring_begin(write.pass_.cache_keys, write)
-        self.forward(x, t, self._text(st), attn, context_frames=x.shape[1], kind=kind)
+        self.forward(x, t, text, attn, context_frames=x.shape[1], kind=kind)
         self._ring_commit()
 
     def recache_pass(self, st: StreamState, rp: RecachePlan, x: torch.Tensor, t: torch.Tensor) -> None:
@@ -284,43 +305,44 @@ class RankStream(RankAttention):
         self.forward(x, t, st.cache.text_kv(), attn, context_frames=x.shape[1], kind="recache")
 
     # ---- the compact layout's host-side maps (kv_cache="sp_compact") -------------------------------------
-    def _ring_begin(self, keys: Iterable[KeyBlock], write: WritePass | tuple[()]) -> None:
+    def _ring_begin(self, keys: Iterable[KeyBlock], write: WritePass | tuple[()]) -> RingIndex | None:
         """Before a forward reading the cached blocks of ``keys`` and writing ``write``'s block (or nothing):
-        the compact ring's slot map (:meth:`sharding.kv_shard.CompactRing.begin`); no-op otherwise."""
+        the compact ring's slot map (:meth:`sharding.kv_shard.CompactRing.begin`, also kept as the ring's
+        ``index`` for the eager passes); None otherwise."""
         if self._ring is None:
-            return
+            return None
         writes: tuple[int, ...] = ()
         if isinstance(write, WritePass):
             if write.slot != slot_of(self.pipe_cfg, write.block):
                 raise RuntimeError(f"block {write.block} written to slot {write.slot}, not its schedule slot")
             writes = (write.block,)
-        self._ring.begin((kb.block for kb in keys), writes)
+        return self._ring.begin((kb.block for kb in keys), writes)
 
     def _ring_commit(self) -> None:
         if self._ring is not None:
             self._ring.commit()
 
-    def _text(self, st: StreamState) -> Sequence[tuple[torch.Tensor, torch.Tensor]]:
-        """The text k/v a forward reads: the cache's, or (``"sp_compact"``) every rank's share gathered
-        per layer over all ranks (:class:`~sharding.kv_shard.TextKVGather`)."""
-        if self._ring is None:
-            return st.cache.text_kv()
+    def _text(self, shares: TextKV, sizes: set[int] | None) -> TextKVGather:
+        """``"sp_compact"``: the text k/v a forward reads, every rank's share ``shares`` gathered per layer
+        over all ranks (:class:`~sharding.kv_shard.TextKVGather`; static Python values only, so a compiled
+        forward traces it; ``sizes``: where it records the gathered bytes, None inside a graph)."""
         group = self.gather_group if self.gather_group is not None else dist.group.WORLD
-        return TextKVGather(
-            st.cache.text_kv(),
-            self.model_cfg.text_len,
-            self.rank,
-            self.plan.world_size,
-            group,
-            self._text_sizes,
-        )
+        return TextKVGather(shares, self.model_cfg.text_len, self.rank, self.plan.world_size, group, sizes)
+
+    @staticmethod
+    def _gathered_text(text: Sequence[Any]) -> TextKVGather | None:
+        return text if isinstance(text, TextKVGather) else None
+
+    def _text_of(self, st: StreamState) -> Sequence[Any]:
+        """The text k/v an eager pass reads: the cache's, or (``"sp_compact"``) its shares gathered."""
+        return st.cache.text_kv() if self._ring is None else self._text(st.cache.text_kv(), self._text_sizes)
 
     # ---- one token-sharded forward -------------------------------------------------------------------
     def forward(
         self,
         x: torch.Tensor,
         timesteps: torch.Tensor,
-        text_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        text_kv: Sequence[tuple[torch.Tensor, torch.Tensor]] | TextKVGather,
         self_attn: SelfAttnFn,
         *,
         context_frames: int = 0,
@@ -334,6 +356,9 @@ class RankStream(RankAttention):
         model when ``self_attn`` is the sharded counterpart of ``attn``: ``self_attn(layer, q, k, v,
         grid)`` gets this rank's token shard ``[B, L_local, H, D]`` (all heads) and the *full* grid
         ``(F, Hp, Wp)``. Returns the full flow ``[B, F, C, H, W]`` (all-gathered: the same on every rank).
+        ``text_kv``: per layer the text ``(k, v)`` ``[B, text_len, H, D]``, or (``"sp_compact"``) a
+        :class:`~sharding.kv_shard.TextKVGather` of this rank's shares, each layer's gather issued by
+        ``self_attn`` and waited for by the block's cross-attention (or after the block if it skips it).
 
         ``context_frames`` (static int in ``[0, F]``): the leading frames that only feed the KV cache, as
         in the unsharded ``forward_with``. In the last layer the tokens of these frames stop after their
@@ -373,6 +398,8 @@ class RankStream(RankAttention):
         for i, blk in enumerate(model.blocks):
             # the last layer keeps none of the local tokens in the context frames (one "frame" each)
             tok = blk(i, tok, e0_tok, tok_grid, text_kv[i], attn, self.backend, drop if i == last else 0)
+            if isinstance(text_kv, TextKVGather):  # a gather this rank's block did not read (sp_compact)
+                text_kv.finish(i)
         if context_frames == f:  # every rank takes this branch: no collective is left unmatched
             return x.new_empty((b, 0, *x.shape[2:]))
         kept = n_loc - drop

@@ -134,6 +134,14 @@ def test_text_shares_partition_the_prompt() -> None:
 
 def test_compact_layout_refused_where_it_does_not_apply() -> None:
     model = tiny_model(TINY)
-    for kw in ({"cores": 2, "tp": 2}, {"cores": 2, "method": "self-forcing"}, {"cores": 2, "compile": True}):
-        with pytest.raises(ValueError, match="kv_cache='sp_compact' applies to"):
+    for kw, why in (
+        ({"cores": 2, "tp": 2}, r"plan Ulysses TP2xSP1 \(sp=1\)"),
+        ({"cores": 2, "method": "self-forcing"}, "not a sequential method"),
+    ):
+        with pytest.raises(ValueError, match=r"kv_cache='sp_compact' applies to .*sp > 1.*" + why):
             ShardedRollingForcingPipeline(model, TINY, P, kv_cache="sp_compact", **kw)  # type: ignore[arg-type]
+    # compile= applies (tests/test_sharding_compact_compile.py runs it); the ring takes one block per forward
+    pipe = ShardedRollingForcingPipeline(model, TINY, P, cores=2, kv_cache="sp_compact", compile=True)
+    assert pipe.kv_cache == "sp_compact" and pipe.compile is True
+    with pytest.raises(ValueError, match="writes at most one block"):
+        CompactRing(P).begin([0], (0, 1))
