@@ -292,6 +292,8 @@ def footprint(
     gather_buffers: int = 1,
     vae_weights: str = "replicated",
     gather_unit: str = "block",
+    workspace: str = "separate",
+    vae_split: str = "latent_frame",
 ) -> Footprint:
     """HBM footprint per core and per chip (see the module docstring for every formula).
 
@@ -302,9 +304,18 @@ def footprint(
     placement unless ``vae_weights="fsdp"``, :data:`VAE_WEIGHT_PLACEMENTS`); ``kv_cache`` one of
     :data:`KV_CACHE_LAYOUTS` (``"sp_compact"`` needs ``sp > 1``) and ``gather_buffers`` (>= 1) the
     per-layer gather buffers of the SP-sharded cache (module docstring); ``gather_unit`` one of
-    :data:`GATHER_UNITS`: the FSDP gather granularity (``"linear"``: a formula only, the chunk model times
-    block-sized gathers).
+    :data:`GATHER_UNITS`: the FSDP gather granularity (``"linear"``: priced by ``chunk_model(...,
+    gather_unit="linear")``, :func:`perf.e2e.weights.fsdp_linear_components`).  ``workspace`` one of
+    ``perf.footprint_phases.WORKSPACES``: ``"shared"`` puts the DiT-phase and VAE-phase transients in one
+    region, ``phase_workspace`` = max of the two (needs ``vae``; the Neuron runtime's shared scratchpad,
+    ``perf/footprint_phases.py``); ``vae_split`` one of ``perf.footprint_phases.VAE_SPLITS``:
+    ``"output_frame"`` runs the decoder's stages after its last temporal upsampling one output frame per
+    call (:func:`perf.footprint_vae.vae_frame_split`; needs ``vae``).  With either option the VAE's
+    workspace is two items, ``vae_causal_cache`` (persistent) + ``vae_conv_workspace`` (transient).
     """
+    from perf.footprint_phases import VAE_SPLITS, WORKSPACES, shared_workspace, vae_items
+    from perf.footprint_vae import vae_frame_split
+
     for name, v in (("tp", tp), ("sp", sp)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"footprint: {name} must be a positive int, got {v!r}")
@@ -326,6 +337,20 @@ def footprint(
         )
     if isinstance(gather_buffers, bool) or not isinstance(gather_buffers, int) or gather_buffers < 1:
         raise ValueError(f"footprint: gather_buffers must be an int >= 1, got {gather_buffers!r}")
+    if gather_unit not in GATHER_UNITS:
+        raise ValueError(f"footprint: gather_unit must be one of {GATHER_UNITS}, got {gather_unit!r}")
+    if gather_unit != "block" and weights != "fsdp":
+        raise ValueError(
+            f"footprint: gather_unit={gather_unit!r} only applies to weights='fsdp', not {weights!r}"
+        )
+    if workspace not in WORKSPACES:
+        raise ValueError(f"footprint: workspace must be one of {WORKSPACES}, got {workspace!r}")
+    if vae_split not in VAE_SPLITS:
+        raise ValueError(f"footprint: vae_split must be one of {VAE_SPLITS}, got {vae_split!r}")
+    if vae is None and (workspace, vae_split) != ("separate", "latent_frame"):
+        raise ValueError(
+            f"footprint: workspace={workspace!r} / vae_split={vae_split!r} need vae (the decode's transients)"
+        )
     if weight_copies is not None and weights != "replicated":
         raise ValueError(f"footprint: weight_copies only applies to weights='replicated', not {weights!r}")
     cores = tp * sp
@@ -406,6 +431,8 @@ def footprint(
         FootprintItem("activations", act, act * cores, act_note),
     ]
     if vae is not None:
+        if vae_split == "output_frame":
+            vae = vae_frame_split(vae)
         vw = int(vae.decoder_params * weight_bytes)
         ws = int((vae.feat_cache_elems + vae.peak_layer_elems) * act_bytes)
         if vae_weights == "fsdp":
@@ -431,14 +458,20 @@ def footprint(
                     + ("" if weights == "replicated" else ", replicated per core"),
                 )
             )
-        items += [
-            FootprintItem(
-                "vae_workspace",
-                math.ceil(ws / cores),
-                ws,
-                "(causal feat cache 2 frames x every conv input + largest conv in+out) x act bytes, / cores",
-            ),
-        ]
+        if (workspace, vae_split) == ("separate", "latent_frame"):
+            items.append(
+                FootprintItem(
+                    "vae_workspace",
+                    math.ceil(ws / cores),
+                    ws,
+                    "(causal feat cache 2 frames x every conv input + largest conv in+out) x act bytes, "
+                    "/ cores",
+                )
+            )
+        else:
+            items += vae_items(vae, act_bytes, cores)
+    if workspace == "shared":
+        items = shared_workspace(items)
     return Footprint(label=label, cores=cores, items=tuple(items))
 
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["VaeLayer", "VaeProbe", "vae_probe", "vae_strides"]
+__all__ = ["VaeLayer", "VaeProbe", "vae_probe", "vae_strides", "vae_frame_split", "layer_frames"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class VaeProbe:
     steady: tuple[VaeLayer, ...]
     feat_cache_elems: int
     peak_layer_elems: int
+    frame_split: bool = False
+    """True after :func:`vae_frame_split`: the late stages' calls are one output frame each."""
 
     @property
     def largest_weight_elems(self) -> int:
@@ -99,6 +102,38 @@ def vae_probe(latent_h: int, latent_w: int, frames: int) -> VaeProbe:
         feat_cache_elems=feat,
         peak_layer_elems=peak,
     )
+
+
+def layer_frames(shape: tuple[int, ...]) -> int:
+    """Frames of one activation shape of the table: ``(T, C, H, W)`` (2-D layers fold the frames into the
+    batch) or ``(B, C, T, H, W)``; any other rank raises."""
+    if len(shape) == 4:
+        return shape[0]
+    if len(shape) == 5:
+        return shape[2]
+    raise ValueError(f"layer_frames: shape must be (T, C, H, W) or (B, C, T, H, W), got {shape!r}")
+
+
+def _one_frame(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (1, *shape[1:]) if len(shape) == 4 else (*shape[:2], 1, *shape[3:])
+
+
+def vae_frame_split(probe: VaeProbe) -> VaeProbe:
+    """``probe`` with every steady layer whose input and output both hold ``temporal_stride`` frames (the
+    stages after the last temporal upsampling: half and full resolution) run once per output frame: each
+    such call becomes ``temporal_stride`` calls of one frame, and ``peak_layer_elems`` is recomputed over
+    the split calls (the causal feature cache is unchanged: a causal conv fed one frame keeps its
+    ``CACHE_T = 2`` cached frames, so the frames it outputs are the same in exact arithmetic).  The first
+    latent frame's calls (one video frame) are unchanged."""
+    t = probe.temporal_stride
+    steady: list[VaeLayer] = []
+    for r in probe.steady:
+        if layer_frames(r.in_shape) == t and layer_frames(r.out_shape) == t:
+            steady += [VaeLayer(r.kind, _one_frame(r.in_shape), _one_frame(r.out_shape), r.weight_shape)] * t
+        else:
+            steady.append(r)
+    peak = max(_numel(r.in_shape) + _numel(r.out_shape) for r in steady)
+    return dataclasses.replace(probe, steady=tuple(steady), peak_layer_elems=peak, frame_split=True)
 
 
 def vae_strides() -> tuple[int, int]:

@@ -41,8 +41,8 @@ from perf.e2e.overlap import (
     split_names,
 )
 from perf.e2e.params import E2EParams
-from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, tp_linear_comm
-from perf.footprint import VAE_WEIGHT_PLACEMENTS, VaeProbe, merged_tokens, vae_strides
+from perf.e2e.weights import WEIGHT_VARIANTS, fsdp_gather, fsdp_linear_components, tp_linear_comm
+from perf.footprint import GATHER_UNITS, VAE_WEIGHT_PLACEMENTS, VaeProbe, merged_tokens, vae_strides
 from perf.matmul_model import MatmulProvider
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.merged import copy_blocks
@@ -217,6 +217,7 @@ def chunk_model(
     comm_schedule: str | None = None,
     kv_cache: str = "sp_sharded",
     vae_weights: str = "replicated",
+    gather_unit: str = "block",
 ) -> ChunkModel:
     """Modelled chunk at ``end``: the forwards (default: steady state of ``variant``) + VAE decode of the
     block + kernel fixed costs, collective barriers and NEFF launches (module docstring).
@@ -245,8 +246,14 @@ def chunk_model(
     forward's critical path + its contention, or its time under ``serial_split``), scheduled with the
     stream's own collectives (``overlap`` or ``serial_split``, also with ``weights="fsdp"``, whose weight
     gathers stay priced as above).  ``vae_weights="fsdp"`` adds ``vae_weight_gather``
-    (:func:`perf.e2e.compact.vae_weight_gather`, charged in full once per decode).
+    (:func:`perf.e2e.compact.vae_weight_gather`, charged in full once per decode).  ``gather_unit``
+    (``perf.footprint.GATHER_UNITS``; ``"linear"`` only with ``weights="fsdp"``): the FSDP gathers per
+    linear layer instead of per block (:func:`perf.e2e.weights.fsdp_linear_components`).
     """
+    if gather_unit not in GATHER_UNITS or (gather_unit != "block" and weights != "fsdp"):
+        raise ValueError(
+            f"chunk_model: gather_unit must be one of {GATHER_UNITS} ('linear' only with weights='fsdp')"
+        )
     if weights not in WEIGHT_VARIANTS:
         raise ValueError(f"chunk_model: weights must be one of {WEIGHT_VARIANTS}, got {weights!r}")
     if kv_cache not in KV_CACHES:
@@ -319,7 +326,9 @@ def chunk_model(
             )
             overlaps.append(fo)
             alts = _add_alternatives(alts, alt)
-        if weights == "fsdp":
+        if weights == "fsdp" and gather_unit == "linear":
+            cs += fsdp_linear_components(m, cs, pl.tp * pl.sp, pl.model)
+        elif weights == "fsdp":
             layer_s = sum(c.time_s for c in cs if c.per_layer)
             _, g_blk, _, g_out = fsdp_gather(m, pl.tp * pl.sp, pl.model)
             exposed = max(0.0, g_blk - layer_s)

@@ -14,7 +14,7 @@ from perf.e2e.components import GROUPS
 from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
-from perf.e2e.report_compact import compact_note
+from perf.e2e.report_compact import hbm_target_rows
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
 from perf.e2e.report_guard import guard_headline_lines, guard_lines, read_guard_rows
 from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
@@ -160,10 +160,8 @@ def targets_lines(r: E2EResult) -> list[str]:
     mg_lo, mg_hi = _pair(r, "merged")
     deadline = mg_lo.video_frames / prm.target_fps
     fps_ok = {e: r.chunk("merged", e).headroom() >= prm.target_headroom for e in ENDS}
-    fp_bf16 = r.footprints[0]
     bf16_lines = [fp for fp in r.footprints if fp.label.startswith("bf16") and "shared" not in fp.label]
     best = min(bf16_lines, key=lambda fp: fp.per_chip)
-    hbm_ok = best.per_chip <= prm.target_hbm_bytes
     L: list[str] = []
     L.append("## Targets (modelled, one trn2 chip)\n")
     L.append("| target | modelled (pessimistic / optimistic end) | met? |")
@@ -183,25 +181,7 @@ def targets_lines(r: E2EResult) -> list[str]:
         f"{mg_hi.fps:.2f} fps | {'yes' if mg_lo.fps >= prm.target_fps_bf16 else 'no'} / "
         f"{'yes' if mg_hi.fps >= prm.target_fps_bf16 else 'no'} |"
     )
-    lb_txt = (
-        f"; floor (KV cache + one DiT weight copy) {_gb(r.lower_bounds[0].per_chip)} GB"
-        if r.lower_bounds
-        else ""
-    )
-    L.append(
-        f"| HBM <= {_gb(prm.target_hbm_bytes)} GB in bf16 | baseline {_gb(fp_bf16.per_chip)} GB "
-        f"({fp_bf16.label}); "
-        f"best modelled placement {_gb(best.per_chip)} GB ({best.label}){lb_txt}{compact_note(best, r)} | "
-        f"{'yes' if hbm_ok else 'no'} |"
-    )
-    fp8_lines = [fp for fp in r.footprints if fp.label.startswith("fp8") and "shared" not in fp.label]
-    if fp8_lines:
-        best8 = min(fp8_lines, key=lambda fp: fp.per_chip)
-        ok8 = best8.per_chip <= prm.target_hbm_fp8_bytes
-        L.append(
-            f"| HBM <= {_gb(prm.target_hbm_fp8_bytes)} GB with the FP8 KV cache | best modelled placement "
-            f"{_gb(best8.per_chip)} GB ({best8.label}) | {'yes' if ok8 else 'no'} |"
-        )
+    L.extend(hbm_target_rows(r))  # perf/e2e/report_compact.py
     L.append("")
     L.append(
         f"By how much (pessimistic end): the frame-rate target needs {need:.1f} fps of chunk throughput "

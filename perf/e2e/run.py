@@ -26,6 +26,8 @@ from perf.footprint import (
     vae_probe,
     vae_strides,
 )
+from perf.footprint_phases import persistent_floor, taehv_footprint
+from perf.footprint_vae import vae_frame_split
 from perf.matmul_model import MatmulProvider, TracedLinearProvider, default_matmul_provider
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.fp8 import kv_fp8_bytes_per_element
@@ -39,6 +41,8 @@ __all__ = [
     "OUR_VARIANTS",
     "COMPACT",
     "COMPACT_MODES",
+    "LEAN",
+    "LEAN_LABEL",
 ]
 
 OUR_VARIANTS = ("merged", "two_pass", "merged_eager")
@@ -47,11 +51,27 @@ forward of the sharded stream without ``compile=`` (``eager_sharded``: host coll
 
 
 COMPACT: dict[str, Any] = {"weights": "fsdp", "vae_weights": "fsdp", "kv_cache": "sp_compact"}
-"""The HBM-best placement (perf/footprint.py): FSDP-sharded DiT + VAE weights, the compact KV layout."""
+"""The block-gather compact placement (perf/footprint.py): FSDP-sharded DiT + VAE weights, the compact KV
+layout (:data:`LEAN` goes below it)."""
+LEAN: dict[str, dict[str, Any]] = {
+    "shared": {**COMPACT, "gather_unit": "linear", "workspace": "shared"},
+    "per_frame": {**COMPACT, "gather_unit": "linear", "vae_split": "output_frame"},
+}
+"""The placements below :data:`COMPACT` (``perf/footprint_phases.py``): per-linear FSDP gathers and either
+one scratchpad for the DiT and VAE phases' transients (``"shared"``) or, without it, the VAE's late
+stages one output frame per call (``"per_frame"``)."""
+LEAN_LABEL = {
+    "shared": "FSDP per-linear DiT + VAE weights, compact KV cache, one DiT/VAE scratchpad",
+    "per_frame": "FSDP per-linear DiT + VAE weights, compact KV cache, per-frame VAE",
+}
 COMPACT_MODES = ("fullgraph", "eager_sharded")
 """Compile modes :data:`COMPACT` is priced in: one graph per forward (collectives on the CC stream, the
 overlap schedule; the stream does not build it: ``kv_cache="sp_compact"`` refuses ``compile=``,
 ``sharding/kv_shard.py``) and the eager stream that runs it (host collectives, serialised)."""
+
+
+_CHUNK_KEYS = ("weights", "vae_weights", "kv_cache", "gather_unit")
+"""The placement arguments ``chunk_model`` takes (the footprint-only ones are HBM arithmetic)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +122,10 @@ class E2EResult:
     peer_kernels_name: str = ""
     guard: GuardSensitivity = field(default_factory=GuardSensitivity)
     compact: dict[tuple[str, str], ChunkModel] = field(default_factory=dict)
-    """The HBM-best placement (:data:`COMPACT`) per (compile mode of :data:`COMPACT_MODES`, end)."""
+    """The block-gather compact placement (:data:`COMPACT`) per (compile mode of :data:`COMPACT_MODES`,
+    end)."""
+    lean: dict[tuple[str, str, str], ChunkModel] = field(default_factory=dict)
+    """The :data:`LEAN` placements per (name, compile mode of :data:`COMPACT_MODES`, end)."""
 
     def chunk(self, variant: str, end: str) -> ChunkModel:
         return self.chunks[(variant, end)]
@@ -188,13 +211,21 @@ def run_model(
         for kvb, lab in kvs
     ]
     specs += [(kvb, lab, COMPACT, "FSDP-sharded DiT + VAE weights, compact KV cache") for kvb, lab in kvs]
+    if merged.sp > 1:  # the compact layout needs SP ranks (perf/footprint.py)
+        specs += [(kvb, lab, LEAN[n], LEAN_LABEL[n]) for n in LEAN for kvb, lab in kvs]
     for kvb, lab, placement, wl in specs:
         fps_.append(
             footprint(
                 m, pipe, tp=merged.tp, sp=merged.sp, kv_bytes=kvb, vae=vae, label=f"{lab}, {wl}", **placement
             )
         )
+    if merged.sp > 1:
+        fps_ += [
+            taehv_footprint(m, pipe, tp=merged.tp, sp=merged.sp, kv_bytes=kvb, **LEAN["shared"])
+            for kvb, _ in kvs
+        ]
     lower = [lower_bound_footprint(m, pipe, cores=cores, kv_bytes=kvb, compact=True) for kvb in (2, kv8)]
+    lower += [persistent_floor(m, pipe, cores=cores, vae=vae, kv_bytes=kvb) for kvb in (2, kv8)]
     wv: list[tuple[str, str, ChunkModel]] = []
     for end in ENDS:
         for wp in WEIGHT_VARIANTS:
@@ -211,6 +242,23 @@ def run_model(
         for mode in COMPACT_MODES
         for end in ENDS
         if merged.sp > 1  # the compact layout needs SP ranks (perf/footprint.py)
+    }
+    split = vae_frame_split(vae)
+    lean = {
+        (name, mode, end): chunk_model(
+            m,
+            pipe,
+            cores=cores,
+            variant="merged",
+            end=end,
+            compile_mode=mode,
+            **{k: v for k, v in LEAN[name].items() if k in _CHUNK_KEYS},
+            **{**kw, "vae": split if LEAN[name].get("vae_split") == "output_frame" else vae},
+        )  # fmt: skip
+        for name in LEAN
+        for mode in COMPACT_MODES
+        for end in ENDS
+        if merged.sp > 1
     }
     if peer and peer_kernels is None:
         peer_kernels = peer_provider(kernels)
@@ -235,6 +283,7 @@ def run_model(
         peer_kernels_name=getattr(peer_kernels, "name", "") if peer else "",
         guard=guard,
         compact=compact,
+        lean=lean,
     )
 
 
