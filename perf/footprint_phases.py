@@ -22,7 +22,11 @@ DiT forward and the VAE decode are separate NEFFs on the same cores (``perf/e2e/
 scratchpads can be one.  Assumed, not measured: that the compiler places these transients in the shared
 scratchpad (NEFF variables of type ``virtual``) and not in a per-NEFF ``tmp-buf``
 (``neuron-runtime/explore/work-with-neff-files.rst``), and that the persistent items are NEFF inputs /
-outputs (they must be: nothing passes between NEFFs through the scratchpad).
+outputs (they must be: nothing passes between NEFFs through the scratchpad).  Not counted, as none of the
+runtime's own reservations are: the same page says the shared scratchpad is allocated in pages, at LNC=1 on
+trn2 (this 8-core plan) non-contiguous 512 MB pages by default (a multiple of 512 MB up to 3.5 GB), a
+variable must fit in one page, and the scratchpad is rounded up to whole pages per core; at LNC=2,
+contiguous 64 MB pages.  That rounding applies to any NEFF's scratchpad, shared or not.
 
 :func:`persistent_floor` is the sum of the persistent items at their smallest (one weight copy, the
 compact ring, the text k/v once, the VAE causal cache): no placement of the transients goes below it.
@@ -113,7 +117,8 @@ def shared_workspace(items: list[FootprintItem]) -> list[FootprintItem]:
         max(d_core, v_core),
         max(d_chip, v_chip),
         f"max(DiT phase {parts(dit)} = {d_core / 1e6:.1f} MB, VAE phase {parts(vae)} = {v_core / 1e6:.1f} "
-        "MB) per core: one shared scratchpad (the decode follows the forward)",
+        "MB) per core: one shared scratchpad (the decode follows the forward; runtime page rounding not "
+        "counted)",
     )
     keep = [i for i in items if i.name not in DIT_PHASE + VAE_PHASE]
     return [*keep, merged]
