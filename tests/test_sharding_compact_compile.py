@@ -11,11 +11,12 @@ References and tolerances:
 * the unsharded pipeline (:class:`rolling_forcing.pipeline.RollingForcingPipeline`, merged, the same
   switch given after the chunk of the window before): ``FP32_ISSUE_BOUND`` (tests/test_sharding_pipeline.py:
   sharding changes only the row counts of matmuls and the head counts of attention calls, a few ulps per
-  op; measured 0.0 for merged TP1xSP2 there, and here).
+  op; measured 0.0 (bitwise) for merged TP1xSP2 there, and here for both streams below).
 
-The stream is the compact eager test's: 12 blocks (block s >= 8 written into the slot of block s - 6,
-which the same forward reads) and a re-caching switch at window 13 with the ring full, absolute positions,
-TP1xSP2 (the one plan with sp > 1 on 2 ranks).
+The streams are the compact eager test's: 12 blocks (block s >= 8 written into the slot of block s - 6,
+which the same forward reads) and a re-caching switch at window 13 with the ring full (16 merged forwards,
+one update-only and 8 re-cache forwards, the last two eager), on TP1xSP2 with absolute positions (the one
+plan with sp > 1 on 2 ranks) and TP2xSP2 with 45-token blocks and relative positions.
 """
 
 from __future__ import annotations
@@ -30,19 +31,23 @@ import torch
 from perf.e2e.chunk import chunk_model
 from perf.e2e.compact import TEXT_ROLE, text_kv_collective
 from perf.e2e.kernels import AnalyticKernels, KernelCost
+from perf.e2e.overlap import layer_program
 from perf.e2e.params import E2EParams
 from perf.e2e.run import COMPACT, COMPACT_MODES
+from perf.footprint import merged_tokens
 from perf.matmul_model import AnalyticMatmulProvider
-from rolling_forcing.config import PipelineConfig
+from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
-from sharding.pipeline import ShardedRollingForcingPipeline
+from sharding.layer_comm import layer_collectives
+from sharding.pipeline import ShardedRollingForcingPipeline, pipeline_plan
 from sharding.plan import AttentionShape
 from tests.numerics import FP32_ISSUE_BOUND
 from tests.pipeline_helpers import TINY, text_embeds, tiny_model
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
 
 P = PipelineConfig()
+ODD = replace(TINY, name="tiny-odd", latent_height=6, latent_width=10)  # 45-token blocks
 NB = 12
 SWITCH = {13: (text_embeds(98), True)}  # start block 9: the sink and blocks 2..8 are re-cached
 TOL = FP32_ISSUE_BOUND  # sharded vs unsharded, fp32 (module docstring)
@@ -73,19 +78,23 @@ class _BlockTableKernels(AnalyticKernels):
         return replace(parts[0], time_s=sum(c.time_s for c in parts), time_high_s=None)
 
 
-def _sharded(model: CausalWanModel, **kw: Any) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    pipe = ShardedRollingForcingPipeline(model, TINY, P, cores=2, positions="absolute", timeout_s=60.0, **kw)
+def _sharded(
+    model: CausalWanModel, cfg: ModelConfig, cores: int, positions: str, **kw: Any
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    pipe = ShardedRollingForcingPipeline(
+        model, cfg, P, cores=cores, positions=positions, merged=True, timeout_s=60.0, **kw
+    )
     for w, (emb, recache) in SWITCH.items():
         pipe.set_prompt(emb, recache, window=w)
-    chunks = list(pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)))
+    chunks = list(pipe.stream(text_embeds(cfg=cfg), NB, generator=torch.Generator().manual_seed(7)))
     assert pipe.last_results is not None
     return torch.cat([c.latents for c in chunks], dim=1), pipe.last_results
 
 
-def _unsharded(model: CausalWanModel) -> torch.Tensor:
-    pipe = RollingForcingPipeline(model, TINY, P, positions="absolute", merged=True)
+def _unsharded(model: CausalWanModel, cfg: ModelConfig, positions: str) -> torch.Tensor:
+    pipe = RollingForcingPipeline(model, cfg, P, positions=positions, merged=True)
     out = []
-    for c in pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7)):
+    for c in pipe.stream(text_embeds(cfg=cfg), NB, generator=torch.Generator().manual_seed(7)):
         out.append(c.latents)
         if c.window + 1 in SWITCH:
             emb, recache = SWITCH[c.window + 1]
@@ -93,33 +102,95 @@ def _unsharded(model: CausalWanModel) -> torch.Tensor:
     return torch.cat(out, dim=1)
 
 
+def _runs(cfg: ModelConfig, cores: int, positions: str, full: bool, **kw: Any) -> dict[str, Any]:
+    """The compiled and eager compact streams, the unsharded reference and (``full``) the compiled
+    full-ring stream."""
+    model = tiny_model(cfg, 3) if cfg is ODD else tiny_model(cfg)
+    out: dict[str, Any] = {"ref": _unsharded(model, cfg, positions)}
+    args = (model, cfg, cores, positions)
+    out["compiled"], out["ranks"] = _sharded(*args, kv_cache="sp_compact", compile=counting_backend, **kw)
+    out["eager"], out["eager_ranks"] = _sharded(*args, kv_cache="sp_compact", **kw)
+    if full:
+        out["full"], out["full_ranks"] = _sharded(
+            *args, kv_cache="sp_sharded", compile=counting_backend, **kw
+        )
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Any]:
-    """The compiled and eager compact streams, the compiled full-ring stream and the unsharded reference."""
-    model = tiny_model(TINY)
-    compiled, ranks = _sharded(model, kv_cache="sp_compact", merged=True, compile=counting_backend)
-    eager, eager_ranks = _sharded(model, kv_cache="sp_compact", merged=True)
-    full, full_ranks = _sharded(model, kv_cache="sp_sharded", merged=True, compile=counting_backend)
-    return {
-        "compiled": compiled, "ranks": ranks, "eager": eager, "eager_ranks": eager_ranks,
-        "full": full, "full_ranks": full_ranks, "ref": _unsharded(model),
-    }  # fmt: skip
+    """TP1xSP2, absolute positions (the compact eager test's merged stream)."""
+    return _runs(TINY, 2, "absolute", True)
+
+
+@pytest.fixture(scope="module")
+def runs4() -> dict[str, Any]:
+    """TP2xSP2 on 45-token blocks (23 + 22 token shares, 68/68/67/67-token shards of the 270-token merged
+    forward), relative positions (every cached block read as a roped copy of the assembled ring)."""
+    return _runs(ODD, 4, "relative", False, tp=2)
+
+
+def _check_equal(runs: dict[str, Any]) -> float:
+    got, ref = runs["compiled"], runs["ref"]
+    assert torch.equal(got, runs["eager"])
+    if "full" in runs:
+        assert torch.equal(got, runs["full"])  # the compiled full ring: the same stream
+    err = float((got - ref).abs().max())
+    assert err < TOL, f"compiled compact vs unsharded latents differ by {err}"
+    assert float((ref[:, :3] - ref[:, -3:]).abs().max()) > 1e-2  # a non-trivial stream
+    for r, e in zip(runs["ranks"], runs["eager_ranks"], strict=True):
+        assert r["forwards"] == e["forwards"] and r["forwards"]["recache"] == 8
+        assert e["graphs"] == [] and len(r["graphs"]) == 1  # one graph for every merged forward
+        # the measured allocations of the compiled forward: the same buffers as the eager one's
+        for key in ("cache_shape", "kv_bytes", "text_kv_bytes", "kv_gather_bytes", "text_gather_bytes"):
+            assert r[key] == e[key], key
+    return err
 
 
 @pytest.mark.distributed
 def test_compiled_compact_stream_equals_eager_and_unsharded(runs: dict[str, Any]) -> None:
-    got, ref = runs["compiled"], runs["ref"]
-    assert torch.equal(got, runs["eager"])
-    assert torch.equal(got, runs["full"])  # the compiled full ring: the same stream
-    err = float((got - ref).abs().max())
-    assert err < TOL, f"compiled compact vs unsharded latents differ by {err}"
-    assert float((ref[:, :3] - ref[:, -3:]).abs().max()) > 1e-2  # a non-trivial stream
-    for r, e in zip(runs["ranks"], runs["eager_ranks"]):
-        assert r["forwards"] == e["forwards"] and r["forwards"]["recache"] == 8
-        assert e["graphs"] == []
-        # the measured allocations of the compiled forward: the same buffers as the eager one's
-        for key in ("cache_shape", "kv_bytes", "text_kv_bytes", "kv_gather_bytes", "text_gather_bytes"):
-            assert r[key] == e[key], key
+    _check_equal(runs)
+
+
+@pytest.mark.distributed
+def test_compiled_compact_tp2_sp2_odd_relative_stream_is_one_graph_in_the_model_order(
+    runs4: dict[str, Any],
+) -> None:
+    """With TP > 1 the layer's collectives are the cache share's gather, the TP all-to-all in, the new
+    keys' gather, the text k/v gather, the all-to-all out: the issue order of the model's layer program
+    (``perf.e2e.overlap.layer_program``, the text gather after the new keys' collectives), each with the
+    bytes :func:`sharding.layer_comm.layer_collectives` / :func:`perf.e2e.compact.text_kv_collective`
+    give for this plan at the stream's dtype (fp32): received = ``(n - 1) / n`` of the gathered result,
+    sent = ``(n - 1) / n`` of the all-to-all's."""
+    _check_equal(runs4)
+    plan = pipeline_plan(ODD, P, 4, tp=2)
+    assert (plan.tp, plan.sp, plan.shape.dtype_bytes) == (2, 2, 4)
+    colls = (
+        *layer_collectives(
+            plan, tokens=merged_tokens(ODD, P), cache_slots=P.buffer_slots - 1,
+            tokens_per_block=P.tokens_per_block(ODD),
+        ),
+        text_kv_collective(ODD, plan.world_size, plan.model, act_bytes=plan.shape.dtype_bytes),
+    )  # fmt: skip
+    L = ODD.num_layers
+    times = {"qkv_proj": 1.0, "attn_merged": 1.0, "cross_attn": 1.0}  # one component per stage
+    program = [o.name.split(":")[1] for o in layer_program(times, colls, L) if o.engine == "comm"]
+    assert program == ["kv_cache", "qkv_in", "kv_fresh", TEXT_ROLE, "out"] * L
+    roles = {c.role: c for c in colls}
+    size = {"sp": plan.sp, "tp": plan.tp, "world": plan.world_size}
+    want = [
+        (
+            roles[n].op,
+            not roles[n].independent,
+            roles[n].bytes * size[roles[n].group] // (size[roles[n].group] - 1),
+        )
+        for n in program
+    ]
+    for r in runs4["ranks"]:
+        (g,) = r["graphs"]
+        got = [(op, a, b) for (op, a), b in zip(g["collective_order"], g["collective_bytes"], strict=True)]
+        assert got[:-1] == want, (got, want)
+        assert got[-1][:2] == ("all_gather_into_tensor", True)  # the head's output, once per forward
 
 
 @pytest.mark.distributed
