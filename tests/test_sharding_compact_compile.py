@@ -15,8 +15,9 @@ References and tolerances:
 
 The streams are the compact eager test's: 12 blocks (block s >= 8 written into the slot of block s - 6,
 which the same forward reads) and a re-caching switch at window 13 with the ring full (16 merged forwards,
-one update-only and 8 re-cache forwards, the last two eager), on TP1xSP2 with absolute positions (the one
-plan with sp > 1 on 2 ranks) and TP2xSP2 with 45-token blocks and relative positions.
+compiled; the switch's update-only forward and 8 re-cache forwards, eager in every compiled stream), on
+TP1xSP2 with absolute positions (the one plan with sp > 1 on 2 ranks) and TP2xSP2 with 45-token blocks
+and relative positions.
 """
 
 from __future__ import annotations
