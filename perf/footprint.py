@@ -49,7 +49,12 @@ stored next to the value so the report can print it.  Items:
 * ``vae_workspace``: the streaming decoder's causal feature cache (``CACHE_T = 2`` input frames of every
   causal 3-D conv) + the largest single conv's input+output while decoding one latent frame, from the
   decoder's layer table (``perf/wan_vae_table.py``, derived from a shape-only run of diffusers'
-  ``AutoencoderKLWan``) at the target resolution; split spatially over cores.
+  ``AutoencoderKLWan``) at the target resolution; split spatially over cores.  With ``workspace="shared"``
+  or ``vae_split="output_frame"`` it is two items, ``vae_causal_cache`` (persistent) and
+  ``vae_conv_workspace`` (the largest call's in+out; per output frame in the late stages with
+  ``"output_frame"``), and ``"shared"`` replaces the DiT-phase and VAE-phase transients by one
+  ``phase_workspace`` = their max (``perf/footprint_phases.py``: the classes, the source, the assumption,
+  and :func:`perf.footprint_phases.persistent_floor`, the floor of the persistent items).
 
 Not included: the umT5-XXL text encoder (run once per prompt; it can be unloaded or run on the host),
 the runtime's own reservations, NEFF/instruction buffers, and fragmentation.

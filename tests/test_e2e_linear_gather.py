@@ -181,6 +181,9 @@ def test_hbm_rows_name_the_best_placement_its_fps_and_what_holds_the_target():
     )
     assert f"leaves {_gb(11e9 - floor.per_chip)} GB for the transients, which need " in bf16
     assert f"need {_gb(best.per_chip - floor.per_chip)} GB" in bf16
+    cache = floor.item("vae_causal_cache").per_chip
+    assert f"the VAE causal cache is {_gb(cache)} GB of the floor" in bf16
+    assert f"(the placement without it: {(best.per_chip - cache) / 1e9:.3f} GB)" in bf16
     # the tiny decoder is smaller but never the headline: its own row
     tiny = [fp for fp in r.footprints if fp.label.startswith("tiny decoder") and "bf16" in fp.label][0]
     assert tiny.per_chip < best.per_chip and tiny.label not in bf16

@@ -20,7 +20,7 @@ from perf.footprint_phases import (
     taehv_peak_elems,
     taehv_state_elems,
 )
-from perf.footprint_vae import vae_frame_split
+from perf.footprint_vae import layer_frames, vae_frame_split
 from rolling_forcing.config import PipelineConfig, get_preset
 
 P = PipelineConfig(dtype="bfloat16")
@@ -61,6 +61,9 @@ def test_frame_split_peak_and_calls_by_hand_and_from_the_raw_table():
     elems = sum(math.prod(r.in_shape) + math.prod(r.out_shape) for r in VAE.steady)
     assert elems == sum(math.prod(r.in_shape) + math.prod(r.out_shape) for r in split.steady)
     assert vae_frame_split(split) == split  # nothing left to split
+    assert (layer_frames((4, 96, 8, 8)), layer_frames((1, 96, 2, 8, 8))) == (4, 2)
+    with pytest.raises(ValueError, match="shape must be"):
+        layer_frames((96, 8, 8))
 
 
 def test_persistent_floor_by_hand():

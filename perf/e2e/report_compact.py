@@ -93,7 +93,7 @@ def floor_text(floor: Footprint, fp: Footprint, target: float) -> str:
     cache = [i for i in floor.items if i.name == "vae_causal_cache"]
     held = (
         f"; the VAE causal cache is {_gb(cache[0].per_chip)} GB of the floor (the placement without it: "
-        f"{_gb(fp.per_chip - cache[0].per_chip)} GB)"
+        f"{(fp.per_chip - cache[0].per_chip) / 1e9:.3f} GB)"
         if cache
         else ""
     )
