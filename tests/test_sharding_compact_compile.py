@@ -16,8 +16,8 @@ References and tolerances:
 The streams are the compact eager test's: 12 blocks (block s >= 8 written into the slot of block s - 6,
 which the same forward reads) and a re-caching switch at window 13 with the ring full (16 merged forwards,
 compiled; the switch's update-only forward and 8 re-cache forwards, eager in every compiled stream), on
-TP1xSP2 with absolute positions (the one plan with sp > 1 on 2 ranks) and TP2xSP2 with 45-token blocks
-and relative positions.
+TP1xSP2 with absolute positions (the one plan with sp > 1 on 2 ranks), TP2xSP2 with 45-token blocks and
+relative positions, and TP4xSP2 on 8 ranks (a rank whose last-layer tokens all lie in the update block).
 """
 
 from __future__ import annotations
@@ -153,27 +153,23 @@ def test_compiled_compact_stream_equals_eager_and_unsharded(runs: dict[str, Any]
     _check_equal(runs)
 
 
-@pytest.mark.distributed
-def test_compiled_compact_tp2_sp2_odd_relative_stream_is_one_graph_in_the_model_order(
-    runs4: dict[str, Any],
-) -> None:
-    """With TP > 1 the layer's collectives are the cache share's gather, the TP all-to-all in, the new
-    keys' gather, the text k/v gather, the all-to-all out: the issue order of the model's layer program
+def _check_model_order(runs: dict[str, Any], cfg: ModelConfig, cores: int, tp: int) -> None:
+    """Every rank's graph: per layer the cache share's gather, the TP all-to-all in, the new keys' gather,
+    the text k/v gather, the all-to-all out, the issue order of the model's layer program
     (``perf.e2e.overlap.layer_program``, the text gather after the new keys' collectives), each with the
     bytes :func:`sharding.layer_comm.layer_collectives` / :func:`perf.e2e.compact.text_kv_collective`
-    give for this plan at the stream's dtype (fp32): received = ``(n - 1) / n`` of the gathered result,
-    sent = ``(n - 1) / n`` of the all-to-all's."""
-    _check_equal(runs4)
-    plan = pipeline_plan(ODD, P, 4, tp=2)
-    assert (plan.tp, plan.sp, plan.shape.dtype_bytes) == (2, 2, 4)
+    give for the stream's plan at its dtype (fp32): received = ``(n - 1) / n`` of the gathered result,
+    sent = ``(n - 1) / n`` of the all-to-all's; then the head's all-gather."""
+    plan = pipeline_plan(cfg, P, cores, tp=tp)
+    assert (plan.tp, plan.shape.dtype_bytes) == (tp, 4) and plan.sp > 1
     colls = (
         *layer_collectives(
-            plan, tokens=merged_tokens(ODD, P), cache_slots=P.buffer_slots - 1,
-            tokens_per_block=P.tokens_per_block(ODD),
+            plan, tokens=merged_tokens(cfg, P), cache_slots=P.buffer_slots - 1,
+            tokens_per_block=P.tokens_per_block(cfg),
         ),
-        text_kv_collective(ODD, plan.world_size, plan.model, act_bytes=plan.shape.dtype_bytes),
+        text_kv_collective(cfg, plan.world_size, plan.model, act_bytes=plan.shape.dtype_bytes),
     )  # fmt: skip
-    L = ODD.num_layers
+    L = cfg.num_layers
     times = {"qkv_proj": 1.0, "attn_merged": 1.0, "cross_attn": 1.0}  # one component per stage
     program = [o.name.split(":")[1] for o in layer_program(times, colls, L) if o.engine == "comm"]
     assert program == ["kv_cache", "qkv_in", "kv_fresh", TEXT_ROLE, "out"] * L
@@ -187,11 +183,31 @@ def test_compiled_compact_tp2_sp2_odd_relative_stream_is_one_graph_in_the_model_
         )
         for n in program
     ]
-    for r in runs4["ranks"]:
+    for r in runs["ranks"]:
         (g,) = r["graphs"]
         got = [(op, a, b) for (op, a), b in zip(g["collective_order"], g["collective_bytes"], strict=True)]
         assert got[:-1] == want, (got, want)
         assert got[-1][:2] == ("all_gather_into_tensor", True)  # the head's output, once per forward
+
+
+@pytest.mark.distributed
+def test_compiled_compact_tp2_sp2_odd_relative_stream_is_one_graph_in_the_model_order(
+    runs4: dict[str, Any],
+) -> None:
+    _check_equal(runs4)
+    _check_model_order(runs4, ODD, 4, 2)
+
+
+@pytest.mark.distributed
+def test_compiled_compact_tp4_sp2_stream_where_a_rank_skips_the_last_cross_attention() -> None:
+    """8 ranks, TP4xSP2 (the plan of the model's 8-core placement): the last layer's 48 update tokens
+    cover rank 0's whole 36-token shard of the 288-token merged forward, so rank 0 skips that layer's
+    cross-attention; its text gather is still issued and waited for (``TextKVGather.finish``), the
+    others read it: collectives stay matched, the stream equal and one graph per rank."""
+    runs8 = _runs(TINY, 8, "absolute", False, tp=4)
+    assert merged_tokens(TINY, P) // 8 < P.tokens_per_block(TINY)  # rank 0's shard inside the update block
+    _check_equal(runs8)
+    _check_model_order(runs8, TINY, 8, 4)
 
 
 @pytest.mark.distributed
