@@ -30,6 +30,7 @@ PRINT_ONLY = (
     "perf.bench_cost_schedule",
     "perf.e2e.elementwise_table",
     "perf.e2e.fp8",
+    "perf.calibration.tp_sensitivity",
     "perf.vae_bf16",
     "perf.neuron_measure",  # the --measure child (``run-kernel CALL.pkl``), writes only into its temp workdir
 )

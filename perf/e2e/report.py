@@ -14,7 +14,7 @@ from perf.e2e.components import GROUPS
 from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
-from perf.e2e.report_compact import hbm_target_rows
+from perf.e2e.report_compact import _floor, hbm_target_rows
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
 from perf.e2e.report_guard import guard_headline_lines, guard_lines, read_guard_rows
 from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
@@ -386,7 +386,14 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
             + (
                 f"KV cache alone is {_gb(r.lower_bounds[0].item('kv_cache').per_chip)} GB in bf16 (the "
                 f"shortest ring the schedule reads), so KV cache + one DiT weight copy is "
-                f"{_gb(r.lower_bounds[0].per_chip)} GB whatever the placement.\n"
+                f"{_gb(r.lower_bounds[0].per_chip)} GB whatever the placement"
+                + (
+                    f"; with the Wan VAE's causal cache and the other state every chunk keeps, the "
+                    f"persistent floor is {_gb(fl.per_chip)} GB"
+                    if (fl := _floor(r, "bf16")) is not None
+                    else ""
+                )
+                + ".\n"
                 if r.lower_bounds
                 else "\n"
             )

@@ -66,8 +66,8 @@ LEAN_LABEL = {
 }
 COMPACT_MODES = ("fullgraph", "eager_sharded")
 """Compile modes :data:`COMPACT` is priced in: one graph per forward (collectives on the CC stream, the
-overlap schedule; the stream does not build it: ``kv_cache="sp_compact"`` refuses ``compile=``,
-``sharding/kv_shard.py``) and the eager stream that runs it (host collectives, serialised)."""
+overlap schedule; the sharded stream's ``compile=`` with ``kv_cache="sp_compact"`` builds it, one graph
+per rank) and the eager stream (without ``compile=``: host collectives, serialised)."""
 
 
 _CHUNK_KEYS = ("weights", "vae_weights", "kv_cache", "gather_unit")
