@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from perf.e2e.budget import budget_lines
+from perf.e2e.budget_baseline import before_after_lines
 from perf.e2e.chunk import ChunkModel
 from perf.e2e.kernels import AnalyticKernels
 from perf.e2e.params import E2EParams
@@ -273,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows)
     print()
     print("\n".join(headline_lines(r)))
+    print("\n".join(before_after_lines(r)))
     print()
     print("\n".join(targets_lines(r)))
     print(

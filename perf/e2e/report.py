@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from perf.e2e.budget import budget_lines, layer_path_lines
+from perf.e2e.budget_baseline import before_after_lines
 from perf.e2e.chunk import ChunkModel
 from perf.e2e.components import GROUPS
 from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
@@ -406,6 +407,7 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
         "the gap at the pessimistic end (`perf/e2e/budget.py`).\n"
     )
     L += budget_lines(mg_hi, mg_lo)
+    L += before_after_lines(r)
     L.append("")
     L += layer_path_lines(mg_hi, mg_lo)
     L.append("")
