@@ -15,8 +15,12 @@ from nki_ardiff.cli_checks import CliError
 from nki_ardiff.cli_errors import reported_errors
 
 
-def check_train_demo(out: Path, seed: int, threads: int, autoencoder: Path | None) -> None:
+def check_train_demo(
+    out: Path, seed: int, threads: int, autoencoder: Path | None, prompt_speed: float | None = None
+) -> None:
     """Raise :class:`CliError` naming the option for a bad value (before any work)."""
+    if prompt_speed is not None and not 0 < prompt_speed < float("inf"):
+        raise CliError("--prompt-speed", f"must be a finite number > 0 (pixels/frame), got {prompt_speed}")
     if out.exists() and not out.is_dir():
         raise CliError("--out", f"{str(out)!r} exists and is not a directory")
     if seed < 0:
@@ -44,13 +48,25 @@ def train_demo_cmd(
         Path | None, typer.Option(help="use this autoencoder.safetensors instead of retraining one")
     ] = None,
     progress: Annotated[bool, typer.Option(help="tqdm progress bars on stderr")] = True,
+    prompt_speed: Annotated[
+        float | None,
+        typer.Option(help="the training videos' shape speed, pixels per frame at 64x64 (default 1.5)"),
+    ] = None,
 ) -> None:
     """Retrain the demo model from scratch (measured CPU wall clock in OUT/train_log.json)."""
     with reported_errors("train-demo", ctx):
-        check_train_demo(out, seed, threads, autoencoder)
+        check_train_demo(out, seed, threads, autoencoder, prompt_speed)
         from rolling_forcing.demo.train import train_demo
 
-        rep = train_demo(out, seed, smoke=smoke, threads=threads, progress=progress, autoencoder=autoencoder)
+        rep = train_demo(
+            out,
+            seed,
+            smoke=smoke,
+            threads=threads,
+            progress=progress,
+            autoencoder=autoencoder,
+            prompt_speed=prompt_speed,
+        )
         typer.echo(
             f"train-demo: wrote {', '.join(p.name for p in rep.files)} to {out} (measured: autoencoder "
             f"{rep.ae_seconds:.0f} s, clips {rep.clips_seconds:.0f} s, DiT {rep.dit_seconds:.0f} s + stage 2 "

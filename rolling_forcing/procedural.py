@@ -162,15 +162,19 @@ PROMPT_SPEED = 1.5
 """Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size)."""
 
 
-def prompt_layout(scene: Scene) -> Scene:
+def prompt_layout(scene: Scene, speed: float | None = None) -> Scene:
     """The same objects and background with sizes, start points and velocities that are a pure function of
     the prompt (each shape's kind, colour and index), so that a prompt names exactly one video.
 
     Shape ``i`` of ``n`` starts at ``x = W (i + 1) / (n + 1)``, ``y = H * (0.35, 0.65)[i % 2]``, has the size
     :data:`PROMPT_SIZES` of its kind and moves at :data:`PROMPT_SPEED` in a direction set by its
     (colour, kind) pair: ``angle = 2 pi (3 c + k + 0.5) / (3 len(COLORS))`` (c, k: indices in
-    :data:`COLORS` and :data:`SHAPES`). Sizes and speed scale with ``min(H, W) / 64``.
+    :data:`COLORS` and :data:`SHAPES`). Sizes and speed scale with ``min(H, W) / 64``. ``speed``: pixels per
+    frame at 64 x 64 instead of :data:`PROMPT_SPEED` (a finite float > 0).
     """
+    base = PROMPT_SPEED if speed is None else speed
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not (0 < base < float("inf")):
+        raise ValueError(f"prompt_layout: speed must be a finite number > 0 (pixels/frame), got {speed!r}")
     cfg = scene.config
     n = len(scene.shapes)
     unit = min(cfg.height, cfg.width) / 64.0
@@ -182,9 +186,9 @@ def prompt_layout(scene: Scene) -> Scene:
         y0 = min(max(cfg.height * (0.35, 0.65)[i % 2], size), cfg.height - size)
         pair = 3 * colors.index(s.color) + SHAPES.index(s.kind)
         angle = 2 * np.pi * (pair + 0.5) / (3 * len(colors))
-        speed = PROMPT_SPEED * unit
+        v = base * unit
         shapes.append(
-            Shape(s.kind, s.color, size, x0, y0, float(speed * np.cos(angle)), float(speed * np.sin(angle)))
+            Shape(s.kind, s.color, size, x0, y0, float(v * np.cos(angle)), float(v * np.sin(angle)))
         )
     return Scene(tuple(shapes), scene.background, cfg)
 

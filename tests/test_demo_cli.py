@@ -20,6 +20,12 @@ runner = CliRunner()
         (["--seed", "-1"], "error: --seed: must be >= 0, got -1"),
         (["--threads", "0"], "error: --threads: must be >= 1, got 0"),
         (["--autoencoder", "nope.safetensors"], "error: --autoencoder: 'nope.safetensors' does not exist"),
+        (
+            ["--prompt-speed", "0"],
+            "error: --prompt-speed: must be a finite number > 0 (pixels/frame), got 0.0",
+        ),
+        (["--prompt-speed", "-0.5"], "error: --prompt-speed: must be a finite number > 0"),
+        (["--prompt-speed", "inf"], "error: --prompt-speed: must be a finite number > 0"),
     ],
 )
 def test_train_demo_option_errors(args: list[str], message: str, tmp_path) -> None:
@@ -79,3 +85,12 @@ def test_smoke_training_writes_weights_load_demo_streams(tmp_path) -> None:
     chunks = list(pipe.stream(emb, 5, generator=torch.Generator().manual_seed(0)))
     video = demo.decoder.decode(chunks[0].latents)
     assert video.shape == (1, 9, 3, 64, 64) and bool(torch.isfinite(video).all())
+
+
+@pytest.mark.parametrize("speed", [0, -1.0, float("inf"), True])
+def test_train_demo_refuses_a_bad_prompt_speed_before_any_work(speed: object, tmp_path) -> None:
+    from rolling_forcing.demo.train import train_demo
+
+    with pytest.raises(ValueError, match="prompt_speed must be a finite number > 0"):
+        train_demo(tmp_path / "w", prompt_speed=speed, smoke=True)  # type: ignore[arg-type]
+    assert not (tmp_path / "w").exists()

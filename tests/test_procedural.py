@@ -158,3 +158,35 @@ def test_prompt_layout_is_a_function_of_the_prompt() -> None:
     # a different shape in the prompt moves differently
     c = Scene((Shape("triangle", "red", 5.0, 20.0, 20.0, 2.0, 0.1), a.shapes[1]), "gray")
     assert prompt_layout(c).shapes[0].vx != la.shapes[0].vx
+
+
+def test_prompt_layout_speed_sets_only_the_velocity_magnitude() -> None:
+    """``speed`` scales every velocity to ``speed x min(H, W) / 64`` along the same direction; start points
+    and sizes are those of the default layout; bad speeds are refused; clips follow it
+    (prompt layout only)."""
+    from rolling_forcing.demo.data import make_clips
+    from rolling_forcing.procedural import PROMPT_SPEED, Scene, SceneConfig, Shape, prompt_layout
+
+    cfg = SceneConfig(height=96, width=128)
+    a = Scene(
+        (
+            Shape("circle", "red", 5.0, 20.0, 20.0, 2.0, 0.1),
+            Shape("triangle", "white", 9.0, 40.0, 30.0, -1.0, 1.0),
+        ),
+        "navy",
+        cfg,
+    )
+    base, slow = prompt_layout(a), prompt_layout(a, 0.3)
+    assert base == prompt_layout(a, PROMPT_SPEED)
+    for s0, s1 in zip(base.shapes, slow.shapes):
+        assert (s1.x0, s1.y0, s1.size, s1.kind, s1.color) == (s0.x0, s0.y0, s0.size, s0.kind, s0.color)
+        assert math.hypot(s1.vx, s1.vy) == pytest.approx(0.3 * 96 / 64)
+        assert math.hypot(s0.vx, s0.vy) == pytest.approx(PROMPT_SPEED * 96 / 64)
+        assert math.atan2(s1.vy, s1.vx) == pytest.approx(math.atan2(s0.vy, s0.vx))
+    for bad in (0, -1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="speed must be a finite number > 0"):
+            prompt_layout(a, bad)
+    _, _, scenes = make_clips(2, 5, seed=3, layout="prompt", prompt_speed=0.3)
+    assert all(math.hypot(s.vx, s.vy) == pytest.approx(0.3) for sc in scenes for s in sc.shapes)
+    with pytest.raises(ValueError, match="prompt_speed applies to layout='prompt' only"):
+        make_clips(1, 5, seed=3, prompt_speed=0.3)

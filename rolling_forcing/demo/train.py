@@ -29,6 +29,7 @@ from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.demo import AE_FILE
 from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
 from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
+from rolling_forcing.procedural import PROMPT_SPEED
 
 __all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
 
@@ -107,6 +108,7 @@ def train_demo(
     clips: int | None = None,
     dit: DitTrainConfig | None = None,
     stage2: Stage2Config | None = None,
+    prompt_speed: float | None = None,
 ) -> DemoTrainReport:
     """Retrain the demo model into ``out_dir`` (module docstring); returns what it wrote and measured.
 
@@ -119,6 +121,8 @@ def train_demo(
             ``out_dir``).
         ae_steps, clips, dit, stage2: override the autoencoder steps, the clip count, the DiT's stage-1
             and stage-2 settings.
+        prompt_speed: the training clips' prompt-layout speed, pixels per frame at 64 x 64 (``None``:
+            :data:`rolling_forcing.procedural.PROMPT_SPEED`, what the shipped weights were trained on).
     """
     from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
     from rolling_forcing.demo.data import encode_clips
@@ -126,6 +130,12 @@ def train_demo(
 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if prompt_speed is not None and (
+        isinstance(prompt_speed, bool)
+        or not isinstance(prompt_speed, (int, float))
+        or not 0 < prompt_speed < float("inf")
+    ):
+        raise ValueError(f"prompt_speed must be a finite number > 0 (pixels per frame), got {prompt_speed!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     out = Path(out_dir)
@@ -151,7 +161,9 @@ def train_demo(
         save_autoencoder(ae, out / AE_FILE, {"seed": str(seed)})
         t1 = time.perf_counter()
         latent_frames = (dcfg.max_clean_blocks + pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
-        lat, prompts = encode_clips(ae, n_clips, latent_frames, seed=seed + 1, layout="prompt")
+        lat, prompts = encode_clips(
+            ae, n_clips, latent_frames, seed=seed + 1, layout="prompt", prompt_speed=prompt_speed
+        )
         t2 = time.perf_counter()
         latent_clips = LatentClips(lat, prompts)
         res1: DitTrainResult = train_dit(latent_clips, model_cfg, pipe_cfg, dcfg, progress=progress)
@@ -174,6 +186,7 @@ def train_demo(
         "clips": n_clips,
         "dit": asdict(dcfg),
         "stage2": asdict(s2cfg),
+        "prompt_speed": prompt_speed if prompt_speed is not None else PROMPT_SPEED,
         "seconds_measured": {"autoencoder": t1 - t0, "clips": t2 - t1, "dit": t3 - t2, "stage2": t4 - t3},
         "final_dit_loss_mean_last_100": sum(res1.losses[-100:]) / max(1, len(res1.losses[-100:])),
         "final_stage2_loss_mean_last_100": sum(s2_losses[-100:]) / max(1, len(s2_losses[-100:])),
