@@ -140,8 +140,9 @@ def test_tracked_results_hold_the_baseline_rows() -> None:
 # -- the table -----------------------------------------------------------------------------------------
 
 P = E2EParams()
-# now, ms per chunk: attention faster, vae the same, linear slower, barrier gone, elementwise new
-N_PESS = {"attention": 300.0, "vae": 150.0, "linear": 110.0, "elementwise": 20.0}
+# now, ms per chunk: attention faster, vae the same (pess.: 1e-9 ms less), linear slower, barrier gone,
+# elementwise new
+N_PESS = {"attention": 300.0, "vae": 150.0 - 1e-9, "linear": 110.0, "elementwise": 20.0}
 N_OPT = {"attention": 250.0, "vae": 125.0, "linear": 80.0, "elementwise": 10.0}
 
 
@@ -177,6 +178,7 @@ def test_table_numbers_are_the_inputs_and_their_difference(jsonl: Path) -> None:
         assert got[2] == pytest.approx((now[0] - before[0], now[1] - before[1]), abs=0.005), g
     # attention: 500 -> 300 and 400 -> 250 printed with the sign of the change
     assert body["attention"][2] == "-200.00 / -150.00" and body["linear"][2] == "+10.00 / +5.00"
+    assert body["vae"][2] == "0.00 / 0.00"  # no change at the printed precision: no sign
     assert [_nums(c) for c in body["chunk"]] == [(752.5, 600.5), (580.0, 465.0), (-172.5, -135.5)]
     fb, fn = (FRAMES / 0.7525, FRAMES / 0.6005), (FRAMES / 0.580, FRAMES / 0.465)
     got = [_nums(c) for c in body["fps"]]
@@ -221,3 +223,17 @@ def test_section_lines_and_another_configuration(jsonl: Path) -> None:
     other = before_after_lines(_result("tiny", 64), jsonl, "abc1234")
     assert len(other) == 2 and re.search(r"not shown, the baseline \(abc1234: .*'height': 480", other[1])
     assert "'height': 64" in other[1]
+
+
+def test_cli_summary_prints_the_table_after_the_guard_rows() -> None:
+    from perf.e2e.cli import _with_before_after
+
+    head = [
+        "MODELLED ...",
+        "  merged ...",
+        "  guard trips (merged, ...)",
+        "  guard trips (eager, ...)",
+        "Peer ...",
+    ]
+    assert _with_before_after(head, ["T1", "T2"]) == [*head[:4], "T1", "T2", "", "Peer ..."]
+    assert _with_before_after(head[:2], ["T1"]) == [*head[:2], "T1", ""]

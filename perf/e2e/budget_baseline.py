@@ -211,9 +211,14 @@ def before_after_rows(base: Baseline, opt: ChunkModel, pess: ChunkModel) -> list
     return sorted(rows, key=lambda r: (-r.before_pess, -r.now_pess, order.get(r.group, len(order)), r.group))
 
 
+def _num(x: float, sign: bool, digits: int) -> str:
+    if sign and round(x, digits) == 0:
+        return f"{0:.{digits}f}"  # no change at this precision: neither "+0.00" nor "-0.00"
+    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
+
+
 def _pair(p: float, o: float, sign: bool = False, digits: int = 2) -> str:
-    f = f"{{:+,.{digits}f}}" if sign else f"{{:,.{digits}f}}"
-    return f"{f.format(p)} / {f.format(o)}"
+    return f"{_num(p, sign, digits)} / {_num(o, sign, digits)}"
 
 
 def before_after_table(base: Baseline, opt: ChunkModel, pess: ChunkModel) -> list[str]:

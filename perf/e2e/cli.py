@@ -191,6 +191,13 @@ def _methods_main(a: Any, out: Path, params: E2EParams, kernels: Any, matmul: An
     return 0
 
 
+def _with_before_after(head: list[str], table: list[str]) -> list[str]:
+    """``head`` with ``table`` inserted after its last guard-trips row (at the end when it has none) and
+    a blank line after the table."""
+    at = max((i + 1 for i, ln in enumerate(head) if ln.startswith("  guard trips")), default=len(head))
+    return [*head[:at], *table, "", *head[at:]]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command's arguments (its own function so a test can check the defaults: nothing tracked is
     written without ``--save``)."""
@@ -273,8 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     append_rows(rows, out / "results" / f"{stem}.jsonl")
     print_table(rows)
     print()
-    print("\n".join(headline_lines(r)))
-    print("\n".join(before_after_lines(r)))
+    print("\n".join(_with_before_after(headline_lines(r), before_after_lines(r))))
     print()
     print("\n".join(targets_lines(r)))
     print(
