@@ -390,8 +390,8 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
                 f"{_gb(r.lower_bounds[0].per_chip)} GB whatever the placement"
                 + (
                     f"; with the Wan VAE's causal cache and the other state every chunk keeps, the "
-                    f"persistent floor is {_gb(fl.per_chip)} GB"
-                    if (fl := _floor(r, "bf16")) is not None
+                    f"persistent floor is {_gb(floor_fp.per_chip)} GB"
+                    if (floor_fp := _floor(r, "bf16")) is not None
                     else ""
                 )
                 + ".\n"
