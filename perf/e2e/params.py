@@ -101,7 +101,8 @@ class E2EParams:
     * the project's targets (one trn2 chip, Wan2.1-1.3B, 480x832): ``target_fps`` 20 with
       ``target_headroom`` 0.2 (chunk <= 80 % of its deadline) at the pessimistic end, ``target_fps_bf16``
       16 without FP8 (the published Rolling Forcing figure), HBM ``target_hbm_bytes`` 11 GB in bf16 and
-      ``target_hbm_fp8_bytes`` 8 GB with the FP8 KV cache.
+      ``target_hbm_fp8_bytes`` 8 GB with the FP8 KV cache; the pessimistic-optimistic spread of the chunk
+      at most ``target_spread`` 0.15 of the pessimistic chunk (how much rests on unmeasured parameters).
     """
 
     peak_flops_per_core: float = 128 * 128 * 2 * 2.4e9
@@ -124,6 +125,7 @@ class E2EParams:
     target_fps_bf16: float = 16.0
     target_hbm_bytes: float = 11e9
     target_hbm_fp8_bytes: float = 8e9
+    target_spread: float = 0.15
 
     def __post_init__(self) -> None:
         for name in ("peak_flops_per_core", "hbm_Bps_per_core", "vector_hz", "scalar_hz", "gpsimd_hz"):

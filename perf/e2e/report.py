@@ -182,6 +182,12 @@ def targets_lines(r: E2EResult) -> list[str]:
         f"{mg_hi.fps:.2f} fps | {'yes' if mg_lo.fps >= prm.target_fps_bf16 else 'no'} / "
         f"{'yes' if mg_hi.fps >= prm.target_fps_bf16 else 'no'} |"
     )
+    spread = (mg_lo.chunk_s - mg_hi.chunk_s) / mg_lo.chunk_s
+    L.append(
+        f"| pessimistic-optimistic spread <= {prm.target_spread:.0%} of the chunk (what rests on unmeasured "
+        f"parameters) | {_ms(mg_lo.chunk_s - mg_hi.chunk_s)} ms = {spread:.1%} of {_ms(mg_lo.chunk_s)} ms | "
+        f"{'yes' if spread <= prm.target_spread else 'no'} |"
+    )
     L.extend(hbm_target_rows(r))  # perf/e2e/report_compact.py
     L.append("")
     L.append(
