@@ -43,19 +43,24 @@ DEFAULT_PROMPTS = (
 )
 
 
-def _truth_latents(ae: Any, prompt: str, latent_frames: int, seed: int) -> torch.Tensor:
+def _truth_latents(
+    ae: Any, prompt: str, latent_frames: int, seed: int, prompt_speed: float | None = None
+) -> torch.Tensor:
     from perf.quality.streams import scene_for_prompt
     from rolling_forcing.procedural import prompt_layout, render
 
-    scene = prompt_layout(scene_for_prompt(prompt, np.random.default_rng(seed)))
+    scene = prompt_layout(scene_for_prompt(prompt, np.random.default_rng(seed)), prompt_speed)
     video = render(scene, 0, 1 + 4 * (latent_frames - 1))
     x = torch.from_numpy(video).permute(0, 3, 1, 2).float()[None] / 127.5 - 1.0
     with torch.no_grad():
         return ae.encode(x)
 
 
-def measure_prompt(demo: Any, ae: Any, prompt: str, blocks: int, seed: int) -> list[dict[str, Any]]:
-    """Rows (dicts) of :data:`WAYS` plus the round trip for one prompt (module docstring)."""
+def measure_prompt(
+    demo: Any, ae: Any, prompt: str, blocks: int, seed: int, prompt_speed: float | None = None
+) -> list[dict[str, Any]]:
+    """Rows (dicts) of :data:`WAYS` plus the round trip for one prompt (module docstring); the reference
+    video moves at ``prompt_speed`` px/frame (``None``: the prompt layout's default, the shipped weights')."""
     from perf.quality.detect import detect, read_backgrounds
     from perf.quality.metrics import presence, prompt_background, prompt_objects
     from rolling_forcing.config import PipelineConfig
@@ -64,7 +69,7 @@ def measure_prompt(demo: Any, ae: Any, prompt: str, blocks: int, seed: int) -> l
 
     pc = PipelineConfig(positions="relative")
     fpb, last = pc.frames_per_block, len(pc.timesteps) - 1
-    truth = _truth_latents(ae, prompt, blocks * fpb, seed)
+    truth = _truth_latents(ae, prompt, blocks * fpb, seed, prompt_speed)
     model = demo.model.float().eval()
     with torch.no_grad():
         text_kv = model.text_kv(demo.text_encoder(demo.text_encoder.tokenize([prompt])))
@@ -130,18 +135,24 @@ def _teacher_windows(
     return out
 
 
-def run(weights: str | None, prompts: Sequence[str], blocks: int, seed: int) -> list[BenchRow]:
-    """One :class:`BenchRow` per (prompt, way) (``kind="measured"``)."""
+def run(
+    weights: str | None, prompts: Sequence[str], blocks: int, seed: int, prompt_speed: float | None = None
+) -> list[BenchRow]:
+    """One :class:`BenchRow` per (prompt, way) (``kind="measured"``); ``prompt_speed``: the speed the
+    weights were trained at (``train-demo --prompt-speed``), so the reference video
+    is the one they learned."""
     from rolling_forcing.demo import load_demo
     from rolling_forcing.demo.autoencoder import load_autoencoder
 
     if blocks < 6:
         raise ValueError(f"--blocks must be >= 6 (a full window after the warm-up), got {blocks}")
+    if prompt_speed is not None and not 0 < prompt_speed < float("inf"):
+        raise ValueError(f"--prompt-speed must be a finite number > 0 (pixels/frame), got {prompt_speed}")
     demo = load_demo(weights, with_decoder=False)
     ae = load_autoencoder(None if weights is None else f"{weights}/autoencoder.safetensors")
     rows = []
     for prompt in prompts:
-        for r in measure_prompt(demo, ae, prompt, blocks, seed):
+        for r in measure_prompt(demo, ae, prompt, blocks, seed, prompt_speed):
             rows.append(
                 BenchRow(
                     op="demo_chain",
@@ -151,6 +162,7 @@ def run(weights: str | None, prompts: Sequence[str], blocks: int, seed: int) -> 
                         "blocks": blocks,
                         "seed": seed,
                         "weights": weights or "shipped",
+                        **({} if prompt_speed is None else {"prompt_speed": prompt_speed}),
                     },
                     kind="measured",
                     extra={"presence": round(r["presence"], 4), "x0_mse_per_level": r["x0_mse"]},
@@ -164,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--weights", default=None, help="a demo weights directory (default: the shipped weights)")
     ap.add_argument("--blocks", type=int, default=14, help="stream length in blocks (>= 6)")
     ap.add_argument("--seed", type=int, default=0, help="noise seed")
+    ap.add_argument(
+        "--prompt-speed",
+        type=float,
+        default=None,
+        help="the reference videos' speed, px/frame at 64x64 (the weights' training speed; default 1.5)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument(
         "--prompt", action="append", default=None, help="a prompt (repeatable; default: the 3 bench prompts)"
@@ -175,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = run(args.weights, tuple(args.prompt or DEFAULT_PROMPTS), args.blocks, args.seed)
+    rows = run(args.weights, tuple(args.prompt or DEFAULT_PROMPTS), args.blocks, args.seed, args.prompt_speed)
     print_table(rows)
     for r in rows:
         print(

@@ -51,3 +51,19 @@ def test_truth_latents_render_the_prompt_layout() -> None:
 def test_blocks_below_a_full_window_are_refused() -> None:
     with pytest.raises(ValueError, match="--blocks must be >= 6"):
         demo_chain.run(None, (PROMPT,), 5, 0)
+
+
+def test_truth_latents_follow_the_prompt_speed() -> None:
+    """``prompt_speed`` renders the reference at that speed (the weights' training speed): equal to the
+    layout rendered at 0.3 px/frame, and different from the default-speed reference after frame 0."""
+    from perf.quality.streams import scene_for_prompt
+    from rolling_forcing.procedural import prompt_layout, render
+
+    ae = load_autoencoder()
+    z = demo_chain._truth_latents(ae, PROMPT, 3, 0, 0.3)
+    video = render(prompt_layout(scene_for_prompt(PROMPT, np.random.default_rng(0)), 0.3), 0, 9)
+    x = torch.from_numpy(video).permute(0, 3, 1, 2).float()[None] / 127.5 - 1.0
+    torch.testing.assert_close(z, ae.encode(x), rtol=0, atol=0)
+    assert not torch.equal(z[:, 1:], demo_chain._truth_latents(ae, PROMPT, 3, 0)[:, 1:])
+    with pytest.raises(ValueError, match="--prompt-speed must be a finite number > 0"):
+        demo_chain.run(None, (PROMPT,), 6, 0, 0.0)
