@@ -146,8 +146,10 @@ def run(
 
     if blocks < 6:
         raise ValueError(f"--blocks must be >= 6 (a full window after the warm-up), got {blocks}")
-    if prompt_speed is not None and not 0 < prompt_speed < float("inf"):
-        raise ValueError(f"--prompt-speed must be a finite number > 0 (pixels/frame), got {prompt_speed}")
+    if prompt_speed is not None:
+        from rolling_forcing.procedural import check_speed
+
+        check_speed(prompt_speed, "--prompt-speed")
     demo = load_demo(weights, with_decoder=False)
     ae = load_autoencoder(None if weights is None else f"{weights}/autoencoder.safetensors")
     rows = []

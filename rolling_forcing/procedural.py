@@ -30,6 +30,7 @@ __all__ = [
     "Shape",
     "positions",
     "prompt_words",
+    "check_speed",
     "render",
     "sample_scene",
     "scene_prompt",
@@ -162,6 +163,14 @@ PROMPT_SPEED = 1.5
 """Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size)."""
 
 
+def check_speed(speed: object, name: str) -> float:
+    """``speed`` (pixels per frame) as a float if it is a finite number > 0 (not a bool), else ``ValueError``
+    naming it as ``name``: the one check of every prompt-layout speed (layout, clips, training, benches)."""
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0 (pixels/frame), got {speed!r}")
+    return float(speed)
+
+
 def prompt_layout(scene: Scene, speed: float | None = None) -> Scene:
     """The same objects and background with sizes, start points and velocities that are a pure function of
     the prompt (each shape's kind, colour and index), so that a prompt names exactly one video.
@@ -172,9 +181,7 @@ def prompt_layout(scene: Scene, speed: float | None = None) -> Scene:
     :data:`COLORS` and :data:`SHAPES`). Sizes and speed scale with ``min(H, W) / 64``. ``speed``: pixels per
     frame at 64 x 64 instead of :data:`PROMPT_SPEED` (a finite float > 0).
     """
-    base = PROMPT_SPEED if speed is None else speed
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not (0 < base < float("inf")):
-        raise ValueError(f"prompt_layout: speed must be a finite number > 0 (pixels/frame), got {speed!r}")
+    base = PROMPT_SPEED if speed is None else check_speed(speed, "prompt_layout: speed")
     cfg = scene.config
     n = len(scene.shapes)
     unit = min(cfg.height, cfg.width) / 64.0

@@ -29,7 +29,7 @@ from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.demo import AE_FILE
 from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
 from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
-from rolling_forcing.procedural import PROMPT_SPEED
+from rolling_forcing.procedural import PROMPT_SPEED, check_speed
 
 __all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
 
@@ -130,12 +130,8 @@ def train_demo(
 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    if prompt_speed is not None and (
-        isinstance(prompt_speed, bool)
-        or not isinstance(prompt_speed, (int, float))
-        or not 0 < prompt_speed < float("inf")
-    ):
-        raise ValueError(f"prompt_speed must be a finite number > 0 (pixels per frame), got {prompt_speed!r}")
+    if prompt_speed is not None:
+        check_speed(prompt_speed, "prompt_speed")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     out = Path(out_dir)
