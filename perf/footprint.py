@@ -541,13 +541,16 @@ def lower_bound_footprint(
     w = int(dit_param_count(m) * weight_bytes)
     items = (
         FootprintItem(
-            "kv_cache", math.ceil(kv / cores), kv, f"{tokens:,} tok ({slots} slots) x {kv_bytes:g} B"
+            "kv_cache",
+            math.ceil(kv / cores),
+            kv,
+            f"{tokens:,} tok ({slots} slots) x {m.dim} x 2 (k,v) x {m.num_layers} layers x {kv_bytes:g} B",
         ),
         FootprintItem(
             "dit_weights",
             math.ceil(w / cores),
             w,
-            f"params {dit_param_count(m):,} x {weight_bytes} B, one copy",
+            f"params {dit_param_count(m):,} x {weight_bytes:g} B, one copy",
         ),
     )
     kvl = "bf16" if kv_bytes == 2 else "fp8 KV cache"

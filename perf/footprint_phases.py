@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 
-from perf.footprint import Footprint, FootprintItem, dit_param_count, footprint
+from perf.footprint import Footprint, FootprintItem, footprint, lower_bound_footprint
 from perf.footprint_vae import VaeProbe
 from rolling_forcing.config import ModelConfig, PipelineConfig
 
@@ -143,23 +143,21 @@ def persistent_floor(
         raise ValueError(f"persistent_floor: cores must be a positive int, got {cores!r}")
     if kv_bytes <= 0 or weight_bytes <= 0 or act_bytes <= 0:
         raise ValueError("persistent_floor: kv_bytes, weight_bytes and act_bytes must be > 0")
+    # the compact ring + one DiT weight copy: the lower bound's two items
+    base = lower_bound_footprint(
+        m, p, cores=cores, kv_bytes=kv_bytes, weight_bytes=weight_bytes, compact=True
+    )
     slots = p.buffer_slots - 1
-    tokens = slots * p.tokens_per_block(m)
-    kv = int(tokens * m.dim * 2 * m.num_layers * kv_bytes)
-    w = int(dit_param_count(m) * weight_bytes)
     text = int(m.text_len * m.dim * 2 * m.num_layers * act_bytes)
     vw = int(vae.decoder_params * weight_bytes)
     cache = int(vae.feat_cache_elems * act_bytes)
     rows = (
-        ("kv_cache", kv, f"{tokens:,} tok ({slots} slots) x {m.dim} x 2 (k,v) x {m.num_layers} layers x "
-         f"{kv_bytes:g} B"),
-        ("dit_weights", w, f"params {dit_param_count(m):,} x {weight_bytes:g} B, one copy"),
         ("text_kv", text, f"{m.text_len} tok x {m.dim} x 2 x {m.num_layers} x {act_bytes} B, once"),
         ("vae_weights", vw, f"decoder params {vae.decoder_params:,} x {weight_bytes:g} B, one copy"),
         ("vae_causal_cache", cache, f"CACHE_T 2 frames x every causal conv's input "
          f"({vae.feat_cache_elems:,} elems at latent {vae.latent_hw[0]}x{vae.latent_hw[1]}) x {act_bytes} B"),
     )  # fmt: skip
-    items = tuple(FootprintItem(n, math.ceil(b / cores), b, f) for n, b, f in rows)
+    items = base.items + tuple(FootprintItem(n, math.ceil(b / cores), b, f) for n, b, f in rows)
     kvl = "bf16" if kv_bytes == 2 else "fp8 KV cache"
     return Footprint(
         f"floor ({kvl}): persistent state ({slots}-slot KV cache, one DiT + VAE weight copy, text k/v, "
