@@ -22,8 +22,7 @@ relative positions, and TP4xSP2 on 8 ranks (a rank whose last-layer tokens all l
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -31,7 +30,6 @@ import torch
 
 from perf.e2e.chunk import chunk_model
 from perf.e2e.compact import TEXT_ROLE, text_kv_collective
-from perf.e2e.kernels import AnalyticKernels, KernelCost
 from perf.e2e.overlap import layer_program
 from perf.e2e.params import E2EParams
 from perf.e2e.run import COMPACT, COMPACT_MODES
@@ -43,6 +41,7 @@ from rolling_forcing.pipeline import RollingForcingPipeline
 from sharding.layer_comm import layer_collectives
 from sharding.pipeline import ShardedRollingForcingPipeline, pipeline_plan
 from sharding.plan import AttentionShape
+from tests.compile_helpers import BlockTableKernels, counting_backend, priced_graph_kernels
 from tests.numerics import FP32_ISSUE_BOUND
 from tests.pipeline_helpers import TINY, text_embeds, tiny_model
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
@@ -52,31 +51,6 @@ ODD = replace(TINY, name="tiny-odd", latent_height=6, latent_width=10)  # 45-tok
 NB = 12
 SWITCH = {13: (text_embeds(98), True)}  # start block 9: the sink and blocks 2..8 are re-cached
 TOL = FP32_ISSUE_BOUND  # sharded vs unsharded, fp32 (module docstring)
-
-# the e2e model's components and the nki_ardiff ops of the graph that run them (per layer)
-MODEL_TO_GRAPH = {
-    "attn_merged": "attention_block_table",
-    "cross_attn": "attention",
-    "rope3d": "rope3d_tables",
-    "rope3d_copies": "rope3d_positions_one",
-    "kv_cache_write": "kv_cache_write_at",
-}
-
-
-def counting_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """Runs the captured graph as is (the ranks record what it holds: sharding.compiled.GraphRecord)."""
-    return gm.forward
-
-
-@dataclass(frozen=True)
-class _BlockTableKernels(AnalyticKernels):
-    """The analytic provider plus the merged forward's one block-table call (as TracedKernels prices it)."""
-
-    def attention_groups(
-        self, lqs: tuple[int, ...], blocks: int, block_tokens: int, heads: int, head_dim: int
-    ) -> KernelCost:
-        parts = [self.attention(n, blocks * block_tokens, heads, head_dim) for n in lqs]
-        return replace(parts[0], time_s=sum(c.time_s for c in parts), time_high_s=None)
 
 
 def _sharded(
@@ -236,7 +210,7 @@ def test_compiled_compact_graph_is_what_the_model_prices(runs: dict[str, Any]) -
     assert COMPACT_MODES[0] == "fullgraph" and COMPACT["kv_cache"] == "sp_compact"
     prm = E2EParams()
     cm = chunk_model(
-        TINY, P, cores=2, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
+        TINY, P, cores=2, vae=None, kernels=BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
         params=prm, compile_mode="fullgraph", **COMPACT,
     )  # fmt: skip
     plan = ShardedRollingForcingPipeline(tiny_model(TINY), TINY, P, cores=2).plan
@@ -285,9 +259,6 @@ def test_compiled_compact_graph_is_what_the_model_prices(runs: dict[str, Any]) -
     assert cm.neffs == 2  # one forward graph + the sampler's
     text_comp = [c for c in cm.components if c.name == "text_kv_gather"]
     assert [(c.calls, c.collectives) for c in text_comp] == [(L, 1)]
-    priced: Counter[str] = Counter()
-    for c in cm.components:
-        if c.name in MODEL_TO_GRAPH:
-            priced[MODEL_TO_GRAPH[c.name]] += c.calls * c.launches
+    priced = priced_graph_kernels(cm)
     for r in runs["ranks"]:
-        assert {k: n for k, n in r["graphs"][0]["kernels"] if k != "rope_tables"} == dict(priced)
+        assert {k: n for k, n in r["graphs"][0]["kernels"] if k != "rope_tables"} == priced

@@ -4,51 +4,24 @@ prices per forward (its collectives and its kernel calls; perf/e2e, ``compile_mo
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 import torch
 
 from perf.e2e.chunk import chunk_model
-from perf.e2e.kernels import AnalyticKernels, KernelCost
 from perf.e2e.params import E2EParams
 from perf.matmul_model import AnalyticMatmulProvider
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 from sharding.layer_comm import layer_collectives
 from sharding.pipeline import ShardedRollingForcingPipeline
+from tests.compile_helpers import BlockTableKernels, counting_backend, priced_graph_kernels
 from tests.pipeline_helpers import text_embeds, tiny_model
 
 M = get_preset("tiny")
 P = PipelineConfig()
 NB = 7  # 11 merged forwards: warm-up (growing windows, padded to the static shape), steady, tail
-
-# the e2e model's components and the nki_ardiff ops of the graph that run them (per layer)
-MODEL_TO_GRAPH = {
-    "attn_merged": "attention_block_table",
-    "cross_attn": "attention",
-    "rope3d": "rope3d_tables",  # each rank's token shard, all heads, before the TP all-to-all
-    "rope3d_copies": "rope3d_positions_one",
-    "kv_cache_write": "kv_cache_write_at",
-}
-
-
-def counting_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """Runs the captured graph as is (the ranks record what it holds: sharding.compiled.GraphRecord)."""
-    return gm.forward
-
-
-@dataclass(frozen=True)
-class _BlockTableKernels(AnalyticKernels):
-    """The analytic provider plus the merged forward's one block-table call (as TracedKernels prices it)."""
-
-    def attention_groups(
-        self, lqs: tuple[int, ...], blocks: int, block_tokens: int, heads: int, head_dim: int
-    ) -> KernelCost:
-        parts = [self.attention(n, blocks * block_tokens, heads, head_dim) for n in lqs]
-        return replace(parts[0], time_s=sum(c.time_s for c in parts), time_high_s=None)
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +74,11 @@ def test_sharded_stream_compiles_to_one_graph_as_the_model_prices(model: CausalW
     # the end-to-end model of the same chunk (its own plan for 2 cores is this one): the same counts
     prm = E2EParams()
     cm = chunk_model(
-        M, P, cores=2, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(), params=prm
+        M, P, cores=2, vae=None, kernels=BlockTableKernels(prm), matmul=AnalyticMatmulProvider(), params=prm
     )
     assert (cm.tp, cm.sp) == (plan.tp, plan.sp)
     assert cm.neffs == 2  # compile_mode "fullgraph": one forward graph (+ the sampler graph)
     assert cm.collectives == sum(dict(ranks[0]["graphs"][0]["collectives"]).values())
-    priced: Counter[str] = Counter()
-    for c in cm.components:
-        if c.name in MODEL_TO_GRAPH:
-            priced[MODEL_TO_GRAPH[c.name]] += c.calls * c.launches
+    priced = priced_graph_kernels(cm)
     device_kernels = {k: n for k, n in ranks[0]["graphs"][0]["kernels"] if k != "rope_tables"}
-    assert dict(priced) == device_kernels
+    assert priced == device_kernels
