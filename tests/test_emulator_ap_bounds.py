@@ -17,6 +17,7 @@ from nki_kernels import emulator as emu
 from nki_kernels.emulator import isa as nisa
 from nki_kernels.emulator import language as nl
 from nki_kernels.emulator import run
+from tests.emulator_helpers import to_hbm
 
 pytestmark = pytest.mark.emulator
 OOB = r"\[out-of-bounds\] ap pattern \[\[8, 4\], \[1, 8\]\] offset 4 addresses elements \[4, 35\]"
@@ -29,12 +30,6 @@ def _tile(x):
     return t
 
 
-def _out(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(o, t)
-    return o
-
-
 def test_an_unused_out_of_bounds_view_is_legal_and_a_slice_inside_reads_right():
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
 
@@ -44,7 +39,7 @@ def test_an_unused_out_of_bounds_view_is_legal_and_a_slice_inside_reads_right():
         inside = bad[:, 0:4]  # columns 4..7: inside the tile
         d = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(d, inside)
-        return _out(d)
+        return to_hbm(d)
 
     got, _ = run(k, x)
     np.testing.assert_array_equal(got, x[:, 4:8])
@@ -64,7 +59,7 @@ def _access(how):
         elif how == "tensor_scalar":
             nisa.tensor_scalar(d, bad, nl.multiply, 2.0)
         elif how == "dma_copy":
-            nisa.dma_copy(_out(d), bad)
+            nisa.dma_copy(to_hbm(d), bad)
         elif how == "matmul stationary":
             p = nl.ndarray((8, 8), nl.float32, buffer=nl.psum)
             nisa.nc_matmul(p, bad, t)
@@ -77,7 +72,7 @@ def _access(how):
                 nisa.register_load(reg, one)
             else:
                 nisa.register_store(one, reg)
-        return _out(d)
+        return to_hbm(d)
 
     return k
 

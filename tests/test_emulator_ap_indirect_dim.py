@@ -15,6 +15,7 @@ from nki_kernels import emulator as emu
 from nki_kernels.emulator import isa as nisa
 from nki_kernels.emulator import language as nl
 from nki_kernels.emulator import run
+from tests.emulator_helpers import to_hbm
 
 pytestmark = pytest.mark.emulator
 
@@ -23,12 +24,6 @@ def _index(v):
     idx = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(idx, v)
     return idx
-
-
-def _out(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(o, t)
-    return o
 
 
 def test_indirect_dim_1_of_a_reshaped_1d_tensor_steps_by_one_element():
@@ -41,7 +36,7 @@ def test_indirect_dim_1_of_a_reshaped_1d_tensor_steps_by_one_element():
         nisa.dma_copy(
             t, vec.reshape((1, 16)).ap([[16, 1], [1, 5]], offset=2, scalar_offset=s, indirect_dim=1)
         )
-        return _out(t)
+        return to_hbm(t)
 
     got, _ = run(k, x, np.array([[7]], np.int32))
     np.testing.assert_array_equal(got[0], x[2 + 7 : 2 + 7 + 5])
@@ -55,7 +50,7 @@ def test_indirect_dim_0_of_a_reshaped_view_uses_the_view_stride():
         s = _index(i)
         t = nl.ndarray((1, 16), nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(t, a.reshape((2, 16)).ap([[16, 1], [1, 16]], offset=0, scalar_offset=s, indirect_dim=0))
-        return _out(t)
+        return to_hbm(t)
 
     got, _ = run(k, x, np.array([[1]], np.int32))
     np.testing.assert_array_equal(got[0], x[2:4].reshape(-1))
@@ -71,7 +66,7 @@ def test_vector_offset_on_a_reshaped_view_gathers_rows_of_the_view():
         nisa.dma_copy(idx, r)
         t = nl.ndarray((3, 8), nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(t, a.reshape((4, 8)).ap([[8, 3], [1, 8]], offset=0, vector_offset=idx, indirect_dim=0))
-        return _out(t)
+        return to_hbm(t)
 
     got, _ = run(k, x, rows)
     np.testing.assert_array_equal(got, x.reshape(4, 8)[rows[:, 0]])
@@ -99,7 +94,7 @@ def test_a_runtime_offset_past_the_storage_is_still_refused():
         nisa.dma_copy(
             t, vec.reshape((1, 16)).ap([[16, 1], [1, 5]], offset=2, scalar_offset=s, indirect_dim=1)
         )
-        return _out(t)
+        return to_hbm(t)
 
     with pytest.raises(emu.OutOfBoundsError, match=r"runtime index 10 \(x1 elements\)"):
         run(k, x, np.array([[10]], np.int32))

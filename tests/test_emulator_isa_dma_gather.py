@@ -11,14 +11,9 @@ from nki_kernels import emulator as emu
 from nki_kernels.emulator import TensorSpec, run
 from nki_kernels.emulator import isa as nisa
 from nki_kernels.emulator import language as nl
+from tests.emulator_helpers import to_hbm
 
 pytestmark = pytest.mark.emulator
-
-
-def _out(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(o, t)
-    return o
 
 
 # ------------------------------------------------------------------------------------------- dma_compute
@@ -33,7 +28,7 @@ def test_dma_compute_sums_in_fp32_and_casts_once():
         nisa.dma_copy(bs, b)
         d = nl.ndarray((64, 32), nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_compute(d, [a, bs, c], nl.add, scales=[1.0, 1.0, 1.0])
-        return _out(d)
+        return to_hbm(d)
 
     out, tr = run(k, a, b, c)
     ref = ((a.astype(np.float32) + b) + c).astype(ml_dtypes.bfloat16)  # fp32 sum, one rounding to bf16
@@ -51,7 +46,7 @@ def _rmw_kernel(table, rows, vals, mode):
     view = table.ap([[4, 3], [1, 4]], offset=0, vector_offset=idx, indirect_dim=0)
     if mode == "gather":
         nisa.dma_compute(v, [view, v], nl.add)
-        return _out(v)
+        return to_hbm(v)
     nisa.dma_compute(view, [view, v], nl.add)
     return table
 
@@ -120,7 +115,7 @@ def _lg_kernel(src, index, n, nv, out_free):
     nisa.dma_copy(ix, index)
     d = nl.ndarray((src.shape[0], out_free), src.dtype, buffer=nl.sbuf)
     nisa.local_gather(d, s, ix, num_elem_per_idx=n, num_valid_indices=nv)
-    return _out(d)
+    return to_hbm(d)
 
 
 def test_local_gather_matches_the_documented_numpy_semantics():

@@ -10,21 +10,10 @@ from nki_kernels import emulator as emu
 from nki_kernels.emulator import TensorSpec, run
 from nki_kernels.emulator import isa as nisa
 from nki_kernels.emulator import language as nl
+from tests.emulator_helpers import to_hbm, to_sbuf
 
 pytestmark = pytest.mark.emulator
 FP32_TOL = 2.0**-20  # fp32 math vs a float64 reference over short (<= 512-term) sums: a few ulps of fp32
-
-
-def _sb(x):
-    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x)
-    return t
-
-
-def _out(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 def _engine(tr, op):
@@ -37,7 +26,7 @@ def test_bn_stats_and_bn_aggr_give_mean_and_population_variance() -> None:
     x = (3.0 + 2.0 * rng.standard_normal((64, 1000))).astype(np.float32)
 
     def k(x):
-        xs = _sb(x)
+        xs = to_sbuf(x)
         stats = nl.ndarray(
             (64, 2, 6), nl.float32, buffer=nl.sbuf
         )  # two bn_stats tiles of <= 512 side by side
@@ -45,7 +34,7 @@ def test_bn_stats_and_bn_aggr_give_mean_and_population_variance() -> None:
         nisa.bn_stats(stats[:, 1, :], xs[:, 500:1000])
         mv = nl.ndarray((64, 2), nl.float32, buffer=nl.sbuf)
         nisa.bn_aggr(mv, stats)
-        return _out(stats), _out(mv)
+        return to_hbm(stats), to_hbm(mv)
 
     (stats, mv), tr = run(k, x)
     x64 = x.astype(np.float64)
@@ -67,8 +56,8 @@ def test_bn_stats_odd_size_and_limits() -> None:
 
     def k(x):
         st = nl.ndarray((4, 6), nl.float32, buffer=nl.sbuf)
-        nisa.bn_stats(st, _sb(x))
-        return _out(st)
+        nisa.bn_stats(st, to_sbuf(x))
+        return to_hbm(st)
 
     st, _ = run(k, x)
     # even elements 0, 2, 4, 6: count 4, mean 3, M2 = 9+1+1+9 = 20; odd 1, 3, 5: count 3, mean 3, M2 = 8
@@ -92,8 +81,10 @@ def test_tensor_tensor_scan_matches_the_docstring_loop(reverse0: bool, reverse1:
 
     def k(a, b, init):
         dst = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor_scan(dst, _sb(a), _sb(b), _sb(init), nl.subtract, nl.subtract, reverse0, reverse1)
-        return _out(dst)
+        nisa.tensor_tensor_scan(
+            dst, to_sbuf(a), to_sbuf(b), to_sbuf(init), nl.subtract, nl.subtract, reverse0, reverse1
+        )
+        return to_hbm(dst)
 
     out, tr = run(k, a, b, init)
 
@@ -120,16 +111,18 @@ def test_range_select_and_select_reduce_formulas() -> None:
     pred = (rng.random((16, 64)) < 0.3).astype(np.uint8)
 
     def k(x, lo, hi, pred):
-        xs = _sb(x)
+        xs = to_sbuf(x)
         sel = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
         red = nl.ndarray((16, 1), nl.float32, buffer=nl.sbuf)
-        nisa.range_select(sel, xs, nl.greater_equal, nl.less, _sb(lo), _sb(hi), reduce_res=red, range_start=5)
+        nisa.range_select(
+            sel, xs, nl.greater_equal, nl.less, to_sbuf(lo), to_sbuf(hi), reduce_res=red, range_start=5
+        )
         sel2 = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
         red2 = nl.ndarray((16, 1), nl.float32, buffer=nl.sbuf)
         nisa.select_reduce(
-            sel2, _sb(pred), xs, -7.0, reduce_res=red2, reduce_cmd=nisa.reduce_cmd.reset_reduce
+            sel2, to_sbuf(pred), xs, -7.0, reduce_res=red2, reduce_cmd=nisa.reduce_cmd.reset_reduce
         )
-        return _out(sel), _out(red), _out(sel2), _out(red2)
+        return to_hbm(sel), to_hbm(red), to_hbm(sel2), to_hbm(red2)
 
     (sel, red, sel2, red2), tr = run(k, x, lo, hi, pred)
     idx = 5 + np.arange(64, dtype=np.float32)[None, :]
@@ -155,12 +148,12 @@ def test_max8_find_index8_and_match_replace8() -> None:
     x = rng.permutation(np.arange(128 * 50, dtype=np.float32)).reshape(128, 50)
 
     def k(x):
-        xs = _sb(x)
+        xs = to_sbuf(x)
         top = nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf)
         nisa.max8(top, xs)
         idx = nl.ndarray((128, 8), nl.uint32, buffer=nl.sbuf)
         nisa.nc_find_index8(idx, xs, top)
-        return _out(top), _out(idx)
+        return to_hbm(top), to_hbm(idx)
 
     (top, idx), tr = run(k, x)
     ref = -np.sort(-x, axis=1)[:, :8]
@@ -175,15 +168,15 @@ def test_max8_find_index8_and_match_replace8() -> None:
     vals_missing = np.array([[3, 9, 8, 1, 2, 4, 8, 8]], np.float32)
 
     def k2(data, vals, vals_missing):
-        ds = _sb(data)
+        ds = to_sbuf(data)
         i1 = nl.ndarray((1, 8), nl.uint32, buffer=nl.sbuf)
-        nisa.nc_find_index8(i1, ds, _sb(vals))
+        nisa.nc_find_index8(i1, ds, to_sbuf(vals))
         i2 = nl.ndarray((1, 8), nl.uint32, buffer=nl.sbuf)
         rep = nl.ndarray((1, 11), nl.float32, buffer=nl.sbuf)
-        nisa.nc_match_replace8(rep, ds, _sb(vals), -1.0, dst_idx=i2)
+        nisa.nc_match_replace8(rep, ds, to_sbuf(vals), -1.0, dst_idx=i2)
         i3 = nl.ndarray((1, 8), nl.uint16, buffer=nl.sbuf)
-        nisa.nc_find_index8(i3, ds, _sb(vals_missing))
-        return _out(i1), _out(i2), _out(rep), _out(i3)
+        nisa.nc_find_index8(i3, ds, to_sbuf(vals_missing))
+        return to_hbm(i1), to_hbm(i2), to_hbm(rep), to_hbm(i3)
 
     (i1, i2, rep, i3), _ = run(k2, data, vals, vals_missing)
     np.testing.assert_array_equal(i1[0], [2, 4, 5, 6, 7, 8, 9, 10])
@@ -199,13 +192,13 @@ def test_nc_stream_shuffle_within_quadrants_and_broadcast() -> None:
     mask[5] = 255  # partition 5 of each quadrant keeps dst's old value
 
     def k(x):
-        xs = _sb(x)
+        xs = to_sbuf(x)
         dst = nl.ndarray((64, 8), nl.float32, buffer=nl.sbuf)
         nisa.memset(dst, 9.0)
         nisa.nc_stream_shuffle(dst, xs, mask)
         row = nl.ndarray((32, 8), nl.float32, buffer=nl.sbuf)
         nisa.nc_stream_shuffle(row, xs[0:1, :], [0] * 32)  # broadcast partition 0 to 32 partitions
-        return _out(dst), _out(row)
+        return to_hbm(dst), to_hbm(row)
 
     (dst, row), tr = run(k, x)
     ref = np.empty_like(x)
@@ -280,15 +273,15 @@ def test_tensor_scalar_cumulative_follows_the_pseudocode() -> None:
     start = rng.uniform(-1, 1, (8, 1)).astype(np.float32)
 
     def k(x, start):
-        xs = _sb(x)
+        xs = to_sbuf(x)
         a = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar_cumulative(a, xs, nl.multiply, nl.add, 2.0)  # reset_reduce: running sum of 2x
         b = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar_cumulative(b, xs, nl.add, nl.maximum, 0.5, reduce_cmd=nisa.reduce_cmd.reduce)
         c = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar_cumulative(c, xs, nl.subtract, nl.subtract, 0.25, imm1=_sb(start),
+        nisa.tensor_scalar_cumulative(c, xs, nl.subtract, nl.subtract, 0.25, imm1=to_sbuf(start),
                                       reduce_cmd=nisa.reduce_cmd.load_reduce)  # fmt: skip
-        return _out(a), _out(b), _out(c)
+        return to_hbm(a), to_hbm(b), to_hbm(c)
 
     (a, b, c), tr = run(k, x, start)
     x64 = x.astype(np.float64)
@@ -314,11 +307,11 @@ def test_nc_n_gather_and_nonzero_with_count() -> None:
 
     def k(data, idx, src):
         g = nl.ndarray((32, 7), nl.float32, buffer=nl.sbuf)
-        nisa.nc_n_gather(g, _sb(data), _sb(idx))
+        nisa.nc_n_gather(g, to_sbuf(data), to_sbuf(idx))
         nz = nl.ndarray((32, 13), nl.int32, buffer=nl.sbuf)
         nisa.memset(nz, 7)
-        nisa.nonzero_with_count(nz, _sb(src), index_offset=16, padding_val=-1)
-        return _out(g), _out(nz)
+        nisa.nonzero_with_count(nz, to_sbuf(src), index_offset=16, padding_val=-1)
+        return to_hbm(g), to_hbm(nz)
 
     (g, nz), tr = run(k, data, idx, src)
     np.testing.assert_array_equal(g, np.take_along_axis(data.reshape(32, 40), idx.astype(np.int64), axis=1))
@@ -378,14 +371,14 @@ def test_added_instructions_log_one_event_each_with_their_regions() -> None:
     idx = rng.integers(0, 40, (32, 7)).astype(np.uint32)
 
     def k(data, idx):
-        xs, ids = _sb(data), _sb(idx)
+        xs, ids = to_sbuf(data), to_sbuf(idx)
         st = nl.ndarray((32, 6), nl.float32, buffer=nl.sbuf)
         nisa.bn_stats(st, xs)
         g = nl.ndarray((32, 7), nl.float32, buffer=nl.sbuf)
         nisa.nc_n_gather(g, xs, ids)
         m8 = nl.ndarray((32, 8), nl.float32, buffer=nl.sbuf)
         nisa.max8(m8, xs)
-        return _out(st), _out(g), _out(m8)
+        return to_hbm(st), to_hbm(g), to_hbm(m8)
 
     _, tr = run(k, data, idx, keep_events=True)
     events = list(tr.iter_events())

@@ -15,16 +15,11 @@ from nki_kernels import emulator as emu
 from nki_kernels.emulator import HwConfig, TensorSpec, run
 from nki_kernels.emulator import isa as nisa
 from nki_kernels.emulator import language as nl
+from tests.emulator_helpers import to_hbm
 
 pytestmark = pytest.mark.emulator
 
 V4 = HwConfig(nc_version=4)
-
-
-def _out(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(o, t)
-    return o
 
 
 def _quantize(x, dt):
@@ -37,7 +32,7 @@ def _quantize(x, dt):
     sc = nl.ndarray((rows, f4 // 4), nl.uint8, buffer=nl.sbuf)
     nisa.memset(sc, 0)
     nisa.quantize_mx(d, s, sc)
-    return _out(d.view(nl.uint32)), _out(sc)
+    return to_hbm(d.view(nl.uint32)), to_hbm(sc)
 
 
 def test_mx_instructions_are_refused_on_trn2():
@@ -88,7 +83,7 @@ def _qmm(xs, xm, dst_dtype):
     nisa.nc_matmul_mx(ps, ds, dm, ss, sm)
     o = nl.ndarray(ps.shape, nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(o, ps)
-    return _out(o)
+    return to_hbm(o)
 
 
 @pytest.mark.parametrize("p", [32, 64])

@@ -16,6 +16,7 @@ from nki_kernels import emulator as emu
 from nki_kernels.emulator import HwConfig, run
 from nki_kernels.emulator import isa as nisa
 from nki_kernels.emulator import language as nl
+from tests.emulator_helpers import to_hbm, to_sbuf
 
 pytestmark = pytest.mark.emulator
 
@@ -55,26 +56,14 @@ def test_partition_limit_follows_hw_config() -> None:
         run(over, hw=hw)
 
 
-def _sb(x):
-    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(t, x)
-    return t
-
-
-def _out(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(o, t)
-    return o
-
-
 def test_non_finite_float_to_int_cast_is_zero_or_saturates() -> None:
     # NKI 0.6 simulator semantics: NaN -> 0, +-inf saturate, halves round to even
     a = np.array([[np.nan, np.inf, -np.inf, 2.5, -2.5, np.nan]], dtype=np.float32)
 
     def k(x):
         d = nl.ndarray(x.shape, nl.int8)
-        nisa.tensor_copy(d, _sb(x))
-        return _out(d)
+        nisa.tensor_copy(d, to_sbuf(x))
+        return to_hbm(d)
 
     got, _ = run(k, a)
     np.testing.assert_array_equal(got, np.array([[0, 127, -128, 2, -2, 0]], dtype=np.int8))
@@ -97,8 +86,8 @@ def test_sign_and_logic_sensitive_binary_ops(op: str, want: list[float]) -> None
 
     def k(x, y):
         d = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(d, _sb(x), _sb(y), getattr(nl, op))
-        return _out(d)
+        nisa.tensor_tensor(d, to_sbuf(x), to_sbuf(y), getattr(nl, op))
+        return to_hbm(d)
 
     got, _ = run(k, a, b)
     np.testing.assert_array_equal(got, np.array([want], dtype=np.float32))
@@ -109,11 +98,11 @@ def test_repeated_identical_instructions_each_count() -> None:
     a = np.ones((4, 8), dtype=np.float32)
 
     def k(x):
-        t = _sb(x)
+        t = to_sbuf(x)
         d = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
         for _ in range(5):
             nisa.tensor_copy(d, t)
-        return _out(d)
+        return to_hbm(d)
 
     _, tr = run(k, a)
     assert tr.count(op="tensor_copy") == 5
