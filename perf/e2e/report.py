@@ -15,7 +15,7 @@ from perf.e2e.components import GROUPS
 from perf.e2e.fp8 import fp8_gate_lines, fp8_target_lines
 from perf.e2e.params import ENDS
 from perf.e2e.peer import PUBLISHED
-from perf.e2e.report_compact import _floor, hbm_target_rows
+from perf.e2e.report_compact import floor_footprint, hbm_target_rows
 from perf.e2e.report_fmt import _chunk_ms, _fps, _gb, _ms
 from perf.e2e.report_guard import guard_headline_lines, guard_lines, read_guard_rows
 from perf.e2e.report_kernels import _attention_row_text, attention_side_by_side_lines
@@ -397,7 +397,7 @@ def render_report(r: E2EResult, png_names: Sequence[str]) -> str:
                 + (
                     f"; with the Wan VAE's causal cache and the other state every chunk keeps, the "
                     f"persistent floor is {_gb(floor_fp.per_chip)} GB"
-                    if (floor_fp := _floor(r, "bf16")) is not None
+                    if (floor_fp := floor_footprint(r, "bf16")) is not None
                     else ""
                 )
                 + ".\n"

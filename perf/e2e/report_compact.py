@@ -9,7 +9,7 @@ from perf.e2e.report_fmt import _gb
 from perf.e2e.run import COMPACT_MODES, LEAN, LEAN_LABEL, E2EResult
 from perf.footprint import Footprint
 
-__all__ = ["compact_note", "text_gather_s", "hbm_target_rows", "floor_text", "lean_note"]
+__all__ = ["compact_note", "text_gather_s", "hbm_target_rows", "floor_text", "floor_footprint", "lean_note"]
 
 
 def text_gather_s(cm: ChunkModel, *, eager: bool = False) -> float:
@@ -73,7 +73,8 @@ def _best(r: E2EResult, kv: str) -> Footprint | None:
     return min(lines, key=lambda fp: fp.per_chip) if lines else None
 
 
-def _floor(r: E2EResult, kv: str) -> Footprint | None:
+def floor_footprint(r: E2EResult, kv: str) -> Footprint | None:
+    """The persistent floor of ``kv`` ("bf16" or "fp8") among ``r.lower_bounds`` (``None`` if absent)."""
     for lb in r.lower_bounds:
         if lb.label.startswith(f"floor ({_kv_label(kv)})"):
             return lb
@@ -150,7 +151,7 @@ def hbm_target_rows(r: E2EResult) -> list[str]:
         ok = best.per_chip <= target
         cell = f"best modelled placement {_placement_text(best, r)}; "
         cell += f"{'met with' if ok else 'missed by'} {_gb(abs(target - best.per_chip))} GB"
-        floor = _floor(r, kv)
+        floor = floor_footprint(r, kv)
         if floor is not None:
             cell += f"; {floor_text(floor, best, target)}"
         others = [
