@@ -18,8 +18,8 @@ from perf.footprint import footprint
 from perf.matmul_model import AnalyticMatmulProvider
 from sharding.layer_comm import LayerCollective
 from sharding.plan import CommModel
+from tests.compile_helpers import BlockTableKernels
 from tests.test_e2e_overlap import COLLS, PIPE, TIMES, WAN, _wan
-from tests.test_sharding_compile import _BlockTableKernels
 
 # TIMES of test_e2e_overlap plus a cross-attention (post stage, after o_proj and before ffn_up)
 XTIMES = {**TIMES, "cross_attn": 1.0}
@@ -150,7 +150,7 @@ def test_chunk_rejects_what_it_does_not_price():
     prm = E2EParams()
     with pytest.raises(ValueError, match="needs sp > 1"):  # one core: plan TP1xSP1
         chunk_model(
-            WAN, PIPE, cores=1, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
+            WAN, PIPE, cores=1, vae=None, kernels=BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
             params=prm, kv_cache="sp_compact",
         )  # fmt: skip
 

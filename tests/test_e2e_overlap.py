@@ -22,7 +22,7 @@ from perf.matmul_model import AnalyticMatmulProvider
 from rolling_forcing.config import PipelineConfig, get_preset
 from sharding.layer_comm import LayerCollective, layer_collectives
 from sharding.plan import AttentionShape, CommModel, plan
-from tests.test_sharding_compile import _BlockTableKernels
+from tests.compile_helpers import BlockTableKernels
 
 # a small layer: seconds per layer of each compute component, and the four collectives
 TIMES = {"qkv_proj": 2.0, "rmsnorm_qk": 1.0, "rope3d": 1.0, "kv_cache_write": 1.0, "attn_merged": 4.0}
@@ -170,7 +170,7 @@ PIPE = PipelineConfig(dtype="bfloat16")
 def _wan(end: str, **kw):
     prm = E2EParams()
     return chunk_model(
-        WAN, PIPE, cores=8, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
+        WAN, PIPE, cores=8, vae=None, kernels=BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
         params=prm, end=end, **kw,
     )  # fmt: skip
 
@@ -266,7 +266,7 @@ def test_report_section_lists_what_overlaps_and_what_waits():
     assert len(waits) == 1 and "waits" in waits[0] and "1:kv_fresh" in waits[0]
     prm = E2EParams()
     one = chunk_model(
-        WAN, PIPE, cores=1, vae=None, kernels=_BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
+        WAN, PIPE, cores=1, vae=None, kernels=BlockTableKernels(prm), matmul=AnalyticMatmulProvider(),
         params=prm,
     )  # fmt: skip
     assert one.overlaps == () and overlap_lines(one, one) == []  # one core: no collectives, no section
