@@ -4,8 +4,8 @@ Steps (all seeded from ``seed``; a fixed torch thread count, restored afterwards
 
 1. the autoencoder (:func:`rolling_forcing.demo.train_autoencoder.train_autoencoder`), or the one at
    ``autoencoder=PATH`` (skips step 1: the shipped DiT was trained on the shipped autoencoder);
-2. latent clips of ``max_clean_blocks + window_blocks`` blocks
-   (:func:`rolling_forcing.demo.data.encode_clips`);
+2. latent clips of ``max_clean_blocks + window_blocks`` blocks, or ``long_blocks`` when late windows are
+   drawn (:meth:`DitTrainConfig.clip_blocks`, :func:`rolling_forcing.demo.data.encode_clips`);
 3. the DiT and its text encoder (:func:`rolling_forcing.demo.train_dit.train_dit`), then stage 2 from
    its EMA weights (:func:`rolling_forcing.demo.train_stage2.train_stage2`: a warm restart);
 4. ``autoencoder.safetensors``, ``dit.safetensors``, ``text_encoder.safetensors``, ``losses.png`` (loss
@@ -156,7 +156,7 @@ def train_demo(
             ae, ae_losses = train_autoencoder(ae_cfg, steps=n_ae, seed=seed, progress=progress)
         save_autoencoder(ae, out / AE_FILE, {"seed": str(seed)})
         t1 = time.perf_counter()
-        latent_frames = (dcfg.max_clean_blocks + pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
+        latent_frames = dcfg.clip_blocks(pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
         lat, prompts = encode_clips(
             ae, n_clips, latent_frames, seed=seed + 1, layout="prompt", prompt_speed=prompt_speed
         )

@@ -39,6 +39,7 @@ __all__ = [
     "TrainPass",
     "pass_attention",
     "rope_pairs",
+    "long_layout",
     "training_forward",
     "training_layout",
 ]
@@ -67,10 +68,16 @@ class TrainLayout:
     levels: tuple[int, ...]  # level index per window block, oldest first
     kind: str
     passes: tuple[TrainPass, ...]
+    blocks: tuple[int, ...] = ()  # stream block of each sequence block (empty: the identity 0 .. e)
 
     @property
     def sequence_blocks(self) -> int:
         return self.end + 1
+
+    @property
+    def stream_blocks(self) -> tuple[int, ...]:
+        """The stream block of each sequence block, oldest first (``0 .. e`` unless :func:`long_layout`)."""
+        return self.blocks if self.blocks else tuple(range(self.end + 1))
 
 
 def training_layout(cfg: PipelineConfig, num_blocks: int, window: int) -> TrainLayout:
@@ -91,6 +98,40 @@ def training_layout(cfg: PipelineConfig, num_blocks: int, window: int) -> TrainL
         )
     )
     return TrainLayout(num_blocks, window, s, e, plan.levels, plan.kind, tuple(passes))
+
+
+def long_layout(cfg: PipelineConfig, num_blocks: int, window: int) -> TrainLayout:
+    """Window ``window`` of a long stream as a short training sequence: the sink, the clean blocks the
+    window's denoise pass reads (the working cache), the blocks *their* update passes read, then the window.
+
+    So the window's denoise pass and the update passes of every clean block it reads are the stream's
+    exactly (13 blocks at most: a full window reads 1 working block, whose update pass reads 7 blocks; the
+    last tail window 5, reading 11). Older clean blocks' update passes lose the keys of blocks outside
+    the sequence: exact for a DiT of up to 2 layers, an approximation from the third layer on (what
+    reaches the window is those blocks' keys at layer >= 2 through the working cache's update passes).
+    Windows whose clean context is all kept are :func:`training_layout` unchanged. Block indices of the
+    passes are *sequence* indices; :attr:`TrainLayout.stream_blocks` maps them back."""
+    full = training_layout(cfg, num_blocks, window)
+    s, e = full.start, full.end
+    read = {b for b, _ in full.passes[-1].keys if b < s}
+    need = set(read)
+    for p in full.passes[:-1]:
+        if p.query_block in read:
+            need |= {b for b, _ in p.keys}
+    kept = (*sorted(need), *range(s, e + 1))
+    if kept == tuple(range(e + 1)):
+        return full
+    seq = {b: i for i, b in enumerate(kept)}
+    passes = []
+    for p in full.passes:
+        if p.query_block not in seq:
+            continue
+        keys = tuple((seq[b], pos) for b, pos in p.keys if b in seq)
+        passes.append(TrainPass(seq[p.query_block], p.query_blocks, p.query_position, keys))
+    start = seq[s]
+    return TrainLayout(
+        num_blocks, window, start, start + e - s, full.levels, full.kind, tuple(passes), tuple(kept)
+    )
 
 
 def rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from rolling_forcing.config import ModelConfig, PipelineConfig
 from rolling_forcing.demo import DIT_FILE, TEXT_FILE
 from rolling_forcing.demo.text_encoder import DemoTextEncoder
-from rolling_forcing.demo.train_attention import TrainLayout, training_forward, training_layout
+from rolling_forcing.demo.train_attention import TrainLayout, long_layout, training_forward, training_layout
 from rolling_forcing.model import CausalWanModel, add_noise
 
 __all__ = [
@@ -63,6 +63,8 @@ class DitTrainConfig:
     cut_fraction: float = 0.15
     context_jitter: float = 0.1
     noise_scale: float = 1.0
+    long_blocks: int = 0
+    long_fraction: float = 0.0
     text_layers: int = 2
     text_heads: int = 4
     seed: int = 0
@@ -78,6 +80,19 @@ class DitTrainConfig:
             raise ValueError("DitTrainConfig: need lr > 0, context_jitter >= 0, warmup_steps >= 0")
         if not 0.0 < self.noise_scale <= 1.0:
             raise ValueError(f"DitTrainConfig.noise_scale must be in (0, 1], got {self.noise_scale}")
+        if not 0.0 <= self.long_fraction <= 1.0:
+            raise ValueError(f"DitTrainConfig.long_fraction must be in [0, 1], got {self.long_fraction}")
+        if self.long_fraction > 0 and self.long_blocks <= self.max_clean_blocks + 1:
+            raise ValueError(
+                f"DitTrainConfig.long_blocks must exceed max_clean_blocks + 1 = {self.max_clean_blocks + 1} "
+                f"when long_fraction > 0 (late windows start after the short stream), got {self.long_blocks}"
+            )
+
+    def clip_blocks(self, window_blocks: int) -> int:
+        """Blocks a training clip must hold: the short stream's ``max_clean_blocks + window_blocks``, or
+        ``long_blocks`` when late windows are drawn (``long_fraction > 0``)."""
+        short = self.max_clean_blocks + window_blocks
+        return max(short, self.long_blocks) if self.long_fraction > 0 else short
 
 
 @dataclass
@@ -117,11 +132,19 @@ def new_models(model_cfg: ModelConfig, tcfg: DitTrainConfig) -> tuple[CausalWanM
 
 
 def sample_layout(pipe_cfg: PipelineConfig, tcfg: DitTrainConfig, gen: torch.Generator) -> TrainLayout:
-    """A random window: with probability ``tail_fraction`` a tail window of a stream of random length,
-    else any window of a ``max_clean_blocks + window_blocks``-block stream up to its last full window
-    (warm-up windows included; s uniform over ``0 .. max_clean_blocks`` for the full ones)."""
+    """A random window: with probability ``long_fraction`` a *late* window of a ``long_blocks``-block
+    stream (start block after ``max_clean_blocks``, tail windows included, as :func:`long_layout`: sink,
+    the last ``key_budget_blocks`` clean blocks, the window); else with probability ``tail_fraction`` a
+    tail window of a stream of random length, else any window of a ``max_clean_blocks +
+    window_blocks``-block stream up to its last full window (warm-up windows included; s uniform over
+    ``0 .. max_clean_blocks`` for the full ones). No draw is spent on the late choice when
+    ``long_fraction == 0`` (runs without it replay bit for bit)."""
     wb = pipe_cfg.window_blocks
     n_max = tcfg.max_clean_blocks + wb
+    if tcfg.long_fraction > 0 and float(torch.rand((), generator=gen)) < tcfg.long_fraction:
+        first = n_max  # window n_max starts at block max_clean_blocks + 1
+        w = int(torch.randint(first, tcfg.long_blocks + wb - 1, (), generator=gen))
+        return long_layout(pipe_cfg, tcfg.long_blocks, w)
     if float(torch.rand((), generator=gen)) < tcfg.tail_fraction:
         n = int(torch.randint(wb, n_max + 1, (), generator=gen))
         w = int(torch.randint(n, n + wb - 1, (), generator=gen))
@@ -144,16 +167,19 @@ def make_batch(
     fpb = pipe_cfg.frames_per_block
     s, e = layout.start, layout.end
     nf = (e + 1) * fpb
-    if clips.latents.shape[1] < nf:
-        raise ValueError(f"clips hold {clips.latents.shape[1]} latent frames; this window needs {nf}")
+    blocks = layout.stream_blocks
+    need = (max(blocks) + 1) * fpb
+    if clips.latents.shape[1] < need:
+        raise ValueError(f"clips hold {clips.latents.shape[1]} latent frames; this window needs {need}")
+    frames = torch.tensor([b * fpb + f for b in blocks for f in range(fpb)])
     n_clips = clips.latents.shape[0]
     idx = torch.randint(0, n_clips, (batch,), generator=gen)
-    x0 = clips.latents[idx, :nf].clone()
+    x0 = clips.latents[idx[:, None], frames[None, :]]
     if s:
         cut = torch.rand(batch, generator=gen) < tcfg.cut_fraction
         other = (idx + torch.randint(1, max(2, n_clips), (batch,), generator=gen)) % n_clips
         src = torch.where(cut, other, idx)
-        ctx = clips.latents[src, : s * fpb]
+        ctx = clips.latents[src[:, None], frames[None, : s * fpb]]
         jitter = torch.rand(batch, 1, 1, 1, 1, generator=gen) * tcfg.context_jitter
         x0[:, : s * fpb] = ctx + jitter * torch.randn(ctx.shape, generator=gen)
     table = pipe_cfg.scheduler_table()
