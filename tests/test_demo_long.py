@@ -160,3 +160,26 @@ def test_config_refuses_bad_late_settings() -> None:
         DitTrainConfig(long_fraction=0.5, long_blocks=9)
     assert DitTrainConfig(long_blocks=40, long_fraction=0.5).clip_blocks(5) == 40
     assert DitTrainConfig(long_blocks=40).clip_blocks(5) == 13
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_cut_takes_the_context_elsewhere_and_the_window_from_its_clip(restart: bool) -> None:
+    """Every sample a cut (cut_fraction 1): the clean blocks are another clip's (same stream blocks); the
+    window is the prompt's clip at its stream blocks, or with ``cut_restart`` at the clip's first blocks."""
+    clips = _clips(3, 40)
+    cfg = DitTrainConfig(cut_fraction=1.0, context_jitter=0.0, cut_restart=restart)
+    lay = long_layout(PipelineConfig(), 40, 30)
+    x, t, target, prompts = make_batch(clips, lay, PipelineConfig(), cfg, torch.Generator().manual_seed(1), 6)
+    sig = dict(zip(PIPE.timesteps, PIPE.sigmas))
+    sb = lay.stream_blocks
+    for b in range(6):
+        j = int(prompts[b][1:])
+        ctx = x[b, : lay.start * FPB]
+        own = clips.latents[j, [f for blk in sb[: lay.start] for f in range(blk * FPB, (blk + 1) * FPB)]]
+        assert not torch.equal(ctx, own)  # another clip's context
+        for k in range(lay.end - lay.start + 1):
+            i = lay.start + k
+            blk = slice(i * FPB, (i + 1) * FPB)
+            src = k if restart else sb[i]
+            x0 = x[b, blk] - sig[float(t[b, blk][0])] * target[b, k * FPB : (k + 1) * FPB]
+            torch.testing.assert_close(x0, clips.latents[j, src * FPB : (src + 1) * FPB], rtol=0, atol=1e-5)

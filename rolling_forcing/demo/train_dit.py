@@ -8,7 +8,10 @@ small Gaussian jitter, the model's own outputs are never exact) then the window'
 :func:`rolling_forcing.model.add_noise` does at the timestep of its level (the pipeline's warped
 timesteps). The loss is the mean squared error of the predicted flow against ``eps - x0`` on the window
 blocks. A fraction of samples is a *cut*: the clean context comes from another clip, the window and the
-prompt from this one, so the prompt (not the context) decides the objects after a prompt switch.
+prompt from this one, so the prompt (not the context) decides the objects after a prompt switch. By default
+the window shows this clip at the window's own stream blocks (the new prompt's video as if it had played
+from stream start); with ``cut_restart`` it shows the clip's *first* blocks (a switch restarts the new
+prompt's video), which does not ask the model for a stream time it cannot see in late windows.
 
 Everything is seeded: one ``torch.Generator`` draws the batches and noise, ``torch.manual_seed`` the
 initial weights; with a fixed thread count and torch version the run is bitwise reproducible.
@@ -65,6 +68,7 @@ class DitTrainConfig:
     noise_scale: float = 1.0
     long_blocks: int = 0
     long_fraction: float = 0.0
+    cut_restart: bool = False
     text_layers: int = 2
     text_heads: int = 4
     seed: int = 0
@@ -180,6 +184,11 @@ def make_batch(
         other = (idx + torch.randint(1, max(2, n_clips), (batch,), generator=gen)) % n_clips
         src = torch.where(cut, other, idx)
         ctx = clips.latents[src[:, None], frames[None, : s * fpb]]
+        if tcfg.cut_restart and bool(
+            cut.any()
+        ):  # a cut restarts the prompt's video: window = its first blocks
+            head = torch.arange((e - s + 1) * fpb)
+            x0[cut, s * fpb :] = clips.latents[idx[cut][:, None], head[None, :]]
         jitter = torch.rand(batch, 1, 1, 1, 1, generator=gen) * tcfg.context_jitter
         x0[:, : s * fpb] = ctx + jitter * torch.randn(ctx.shape, generator=gen)
     table = pipe_cfg.scheduler_table()
