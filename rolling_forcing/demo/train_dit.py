@@ -184,9 +184,7 @@ def make_batch(
         other = (idx + torch.randint(1, max(2, n_clips), (batch,), generator=gen)) % n_clips
         src = torch.where(cut, other, idx)
         ctx = clips.latents[src[:, None], frames[None, : s * fpb]]
-        if tcfg.cut_restart and bool(
-            cut.any()
-        ):  # a cut restarts the prompt's video: window = its first blocks
+        if tcfg.cut_restart and bool(cut.any()):  # the window: the first blocks of the prompt's clip
             head = torch.arange((e - s + 1) * fpb)
             x0[cut, s * fpb :] = clips.latents[idx[cut][:, None], head[None, :]]
         jitter = torch.rand(batch, 1, 1, 1, 1, generator=gen) * tcfg.context_jitter
