@@ -147,8 +147,8 @@ def test_without_late_windows_the_draws_replay() -> None:
     other settings only (runs made before the option replay bit for bit)."""
     a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     for _ in range(50):
-        la = sample_layout(PIPE, DitTrainConfig(), a)
-        lb = sample_layout(PIPE, DitTrainConfig(long_blocks=40), b)
+        la = sample_layout(PIPE, DitTrainConfig(long_fraction=0.0), a)
+        lb = sample_layout(PIPE, DitTrainConfig(long_blocks=40, long_fraction=0.0), b)
         assert la == lb and not la.blocks
     assert torch.equal(a.get_state(), b.get_state())
 
@@ -159,7 +159,7 @@ def test_config_refuses_bad_late_settings() -> None:
     with pytest.raises(ValueError, match="long_blocks must exceed max_clean_blocks"):
         DitTrainConfig(long_fraction=0.5, long_blocks=9)
     assert DitTrainConfig(long_blocks=40, long_fraction=0.5).clip_blocks(5) == 40
-    assert DitTrainConfig(long_blocks=40).clip_blocks(5) == 13
+    assert DitTrainConfig(long_blocks=40, long_fraction=0.0).clip_blocks(5) == 13
 
 
 @pytest.mark.parametrize("restart", [False, True])
@@ -167,7 +167,7 @@ def test_a_cut_takes_the_context_elsewhere_and_the_window_from_its_clip(restart:
     """Every sample a cut (cut_fraction 1): the clean blocks are another clip's (same stream blocks); the
     window is the prompt's clip at its stream blocks, or with ``cut_restart`` at the clip's first blocks."""
     clips = _clips(3, 40)
-    cfg = DitTrainConfig(cut_fraction=1.0, context_jitter=0.0, cut_restart=restart)
+    cfg = DitTrainConfig(cut_fraction=1.0, context_jitter=0.0, cut_restart=restart, cut_inflight=False)
     lay = long_layout(PipelineConfig(), 40, 30)
     x, t, target, prompts = make_batch(clips, lay, PipelineConfig(), cfg, torch.Generator().manual_seed(1), 6)
     sig = dict(zip(PIPE.timesteps, PIPE.sigmas))
@@ -183,3 +183,34 @@ def test_a_cut_takes_the_context_elsewhere_and_the_window_from_its_clip(restart:
             src = k if restart else sb[i]
             x0 = x[b, blk] - sig[float(t[b, blk][0])] * target[b, k * FPB : (k + 1) * FPB]
             torch.testing.assert_close(x0, clips.latents[j, src * FPB : (src + 1) * FPB], rtol=0, atol=1e-5)
+
+
+def test_a_cut_inside_the_window_keeps_the_in_flight_blocks() -> None:
+    """cut_inflight + cut_restart: the window's oldest k blocks are the context clip's at their stream blocks
+    (they entered before the switch), the rest the prompt's clip from its first block; k varies."""
+    clips = _clips(4, 40)
+    cfg = DitTrainConfig(cut_fraction=1.0, context_jitter=0.0, cut_restart=True, cut_inflight=True)
+    lay = long_layout(PipelineConfig(), 40, 30)
+    x, t, target, prompts = make_batch(
+        clips, lay, PipelineConfig(), cfg, torch.Generator().manual_seed(2), 16
+    )
+    sig = dict(zip(PIPE.timesteps, PIPE.sigmas))
+    sb = lay.stream_blocks
+    ctx_frames = [f for blk in sb[: lay.start] for f in range(blk * FPB, (blk + 1) * FPB)]
+    ks = set()
+    for b in range(16):
+        j = int(prompts[b][1:])
+        src = [c for c in range(4) if torch.equal(x[b, : lay.start * FPB], clips.latents[c, ctx_frames])]
+        assert len(src) == 1 and src[0] != j
+        k = 0
+        for i in range(lay.end - lay.start + 1):
+            blk = slice((lay.start + i) * FPB, (lay.start + i + 1) * FPB)
+            x0 = x[b, blk] - sig[float(t[b, blk][0])] * target[b, i * FPB : (i + 1) * FPB]
+            old = clips.latents[src[0], sb[lay.start + i] * FPB : (sb[lay.start + i] + 1) * FPB]
+            if i == k and torch.allclose(x0, old, rtol=0, atol=1e-5):
+                k += 1
+                continue
+            new = clips.latents[j, (i - k) * FPB : (i - k + 1) * FPB]
+            torch.testing.assert_close(x0, new, rtol=0, atol=1e-5)
+        ks.add(k)
+    assert len(ks) >= 3 and 0 in ks

@@ -37,7 +37,7 @@ DEFAULT_CLIPS = 1024
 """Latent clips the DiT trains on."""
 
 SMOKE_AE_STEPS, SMOKE_AE_DECODER_STEPS, SMOKE_CLIPS = 3, 2, 4
-SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2)
+SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2, long_blocks=10)
 SMOKE_STAGE2 = Stage2Config(steps=2, warmup_steps=1)
 """``smoke=True``: a few steps of each stage on a few clips."""
 

@@ -11,7 +11,10 @@ blocks. A fraction of samples is a *cut*: the clean context comes from another c
 prompt from this one, so the prompt (not the context) decides the objects after a prompt switch. By default
 the window shows this clip at the window's own stream blocks (the new prompt's video as if it had played
 from stream start); with ``cut_restart`` it shows the clip's *first* blocks (a switch restarts the new
-prompt's video), which does not ask the model for a stream time it cannot see in late windows.
+prompt's video), which does not ask the model for a stream time it cannot see in late windows. With
+``cut_inflight`` a cut happens inside the window as in the stream: the window's oldest ``k`` blocks (``k``
+uniform in ``0 .. n - 1``; they entered the window before the switch) are the old clip's at their stream
+blocks, the rest the new prompt's (from its first block with ``cut_restart``).
 
 Everything is seeded: one ``torch.Generator`` draws the batches and noise, ``torch.manual_seed`` the
 initial weights; with a fixed thread count and torch version the run is bitwise reproducible.
@@ -63,12 +66,13 @@ class DitTrainConfig:
     ema: float = 0.998
     max_clean_blocks: int = 8
     tail_fraction: float = 0.1
-    cut_fraction: float = 0.15
+    cut_fraction: float = 0.2
     context_jitter: float = 0.1
     noise_scale: float = 1.0
-    long_blocks: int = 0
-    long_fraction: float = 0.0
-    cut_restart: bool = False
+    long_blocks: int = 48
+    long_fraction: float = 0.5
+    cut_restart: bool = True
+    cut_inflight: bool = True
     text_layers: int = 2
     text_heads: int = 4
     seed: int = 0
@@ -184,9 +188,16 @@ def make_batch(
         other = (idx + torch.randint(1, max(2, n_clips), (batch,), generator=gen)) % n_clips
         src = torch.where(cut, other, idx)
         ctx = clips.latents[src[:, None], frames[None, : s * fpb]]
-        if tcfg.cut_restart and bool(cut.any()):  # the window: the first blocks of the prompt's clip
-            head = torch.arange((e - s + 1) * fpb)
-            x0[cut, s * fpb :] = clips.latents[idx[cut][:, None], head[None, :]]
+        nw = e - s + 1
+        inflight = torch.randint(0, nw, (batch,), generator=gen) if tcfg.cut_inflight else None
+        for r in torch.nonzero(cut).flatten().tolist():
+            k = int(inflight[r]) if inflight is not None else 0
+            for i in range(nw):  # window block i: in flight from the old clip, or the new prompt's
+                lo = (s + i) * fpb
+                if i < k:
+                    x0[r, lo : lo + fpb] = clips.latents[src[r], frames[lo : lo + fpb]]
+                elif tcfg.cut_restart:
+                    x0[r, lo : lo + fpb] = clips.latents[idx[r], (i - k) * fpb : (i - k + 1) * fpb]
         jitter = torch.rand(batch, 1, 1, 1, 1, generator=gen) * tcfg.context_jitter
         x0[:, : s * fpb] = ctx + jitter * torch.randn(ctx.shape, generator=gen)
     table = pipe_cfg.scheduler_table()
