@@ -9,6 +9,7 @@ Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall cl
    next to the same metrics on the generator's own frames (``ground_truth``: the ideal stream).
 3. ``drift``: (c) presence in the last 30 s of a 3-minute stream (relative positions, per-block noise)
    and whether the objects still move (``--quick``: 5 s of a 24-block stream).
+   (e) the longest run of frames in which an object vanished (no detection of its colour).
 4. ``switch``: (d) frames from a ``set_prompt`` switch until the new prompt's objects are detected, with
    and without re-cache.
 5. ``compare``: merged vs two-pass, sharded (2 ranks, gloo) vs unsharded, emulator vs reference backend,
@@ -151,6 +152,7 @@ def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow],
                     **m,
                     "presence_met": check("presence", m["presence"]).met,
                     "continuity_met": check("continuity_ratio", m["continuity_ratio"]).met,
+                    "vanish_met": check("vanish_frames", m["vanish_frames"]).met,
                     "frames": int(res.frames.shape[0]),
                     "wall_s": res.wall_s,
                 }
@@ -273,7 +275,8 @@ def summary(rows: list[BenchRow]) -> list[str]:
                 f"(a) {check('presence', e['presence']).describe()}; "
                 f"(b) {check('continuity_ratio', e['continuity_ratio']).describe()} "
                 f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px; ratio at "
-                f"latent-frame boundaries {_fmt(e.get('latent_boundary_ratio'))})"
+                f"latent-frame boundaries {_fmt(e.get('latent_boundary_ratio'))}); "
+                f"(e) {check('vanish_frames', e.get('vanish_frames')).describe()}"
             )
         elif r.op == "quality_drift":
             out.append(

@@ -15,6 +15,7 @@ from perf.quality.metrics import (
     chunk_starts,
     continuity,
     drift,
+    longest_vanish,
     presence,
     prompt_background,
     prompt_objects,
@@ -142,6 +143,18 @@ def test_switch_latency() -> None:
         switch_latency(frames, [BLUE], 30, hold=0)
 
 
+def test_longest_vanish_counts_frames_without_the_colour() -> None:
+    r, b, rs = D("red", "circle", 1, 1), D("blue", "square", 5, 5), D("red", "square", 1, 1)
+    # red: present (a wrong kind still counts as there), gone 3 frames, back, gone 1 frame at the end
+    frames = [[r, b], [rs], [b], [b], [], [r, b], [b]]
+    assert longest_vanish(frames, [RED, BLUE]) == [3, 1]
+    assert longest_vanish([], [RED]) == [0]
+    assert longest_vanish([[r]] * 5, [RED]) == [0]
+    with pytest.raises(ValueError):
+        longest_vanish(frames, [])
+    assert check("vanish_frames", 12).met and not check("vanish_frames", 13).met
+
+
 def test_check_against_targets() -> None:
     assert check("presence", 0.95).met and not check("presence", 0.85).met
     assert check("continuity_ratio", 1.9).met and not check("continuity_ratio", 2.1).met
@@ -166,6 +179,7 @@ def test_ground_truth_meets_every_target() -> None:
     assert pres is not None and pres >= 0.9
     c = continuity(track(dets, objs), chunk_starts(len(dets)))
     assert c.ratio is not None and math.isfinite(c.ratio) and c.ratio <= 2.0
+    assert max(longest_vanish(dets, objs)) <= 12
     # a switch at frame 33 to another scene: detected at once
     other = Scene(
         (

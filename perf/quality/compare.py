@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 
 from perf.quality.detect import detect, read_backgrounds
-from perf.quality.metrics import chunk_starts, continuity, presence, prompt_background, prompt_objects, track
+from perf.quality.metrics import (
+    chunk_starts,
+    continuity,
+    longest_vanish,
+    presence,
+    prompt_background,
+    prompt_objects,
+    track,
+)
 from perf.quality.streams import StreamModel, StreamResult, StreamSpec, run_stream
 
 __all__ = ["COMPARISONS", "Comparison", "Pair", "evaluate", "psnr", "run_pair"]
@@ -37,8 +45,9 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def evaluate(result: StreamResult, prompt: str) -> dict[str, Any]:
-    """Metrics (a) presence (objects and background) and (b) continuity of one decoded stream of
-    ``prompt``, and the continuity ratio at every latent-frame boundary (a diagnostic, no target)."""
+    """Metrics (a) presence (objects and background), (b) continuity and (e) the longest vanish (frames, the
+    worst object) of one decoded stream of ``prompt``, and the continuity ratio at every latent-frame
+    boundary (a diagnostic, no target)."""
     objects = prompt_objects(prompt)
     dets = detect(result.frames)
     bgs = read_backgrounds(result.frames)
@@ -55,6 +64,7 @@ def evaluate(result: StreamResult, prompt: str) -> dict[str, Any]:
         "boundary_px": cont.boundary,
         "within_px": cont.within,
         "latent_boundary_ratio": latent.ratio,
+        "vanish_frames": max(longest_vanish(dets, objects)),
     }
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "chunk_starts",
     "continuity",
     "drift",
+    "longest_vanish",
     "presence",
     "presence_mask",
     "prompt_background",
@@ -60,6 +61,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "continuity_ratio": ("<=", 2.0),
     "tail_presence": (">=", 0.8),
     "switch_frames": ("<=", 24.0),
+    "vanish_frames": ("<=", 12.0),
 }
 """The demo model's quality targets: metric -> (sense, bound). ``switch_frames`` = 2 chunks of 12 frames."""
 
@@ -161,6 +163,21 @@ def track(detections: Frames, objects: Sequence[Obj]) -> np.ndarray:
             if best is not None:
                 used.add(best)
                 out[t, j] = dets[best].x, dets[best].y
+    return out
+
+
+def longest_vanish(detections: Frames, objects: Sequence[Obj]) -> list[int]:
+    """Metric (e), per object of ``objects``: the longest run of consecutive frames in which *no* detection
+    has the object's colour (it vanished; a wrong kind is (a)'s business, not this one). Two objects of
+    one colour vanish together only when no detection of it is left. Target: at most one chunk (12)."""
+    _check_objects(objects)
+    out = []
+    for color, _ in objects:
+        best = run = 0
+        for dets in detections:
+            run = 0 if any(d.color == color for d in dets) else run + 1
+            best = max(best, run)
+        out.append(best)
     return out
 
 
