@@ -76,6 +76,7 @@ def test_smoke_training_writes_weights_load_demo_streams(tmp_path) -> None:
             "clips",
             "dit",
             "stage2",
+            "late",
         }
         and log["stage2"]["steps"] == 2
     )
@@ -94,3 +95,26 @@ def test_train_demo_refuses_a_bad_prompt_speed_before_any_work(speed: object, tm
     with pytest.raises(ValueError, match="prompt_speed must be a finite number > 0"):
         train_demo(tmp_path / "w", prompt_speed=speed, smoke=True)  # type: ignore[arg-type]
     assert not (tmp_path / "w").exists()
+
+
+def test_train_demo_late_stage_trains_on_long_clips(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The late stage (off by default) is a third warm restart on late windows of long clips: it is logged
+    with its settings and time, and it changes the weights (the same run without it differs)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from rolling_forcing.demo.train import LATE_FRACTION, train_demo
+    from rolling_forcing.demo.train_stage2 import Stage2Config
+
+    base = train_demo(tmp_path / "a", smoke=True, progress=False, threads=1)
+    late = train_demo(
+        tmp_path / "b", smoke=True, progress=False, threads=1, late=Stage2Config(steps=2, warmup_steps=1)
+    )
+    log_a = json.loads((base.out_dir / "train_log.json").read_text())
+    log_b = json.loads((late.out_dir / "train_log.json").read_text())
+    assert log_a["late"]["steps"] == 0 and log_b["late"]["steps"] == 2
+    assert log_b["late"]["long_fraction"] == LATE_FRACTION and log_b["late"]["long_blocks"] == 10
+    assert log_b["seconds_measured"]["late"] > 0
+    a, b = load_file(str(base.out_dir / "dit.safetensors")), load_file(str(late.out_dir / "dit.safetensors"))
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)

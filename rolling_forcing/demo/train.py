@@ -41,6 +41,9 @@ SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2,
 SMOKE_STAGE2 = Stage2Config(steps=2, warmup_steps=1)
 """``smoke=True``: a few steps of each stage on a few clips."""
 
+LATE_FRACTION = 0.5
+"""Share of late windows (:func:`rolling_forcing.demo.train_attention.long_layout`) in the late stage."""
+
 
 @dataclass
 class DemoTrainReport:
@@ -109,6 +112,7 @@ def train_demo(
     dit: DitTrainConfig | None = None,
     stage2: Stage2Config | None = None,
     prompt_speed: float | None = None,
+    late: Stage2Config | None = None,
 ) -> DemoTrainReport:
     """Retrain the demo model into ``out_dir`` (module docstring); returns what it wrote and measured.
 
@@ -123,6 +127,10 @@ def train_demo(
             and stage-2 settings.
         prompt_speed: the training clips' prompt-layout speed, pixels per frame at 64 x 64 (``None``:
             :data:`rolling_forcing.procedural.PROMPT_SPEED`, what the shipped weights were trained on).
+        late: a third, *late* stage after stage 2 (default off, ``steps=0``; smoke: :data:`SMOKE_STAGE2`
+            when given): a warm restart (:func:`train_stage2`) whose windows are late windows of a
+            ``long_blocks``-block stream with probability :data:`LATE_FRACTION` (the clips are then
+            encoded ``long_blocks`` long; stages 1-2 read their first blocks), seeded from ``seed + 2``.
     """
     from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
     from rolling_forcing.demo.data import encode_clips
@@ -144,6 +152,8 @@ def train_demo(
     dcfg: DitTrainConfig = dit if dit is not None else (SMOKE_DIT if smoke else DitTrainConfig())
     dcfg = replace(dcfg, seed=seed)
     s2cfg: Stage2Config = stage2 if stage2 is not None else (SMOKE_STAGE2 if smoke else Stage2Config())
+    late_cfg: Stage2Config = late if late is not None else Stage2Config(steps=0)
+    late_dit = replace(dcfg, long_fraction=LATE_FRACTION, seed=seed + 2)
     model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -156,7 +166,8 @@ def train_demo(
             ae, ae_losses = train_autoencoder(ae_cfg, steps=n_ae, seed=seed, progress=progress)
         save_autoencoder(ae, out / AE_FILE, {"seed": str(seed)})
         t1 = time.perf_counter()
-        latent_frames = dcfg.clip_blocks(pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
+        clip_cfg = late_dit if late_cfg.steps else dcfg
+        latent_frames = clip_cfg.clip_blocks(pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
         lat, prompts = encode_clips(
             ae, n_clips, latent_frames, seed=seed + 1, layout="prompt", prompt_speed=prompt_speed
         )
@@ -164,13 +175,16 @@ def train_demo(
         latent_clips = LatentClips(lat, prompts)
         res1: DitTrainResult = train_dit(latent_clips, model_cfg, pipe_cfg, dcfg, progress=progress)
         t3 = time.perf_counter()
-        res = train_stage2(res1, latent_clips, model_cfg, pipe_cfg, dcfg, s2cfg, progress=progress)
+        res2 = train_stage2(res1, latent_clips, model_cfg, pipe_cfg, dcfg, s2cfg, progress=progress)
         t4 = time.perf_counter()
+        res = train_stage2(res2, latent_clips, model_cfg, pipe_cfg, late_dit, late_cfg, progress=progress)
+        t5 = time.perf_counter()
     finally:
         torch.set_num_threads(saved)
     files = [out / AE_FILE, *save_dit(res, out)]
-    s2_losses = res.losses if res is not res1 else []
-    files.append(plot_losses(ae_losses, res1.losses, out / "losses.png", s2_losses))
+    s2_losses = res2.losses if res2 is not res1 else []
+    late_losses = res.losses if res is not res2 else []
+    files.append(plot_losses(ae_losses, res1.losses, out / "losses.png", s2_losses + late_losses))
     log = {
         "seed": seed,
         "smoke": smoke,
@@ -182,10 +196,18 @@ def train_demo(
         "clips": n_clips,
         "dit": asdict(dcfg),
         "stage2": asdict(s2cfg),
+        "late": {**asdict(late_cfg), "long_fraction": LATE_FRACTION, "long_blocks": late_dit.long_blocks},
         "prompt_speed": prompt_speed if prompt_speed is not None else PROMPT_SPEED,
-        "seconds_measured": {"autoencoder": t1 - t0, "clips": t2 - t1, "dit": t3 - t2, "stage2": t4 - t3},
+        "seconds_measured": {
+            "autoencoder": t1 - t0,
+            "clips": t2 - t1,
+            "dit": t3 - t2,
+            "stage2": t4 - t3,
+            "late": t5 - t4,
+        },
         "final_dit_loss_mean_last_100": sum(res1.losses[-100:]) / max(1, len(res1.losses[-100:])),
         "final_stage2_loss_mean_last_100": sum(s2_losses[-100:]) / max(1, len(s2_losses[-100:])),
+        "final_late_loss_mean_last_100": sum(late_losses[-100:]) / max(1, len(late_losses[-100:])),
     }
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     files.append(out / "train_log.json")

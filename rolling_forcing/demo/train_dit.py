@@ -66,13 +66,13 @@ class DitTrainConfig:
     ema: float = 0.998
     max_clean_blocks: int = 8
     tail_fraction: float = 0.1
-    cut_fraction: float = 0.2
+    cut_fraction: float = 0.15
     context_jitter: float = 0.1
     noise_scale: float = 1.0
     long_blocks: int = 48
-    long_fraction: float = 0.5
-    cut_restart: bool = True
-    cut_inflight: bool = True
+    long_fraction: float = 0.0
+    cut_restart: bool = False
+    cut_inflight: bool = False
     text_layers: int = 2
     text_heads: int = 4
     seed: int = 0
