@@ -141,12 +141,12 @@ def new_models(model_cfg: ModelConfig, tcfg: DitTrainConfig) -> tuple[CausalWanM
 
 def sample_layout(pipe_cfg: PipelineConfig, tcfg: DitTrainConfig, gen: torch.Generator) -> TrainLayout:
     """A random window: with probability ``long_fraction`` a *late* window of a ``long_blocks``-block
-    stream (start block after ``max_clean_blocks``, tail windows included, as :func:`long_layout`: sink,
-    the last ``key_budget_blocks`` clean blocks, the window); else with probability ``tail_fraction`` a
-    tail window of a stream of random length, else any window of a ``max_clean_blocks +
-    window_blocks``-block stream up to its last full window (warm-up windows included; s uniform over
-    ``0 .. max_clean_blocks`` for the full ones). No draw is spent on the late choice when
-    ``long_fraction == 0`` (runs without it replay bit for bit)."""
+    stream (start block after ``max_clean_blocks``, tail windows included, as :func:`long_layout`: the
+    sink, the working cache and the blocks its update passes read, the window); else with probability
+    ``tail_fraction`` a tail window of a stream of random length, else any window of a
+    ``max_clean_blocks + window_blocks``-block stream up to its last full window (warm-up windows
+    included; s uniform over ``0 .. max_clean_blocks`` for the full ones). No draw is spent on the late
+    choice when ``long_fraction == 0`` (runs without it replay bit for bit)."""
     wb = pipe_cfg.window_blocks
     n_max = tcfg.max_clean_blocks + wb
     if tcfg.long_fraction > 0 and float(torch.rand((), generator=gen)) < tcfg.long_fraction:
