@@ -6,10 +6,10 @@ Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall cl
 1. ``detector``: the shape detector against the procedural generator's ground truth, clean and degraded
    (blur + noise) renders: accuracy (right colour and kind within 2 px).
 2. ``stream``: per prompt, (a) presence and (b) chunk-boundary continuity of the model's decoded stream,
-   next to the same metrics on the generator's own frames (``ground_truth``: the ideal stream).
+   next to the same metrics on the generator's own frames (``ground_truth``: the ideal stream), and
+   (e) the longest run of frames in which an object vanished (no detection of its colour).
 3. ``drift``: (c) presence in the last 30 s of a 3-minute stream (relative positions, per-block noise)
    and whether the objects still move (``--quick``: 5 s of a 24-block stream).
-   (e) the longest run of frames in which an object vanished (no detection of its colour).
 4. ``switch``: (d) frames from a ``set_prompt`` switch until the new prompt's objects are detected, with
    and without re-cache.
 5. ``compare``: merged vs two-pass, sharded (2 ranks, gloo) vs unsharded, emulator vs reference backend,

@@ -100,8 +100,6 @@ def test_train_demo_refuses_a_bad_prompt_speed_before_any_work(speed: object, tm
 def test_train_demo_late_stage_trains_on_long_clips(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The late stage (off by default) is a third warm restart on late windows of long clips: it is logged
     with its settings and time, and it changes the weights (the same run without it differs)."""
-    import json
-
     from safetensors.torch import load_file
 
     from rolling_forcing.demo.train import LATE_FRACTION, train_demo

@@ -83,7 +83,7 @@ def test_rollout_inputs_with_an_oracle_are_stage_one_inputs(window: int, monkeyp
 
 def test_train_stage2_is_seeded_and_keeps_its_start() -> None:
     mc = get_preset("demo")
-    cfg = DitTrainConfig(batch=2, max_clean_blocks=2, long_fraction=0.0)
+    cfg = DitTrainConfig(batch=2, max_clean_blocks=2)
     model, text = new_models(mc, cfg)
     with torch.no_grad():
         model.head.head.weight.normal_(0, 0.02)  # a non-zero start, so the rollout forward matters
@@ -119,7 +119,7 @@ def test_stage2_from_saved_weights_equals_stage2_in_memory(tmp_path) -> None:
     from rolling_forcing.demo.train_dit import save_dit, train_dit
 
     mc = get_preset("demo")
-    cfg = DitTrainConfig(steps=2, batch=2, warmup_steps=1, max_clean_blocks=2, long_fraction=0.0)
+    cfg = DitTrainConfig(steps=2, batch=2, warmup_steps=1, max_clean_blocks=2)
     clips = _clips(4, 21)
     res1 = train_dit(clips, mc, PIPE, cfg, progress=False)
     save_dit(res1, tmp_path)

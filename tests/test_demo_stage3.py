@@ -141,7 +141,7 @@ def test_train_stage3_is_seeded_keeps_its_start_and_trains() -> None:
     g = torch.Generator().manual_seed(2)
     prompts = ["a red circle bouncing on a gray background", "a blue square bouncing on a navy background"]
     clips = LatentClips(torch.randn(3, 18, 16, 8, 8, generator=g), [prompts[i % 2] for i in range(3)])
-    tcfg = DitTrainConfig(batch=2, max_clean_blocks=1, long_fraction=0.0)
+    tcfg = DitTrainConfig(batch=2, max_clean_blocks=1)
     rcfg = Stage3Config(steps=4, warmup_steps=1, windows_per_rollout=3)
     runs = [train_stage3(start, clips, mc, PIPE, tcfg, rcfg, progress=False) for _ in range(2)]
     assert len(runs[0].losses) == 4 and runs[0].losses == runs[1].losses

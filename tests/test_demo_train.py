@@ -138,9 +138,7 @@ def test_make_batch_noises_each_block_at_its_level() -> None:
 
 def test_smoke_training_loss_falls_on_a_fixed_batch() -> None:
     torch.manual_seed(0)
-    cfg = DitTrainConfig(
-        steps=12, batch=2, warmup_steps=1, lr=2e-3, max_clean_blocks=1, tail_fraction=0.0, long_fraction=0.0
-    )
+    cfg = DitTrainConfig(steps=12, batch=2, warmup_steps=1, lr=2e-3, max_clean_blocks=1, tail_fraction=0.0)
     res = train_dit(
         _clips(4, 18), get_preset("demo"), PipelineConfig(), cfg, progress=False, fixed_batch=True
     )

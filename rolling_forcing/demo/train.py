@@ -127,8 +127,8 @@ def train_demo(
             and stage-2 settings.
         prompt_speed: the training clips' prompt-layout speed, pixels per frame at 64 x 64 (``None``:
             :data:`rolling_forcing.procedural.PROMPT_SPEED`, what the shipped weights were trained on).
-        late: a third, *late* stage after stage 2 (default off, ``steps=0``; smoke: :data:`SMOKE_STAGE2`
-            when given): a warm restart (:func:`train_stage2`) whose windows are late windows of a
+        late: a third, *late* stage after stage 2 (``None``: off, ``steps=0``, with or without ``smoke``):
+            a warm restart (:func:`train_stage2`) whose windows are late windows of a
             ``long_blocks``-block stream with probability :data:`LATE_FRACTION` (the clips are then
             encoded ``long_blocks`` long; stages 1-2 read their first blocks), seeded from ``seed + 2``.
     """

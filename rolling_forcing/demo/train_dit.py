@@ -190,14 +190,15 @@ def make_batch(
         ctx = clips.latents[src[:, None], frames[None, : s * fpb]]
         nw = e - s + 1
         inflight = torch.randint(0, nw, (batch,), generator=gen) if tcfg.cut_inflight else None
-        for r in torch.nonzero(cut).flatten().tolist():
-            k = int(inflight[r]) if inflight is not None else 0
-            for i in range(nw):  # window block i: in flight from the old clip, or the new prompt's
-                lo = (s + i) * fpb
-                if i < k:
-                    x0[r, lo : lo + fpb] = clips.latents[src[r], frames[lo : lo + fpb]]
-                elif tcfg.cut_restart:
-                    x0[r, lo : lo + fpb] = clips.latents[idx[r], (i - k) * fpb : (i - k + 1) * fpb]
+        if tcfg.cut_restart or inflight is not None:  # else a cut's window is already this clip's
+            for r in torch.nonzero(cut).flatten().tolist():
+                k = int(inflight[r]) if inflight is not None else 0
+                for i in range(nw):  # window block i: in flight from the old clip, or the new prompt's
+                    lo = (s + i) * fpb
+                    if i < k:
+                        x0[r, lo : lo + fpb] = clips.latents[src[r], frames[lo : lo + fpb]]
+                    elif tcfg.cut_restart:
+                        x0[r, lo : lo + fpb] = clips.latents[idx[r], (i - k) * fpb : (i - k + 1) * fpb]
         jitter = torch.rand(batch, 1, 1, 1, 1, generator=gen) * tcfg.context_jitter
         x0[:, : s * fpb] = ctx + jitter * torch.randn(ctx.shape, generator=gen)
     table = pipe_cfg.scheduler_table()
