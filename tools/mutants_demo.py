@@ -1,5 +1,7 @@
 """Curated mutants of the demo model's chain rollout and its measuring tool
-(rolling_forcing/demo/train_stage3.py, perf/demo_chain.py); joined to tools/mutants.py's list."""
+(rolling_forcing/demo/train_stage3.py, perf/demo_chain.py), its late windows and cut options
+(train_attention.long_layout, train_dit.sample_layout / make_batch, train.train_demo) and the quality
+bench's vanish metric (perf/quality/metrics.longest_vanish); joined to tools/mutants.py's list."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ from tools.mutant import Mutant
 _S3 = ("tests/test_demo_stage3.py",)
 _CHAIN = ("tests/test_demo_chain.py",)
 _STAGE3 = "rolling_forcing/demo/train_stage3.py"
+_LONG = ("tests/test_demo_long.py",)
+_ATTN = "rolling_forcing/demo/train_attention.py"
+_DIT = "rolling_forcing/demo/train_dit.py"
+_METRICS = ("tests/test_quality_metrics.py",)
 
 DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("demo-chain-renoise-level", _STAGE3, "add_noise(prev[b], eps, ts[level], table)",
@@ -30,4 +36,39 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
            "x[:, blk] = add_noise(truth[:, blk], eps, pc.timesteps[level], table)",
            "x[:, blk] = add_noise(torch.zeros_like(truth[:, blk]), eps, pc.timesteps[level], table)", _CHAIN,
            "the teacher way's inputs carry no true latent"),
+    Mutant("demo-long-working-keys", _ATTN, "            need |= {b for b, _ in p.keys}",
+           "            need |= {b for b, _ in p.keys[1:]}", _LONG,
+           "a late window drops the oldest key of each working block's update pass"),
+    Mutant("demo-long-keep-all-early", _ATTN, "    if kept == tuple(range(e + 1)):",
+           "    if len(kept) >= e:", _LONG,
+           "a late window that drops one block is laid out as the full sequence"),
+    Mutant("demo-long-first-window", _DIT, "        first = n_max  # window n_max starts at block max_clean_blocks + 1",
+           "        first = n_max - 1  # window n_max starts at block max_clean_blocks + 1", _LONG,
+           "late windows also draw the short stream's last full window (start block max_clean_blocks)"),
+    Mutant("demo-long-last-window", _DIT, "tcfg.long_blocks + wb - 1, (), generator=gen))",
+           "tcfg.long_blocks + wb - 2, (), generator=gen))", _LONG,
+           "the long stream's last tail window is never drawn"),
+    Mutant("demo-long-bound", _DIT, "self.long_blocks <= self.max_clean_blocks + 1:",
+           "self.long_blocks < self.max_clean_blocks + 1:", _LONG,
+           "a long stream with no late window (long_blocks = max_clean_blocks + 1) is accepted"),
+    Mutant("demo-long-ctx-blocks", _DIT, "ctx = clips.latents[src[:, None], frames[None, : s * fpb]]",
+           "ctx = clips.latents[src, : s * fpb]", _LONG,
+           "a late window's clean context is read from the clip's first blocks, not its stream blocks"),
+    Mutant("demo-cut-inflight-src", _DIT, "x0[r, lo : lo + fpb] = clips.latents[src[r], frames[lo : lo + fpb]]",
+           "x0[r, lo : lo + fpb] = clips.latents[idx[r], frames[lo : lo + fpb]]", _LONG,
+           "in-flight blocks of a cut come from the new prompt's clip"),
+    Mutant("demo-cut-restart-offset", _DIT, "clips.latents[idx[r], (i - k) * fpb : (i - k + 1) * fpb]",
+           "clips.latents[idx[r], i * fpb : (i + 1) * fpb]", _LONG,
+           "after in-flight blocks the restarted video skips its first k blocks"),
+    Mutant("demo-late-fraction", "rolling_forcing/demo/train.py",
+           "late_dit = replace(dcfg, long_fraction=LATE_FRACTION, seed=seed + 2)",
+           "late_dit = replace(dcfg, seed=seed + 2)", ("tests/test_demo_cli.py",),
+           "the late stage draws no late window (and its clips stay short)"),
+    Mutant("demo-vanish-run-reset", "perf/quality/metrics.py",
+           "            best = max(best, run)\n        out.append(best)",
+           "            best = max(best, run)\n        out.append(run)", _METRICS,
+           "the vanish metric reports the final run, not the longest"),
+    Mutant("demo-vanish-target", "perf/quality/metrics.py", '"vanish_frames": ("<=", 12.0),',
+           '"vanish_frames": ("<=", 11.0),', _METRICS,
+           "a vanish of exactly one chunk fails the target"),
 )  # fmt: skip
