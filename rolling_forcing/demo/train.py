@@ -196,7 +196,11 @@ def train_demo(
         "clips": n_clips,
         "dit": asdict(dcfg),
         "stage2": asdict(s2cfg),
-        "late": {**asdict(late_cfg), "long_fraction": LATE_FRACTION, "long_blocks": late_dit.long_blocks},
+        "late": {
+            **asdict(late_cfg),
+            "long_fraction": late_dit.long_fraction,
+            "long_blocks": late_dit.long_blocks,
+        },
         "prompt_speed": prompt_speed if prompt_speed is not None else PROMPT_SPEED,
         "seconds_measured": {
             "autoencoder": t1 - t0,
