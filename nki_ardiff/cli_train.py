@@ -13,12 +13,23 @@ import typer
 
 from nki_ardiff.cli_checks import CliError
 from nki_ardiff.cli_errors import reported_errors
+from rolling_forcing.procedural import PROMPT_SPEED
+
+LATE_STEPS = 1500
+"""Default ``--late-steps`` (``rolling_forcing.demo.train.LATE_STAGE.steps``; a test keeps them equal)."""
 
 
 def check_train_demo(
-    out: Path, seed: int, threads: int, autoencoder: Path | None, prompt_speed: float | None = None
+    out: Path,
+    seed: int,
+    threads: int,
+    autoencoder: Path | None,
+    prompt_speed: float | None = None,
+    late_steps: int | None = None,
 ) -> None:
     """Raise :class:`CliError` naming the option for a bad value (before any work)."""
+    if late_steps is not None and late_steps < 0:
+        raise CliError("--late-steps", f"must be >= 0 (0: no late stage), got {late_steps}")
     if prompt_speed is not None and not 0 < prompt_speed < float("inf"):
         raise CliError("--prompt-speed", f"must be a finite number > 0 (pixels/frame), got {prompt_speed}")
     if out.exists() and not out.is_dir():
@@ -50,13 +61,23 @@ def train_demo_cmd(
     progress: Annotated[bool, typer.Option(help="tqdm progress bars on stderr")] = True,
     prompt_speed: Annotated[
         float | None,
-        typer.Option(help="the training videos' shape speed, pixels per frame at 64x64 (default 1.5)"),
+        typer.Option(
+            help=f"the training videos' shape speed, pixels per frame at 64x64 (default {PROMPT_SPEED})"
+        ),
+    ] = None,
+    late_steps: Annotated[
+        int | None,
+        typer.Option(
+            help=f"steps of the late stage (default {LATE_STEPS}; 0: none, as the weights before 2026-12-06)"
+        ),
     ] = None,
 ) -> None:
     """Retrain the demo model from scratch (measured CPU wall clock in OUT/train_log.json)."""
     with reported_errors("train-demo", ctx):
-        check_train_demo(out, seed, threads, autoencoder, prompt_speed)
-        from rolling_forcing.demo.train import train_demo
+        check_train_demo(out, seed, threads, autoencoder, prompt_speed, late_steps)
+        from dataclasses import replace
+
+        from rolling_forcing.demo.train import LATE_STAGE, SMOKE_LATE, train_demo
 
         rep = train_demo(
             out,
@@ -66,11 +87,14 @@ def train_demo_cmd(
             progress=progress,
             autoencoder=autoencoder,
             prompt_speed=prompt_speed,
+            late=None
+            if late_steps is None
+            else replace(SMOKE_LATE if smoke else LATE_STAGE, steps=late_steps),
         )
         typer.echo(
             f"train-demo: wrote {', '.join(p.name for p in rep.files)} to {out} (measured: autoencoder "
             f"{rep.ae_seconds:.0f} s, clips {rep.clips_seconds:.0f} s, DiT {rep.dit_seconds:.0f} s + stage 2 "
-            f"{rep.stage2_seconds:.0f} s)"
+            f"{rep.stage2_seconds:.0f} s + late {rep.late_seconds:.0f} s)"
         )
 
 

@@ -159,8 +159,10 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) 
 PROMPT_SIZES: dict[str, float] = {"circle": 8.0, "square": 7.0, "triangle": 9.0}
 """Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64)."""
 
-PROMPT_SPEED = 1.5
-"""Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size)."""
+PROMPT_SPEED = 0.3
+"""Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size). The
+demo model ships trained at 0.3 (weights before 2026-12-06: 1.5, an object 18 px per block, too far for
+the stream's first levels to extrapolate; docs/demo_model.md "Slower motion")."""
 
 
 def check_speed(speed: object, name: str) -> float:

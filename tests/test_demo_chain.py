@@ -55,15 +55,18 @@ def test_blocks_below_a_full_window_are_refused() -> None:
 
 def test_truth_latents_follow_the_prompt_speed() -> None:
     """``prompt_speed`` renders the reference at that speed (the weights' training speed): equal to the
-    layout rendered at 0.3 px/frame, and different from the default-speed reference after frame 0."""
+    layout rendered at 0.3 px/frame, different from the 1.5 px/frame reference after frame 0, and the
+    default is :data:`rolling_forcing.procedural.PROMPT_SPEED`."""
     from perf.quality.streams import scene_for_prompt
-    from rolling_forcing.procedural import prompt_layout, render
+    from rolling_forcing.procedural import PROMPT_SPEED, prompt_layout, render
 
     ae = load_autoencoder()
     z = demo_chain._truth_latents(ae, PROMPT, 3, 0, 0.3)
     video = render(prompt_layout(scene_for_prompt(PROMPT, np.random.default_rng(0)), 0.3), 0, 9)
     x = torch.from_numpy(video).permute(0, 3, 1, 2).float()[None] / 127.5 - 1.0
     torch.testing.assert_close(z, ae.encode(x), rtol=0, atol=0)
-    assert not torch.equal(z[:, 1:], demo_chain._truth_latents(ae, PROMPT, 3, 0)[:, 1:])
+    fast = demo_chain._truth_latents(ae, PROMPT, 3, 0, 1.5)
+    assert torch.equal(z[:, :1], fast[:, :1]) and not torch.equal(z[:, 1:], fast[:, 1:])
+    assert PROMPT_SPEED == 0.3 and torch.equal(demo_chain._truth_latents(ae, PROMPT, 3, 0), z)
     with pytest.raises(ValueError, match="--prompt-speed must be a finite number > 0"):
         demo_chain.run(None, (PROMPT,), 6, 0, 0.0)

@@ -26,6 +26,7 @@ runner = CliRunner()
         ),
         (["--prompt-speed", "-0.5"], "error: --prompt-speed: must be a finite number > 0"),
         (["--prompt-speed", "inf"], "error: --prompt-speed: must be a finite number > 0"),
+        (["--late-steps", "-1"], "error: --late-steps: must be >= 0 (0: no late stage), got -1"),
     ],
 )
 def test_train_demo_option_errors(args: list[str], message: str, tmp_path) -> None:
@@ -79,6 +80,7 @@ def test_smoke_training_writes_weights_load_demo_streams(tmp_path) -> None:
             "late",
         }
         and log["stage2"]["steps"] == 2
+        and log["late"]["steps"] == 2  # smoke runs every stage, the late one included
     )
     demo = load_demo(out)
     emb = demo.text_encoder.encode("a red circle bouncing on a gray background")
@@ -98,21 +100,49 @@ def test_train_demo_refuses_a_bad_prompt_speed_before_any_work(speed: object, tm
 
 
 def test_train_demo_late_stage_trains_on_long_clips(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The late stage (off by default) is a third warm restart on late windows of long clips: it is logged
-    with its settings and time, and it changes the weights (the same run without it differs)."""
+    """The late stage (on by default; ``steps=0`` turns it off) is a third warm restart on late windows of
+    long clips: it is logged with its settings and time, leaves stages 1-2 as they were (they read the
+    long clips' first blocks) and changes the weights (the same run without it differs)."""
     from safetensors.torch import load_file
 
     from rolling_forcing.demo.train import LATE_FRACTION, train_demo
     from rolling_forcing.demo.train_stage2 import Stage2Config
 
-    base = train_demo(tmp_path / "a", smoke=True, progress=False, threads=1)
-    late = train_demo(
-        tmp_path / "b", smoke=True, progress=False, threads=1, late=Stage2Config(steps=2, warmup_steps=1)
-    )
+    base = train_demo(tmp_path / "a", smoke=True, progress=False, threads=1, late=Stage2Config(steps=0))
+    late = train_demo(tmp_path / "b", smoke=True, progress=False, threads=1)
     log_a = json.loads((base.out_dir / "train_log.json").read_text())
     log_b = json.loads((late.out_dir / "train_log.json").read_text())
     assert log_a["late"]["steps"] == 0 and log_b["late"]["steps"] == 2
     assert log_b["late"]["long_fraction"] == LATE_FRACTION and log_b["late"]["long_blocks"] == 10
-    assert log_b["seconds_measured"]["late"] > 0
+    assert log_b["seconds_measured"]["late"] > 0 and len(late.late_losses) == 2 and not base.late_losses
+    assert late.dit_losses == base.dit_losses and late.stage2_losses == base.stage2_losses
     a, b = load_file(str(base.out_dir / "dit.safetensors")), load_file(str(late.out_dir / "dit.safetensors"))
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_late_steps_default_is_the_recipe() -> None:
+    """``train-demo --late-steps`` defaults to the recipe's late stage (the CLI keeps the number without
+    importing torch); ``--late-steps 0`` is the recipe without it."""
+    from nki_ardiff.cli_train import LATE_STEPS
+    from rolling_forcing.demo.train import LATE_STAGE
+
+    assert LATE_STEPS == LATE_STAGE.steps > 0
+
+
+def test_cli_late_steps_zero_turns_the_late_stage_off(tmp_path) -> None:
+    out = tmp_path / "w"
+    args = [
+        "train-demo",
+        "--smoke",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--threads",
+        "1",
+        "--late-steps",
+        "0",
+    ]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["late"]["steps"] == 0 and log["stage2"]["steps"] == 2 and "late 0 s" in r.output

@@ -152,7 +152,7 @@ def test_prompt_layout_is_a_function_of_the_prompt() -> None:
         angle = 2 * math.pi * (k + 0.5) / (3 * len(COLORS))
         assert s.x0 == pytest.approx(64 * (i + 1) / 3)
         assert s.y0 == pytest.approx(64 * (0.35, 0.65)[i % 2])
-        assert (s.vx, s.vy) == pytest.approx((1.5 * math.cos(angle), 1.5 * math.sin(angle)))
+        assert (s.vx, s.vy) == pytest.approx((0.3 * math.cos(angle), 0.3 * math.sin(angle)))
     frames = render(la, 0, 40)
     assert frames.shape == (40, 64, 64, 3)
     # a different shape in the prompt moves differently

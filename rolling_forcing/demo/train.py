@@ -7,7 +7,9 @@ Steps (all seeded from ``seed``; a fixed torch thread count, restored afterwards
 2. latent clips of ``max_clean_blocks + window_blocks`` blocks, or ``long_blocks`` when late windows are
    drawn (:meth:`DitTrainConfig.clip_blocks`, :func:`rolling_forcing.demo.data.encode_clips`);
 3. the DiT and its text encoder (:func:`rolling_forcing.demo.train_dit.train_dit`), then stage 2 from
-   its EMA weights (:func:`rolling_forcing.demo.train_stage2.train_stage2`: a warm restart);
+   its EMA weights (:func:`rolling_forcing.demo.train_stage2.train_stage2`: a warm restart), then the
+   *late* stage (:data:`LATE_STAGE`, a second warm restart on which half the windows are late windows of
+   a ``long_blocks``-block stream, :func:`rolling_forcing.demo.train_attention.long_layout`);
 4. ``autoencoder.safetensors``, ``dit.safetensors``, ``text_encoder.safetensors``, ``losses.png`` (loss
    curves, matplotlib) and ``train_log.json`` (settings, measured wall clock per stage) in ``out_dir``.
 
@@ -31,15 +33,18 @@ from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, Laten
 from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
 from rolling_forcing.procedural import PROMPT_SPEED, check_speed
 
-__all__ = ["DEFAULT_CLIPS", "DemoTrainReport", "plot_losses", "train_demo"]
+__all__ = ["DEFAULT_CLIPS", "LATE_STAGE", "DemoTrainReport", "plot_losses", "train_demo"]
 
 DEFAULT_CLIPS = 1024
 """Latent clips the DiT trains on."""
 
 SMOKE_AE_STEPS, SMOKE_AE_DECODER_STEPS, SMOKE_CLIPS = 3, 2, 4
 SMOKE_DIT = DitTrainConfig(steps=3, batch=2, warmup_steps=1, max_clean_blocks=2, long_blocks=10)
-SMOKE_STAGE2 = Stage2Config(steps=2, warmup_steps=1)
+SMOKE_STAGE2 = SMOKE_LATE = Stage2Config(steps=2, warmup_steps=1)
 """``smoke=True``: a few steps of each stage on a few clips."""
+
+LATE_STAGE = Stage2Config(steps=1500, lr=3e-4, warmup_steps=50)
+"""The late stage of the shipped recipe (``train_demo(late=Stage2Config(steps=0))`` turns it off)."""
 
 LATE_FRACTION = 0.5
 """Share of late windows (:func:`rolling_forcing.demo.train_attention.long_layout`) in the late stage."""
@@ -58,6 +63,8 @@ class DemoTrainReport:
     dit_losses: list[float]
     stage2_seconds: float = 0.0
     stage2_losses: list[float] = field(default_factory=list)
+    late_seconds: float = 0.0
+    late_losses: list[float] = field(default_factory=list)
 
 
 def plot_losses(
@@ -65,18 +72,21 @@ def plot_losses(
     dit_losses: list[float],
     path: str | Path,
     stage2_losses: list[float] | None = None,
+    late_losses: list[float] | None = None,
 ) -> Path:
-    """Two panels (autoencoder loss, DiT flow-matching loss per step, with a running mean; stage 2's steps
-    follow stage 1's on the same axis, a dotted line marks the restart) as a PNG."""
+    """Two panels (autoencoder loss, DiT flow-matching loss per step, with a running mean; stage 2's and
+    the late stage's steps follow stage 1's on the same axis, dotted lines mark the restarts) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    dit_all = [*dit_losses, *(stage2_losses or [])]
+    dit_all = [*dit_losses, *(stage2_losses or []), *(late_losses or [])]
     if stage2_losses:
         axes[1].axvline(len(dit_losses), ls=":", color="gray", label="stage 2")
+    if late_losses:
+        axes[1].axvline(len(dit_losses) + len(stage2_losses or []), ls=":", color="black", label="late")
     for ax, losses, title in ((axes[0], ae_losses, "autoencoder"), (axes[1], dit_all, "DiT (flow MSE)")):
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -127,10 +137,11 @@ def train_demo(
             and stage-2 settings.
         prompt_speed: the training clips' prompt-layout speed, pixels per frame at 64 x 64 (``None``:
             :data:`rolling_forcing.procedural.PROMPT_SPEED`, what the shipped weights were trained on).
-        late: a third, *late* stage after stage 2 (``None``: off, ``steps=0``, with or without ``smoke``):
-            a warm restart (:func:`train_stage2`) whose windows are late windows of a
-            ``long_blocks``-block stream with probability :data:`LATE_FRACTION` (the clips are then
-            encoded ``long_blocks`` long; stages 1-2 read their first blocks), seeded from ``seed + 2``.
+        late: the third, *late* stage after stage 2 (``None``: :data:`LATE_STAGE`, or a few steps with
+            ``smoke``; ``Stage2Config(steps=0)``: off): a warm restart (:func:`train_stage2`) whose
+            windows are late windows of a ``long_blocks``-block stream with probability
+            :data:`LATE_FRACTION` (the clips are then encoded ``long_blocks`` long; stages 1-2 read their
+            first blocks, so they are the same with or without it), seeded from ``seed + 2``.
     """
     from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
     from rolling_forcing.demo.data import encode_clips
@@ -152,7 +163,7 @@ def train_demo(
     dcfg: DitTrainConfig = dit if dit is not None else (SMOKE_DIT if smoke else DitTrainConfig())
     dcfg = replace(dcfg, seed=seed)
     s2cfg: Stage2Config = stage2 if stage2 is not None else (SMOKE_STAGE2 if smoke else Stage2Config())
-    late_cfg: Stage2Config = late if late is not None else Stage2Config(steps=0)
+    late_cfg: Stage2Config = late if late is not None else (SMOKE_LATE if smoke else LATE_STAGE)
     late_dit = replace(dcfg, long_fraction=LATE_FRACTION, seed=seed + 2)
     model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
     saved = torch.get_num_threads()
@@ -184,7 +195,7 @@ def train_demo(
     files = [out / AE_FILE, *save_dit(res, out)]
     s2_losses = res2.losses if res2 is not res1 else []
     late_losses = res.losses if res is not res2 else []
-    files.append(plot_losses(ae_losses, res1.losses, out / "losses.png", s2_losses + late_losses))
+    files.append(plot_losses(ae_losses, res1.losses, out / "losses.png", s2_losses, late_losses))
     log = {
         "seed": seed,
         "smoke": smoke,
@@ -215,4 +226,16 @@ def train_demo(
     }
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     files.append(out / "train_log.json")
-    return DemoTrainReport(out, files, t1 - t0, t2 - t1, t3 - t2, ae_losses, res1.losses, t4 - t3, s2_losses)
+    return DemoTrainReport(
+        out,
+        files,
+        t1 - t0,
+        t2 - t1,
+        t3 - t2,
+        ae_losses,
+        res1.losses,
+        t4 - t3,
+        s2_losses,
+        t5 - t4,
+        late_losses,
+    )
