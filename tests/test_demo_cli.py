@@ -146,3 +146,20 @@ def test_cli_late_steps_zero_turns_the_late_stage_off(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     log = json.loads((out / "train_log.json").read_text())
     assert log["late"]["steps"] == 0 and log["stage2"]["steps"] == 2 and "late 0 s" in r.output
+
+
+def test_train_demo_runs_the_late_stage_by_default_outside_smoke(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Without ``smoke`` and without ``late``, ``train_demo`` runs :data:`LATE_STAGE` (patched here to two
+    steps so the run stays small; every other stage gets smoke-sized settings explicitly)."""
+    from rolling_forcing.demo import train as train_mod
+    from rolling_forcing.demo.train_stage2 import Stage2Config
+
+    monkeypatch.setattr(train_mod, "LATE_STAGE", Stage2Config(steps=3, warmup_steps=1))
+    ae = "rolling_forcing/demo/weights/autoencoder.safetensors"
+    rep = train_mod.train_demo(
+        tmp_path / "w", progress=False, threads=1, autoencoder=ae, clips=4,
+        dit=train_mod.SMOKE_DIT, stage2=train_mod.SMOKE_STAGE2,
+    )  # fmt: skip
+    log = json.loads((rep.out_dir / "train_log.json").read_text())
+    assert log["smoke"] is False and log["late"]["steps"] == 3 and len(rep.late_losses) == 3
+    assert log["late"]["long_fraction"] == train_mod.LATE_FRACTION
