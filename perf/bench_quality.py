@@ -11,7 +11,8 @@ Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall cl
 3. ``drift``: (c) presence in the last 30 s of a 3-minute stream (relative positions, per-block noise)
    and whether the objects still move (``--quick``: 5 s of a 24-block stream).
 4. ``switch``: (d) frames from a ``set_prompt`` switch until the new prompt's objects are detected, with
-   and without re-cache.
+   and without re-cache; from the first prompt (two objects) and, in the full run, from the second (one
+   object: the new prompt adds an object the context does not show).
 5. ``compare``: merged vs two-pass, sharded (2 ranks, gloo) vs unsharded, emulator vs reference backend,
    bf16 vs fp32: decoded-video PSNR and (a), (b) of both streams.
 
@@ -64,7 +65,8 @@ FPS = 16.0
 @dataclass(frozen=True)
 class Plan:
     """Sizes of one bench run: prompts streamed for (a)/(b), their length (blocks), the drift stream's
-    length and tail, the switch stream's length and switch block, detector scenes x frames."""
+    length and tail, the switch stream's length and switch block, detector scenes x frames, and the
+    prompts the switch streams start from (each switches to :data:`SWITCH_TO`)."""
 
     prompts: tuple[str, ...]
     blocks: int
@@ -74,10 +76,12 @@ class Plan:
     switch_block: int
     detector_scenes: int
     detector_frames: int
+    switch_from: tuple[str, ...]
 
 
-FULL = Plan(PROMPTS, 40, 241, 30.0, 20, 8, 40, 48)  # 241 blocks = 2,889 frames = 3.0 min at 16 fps
-QUICK = Plan(PROMPTS[:1], 10, 24, 5.0, 10, 5, 8, 24)
+# 241 blocks = 2,889 frames = 3.0 min at 16 fps; switches from two objects and from one object to two
+FULL = Plan(PROMPTS, 40, 241, 30.0, 20, 8, 40, 48, PROMPTS[:2])
+QUICK = Plan(PROMPTS[:1], 10, 24, 5.0, 10, 5, 8, 24, PROMPTS[:1])
 
 
 def _fmt(v: Any) -> str:
@@ -196,10 +200,8 @@ def drift_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
 
 def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
     rows = []
-    for recache in (False, True):
-        spec = StreamSpec(
-            plan.prompts[0], plan.switch_blocks, seed=seed, switch=(SWITCH_TO, plan.switch_block, recache)
-        )
+    for src, recache in ((src, recache) for src in plan.switch_from for recache in (False, True)):
+        spec = StreamSpec(src, plan.switch_blocks, seed=seed, switch=(SWITCH_TO, plan.switch_block, recache))
         for who in ("ground_truth", sm.name):
             if who == "ground_truth" and recache:
                 continue  # the ideal stream has no cache
@@ -219,7 +221,7 @@ def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
                 }
 
             cfg = {
-                "from": plan.prompts[0],
+                "from": src,
                 "to": SWITCH_TO,
                 "blocks": plan.switch_blocks,
                 "switch_block": plan.switch_block,
@@ -286,8 +288,10 @@ def summary(rows: list[BenchRow]) -> list[str]:
             )
         elif r.op == "quality_switch":
             rc = "with re-cache" if r.config["recache"] else "without re-cache"
+            n_from = len(prompt_objects(r.config["from"]))
             out.append(
-                f"switch {r.variant} {rc}: (d) {check('switch_frames', e['switch_frames']).describe()}"
+                f"switch {r.variant} from {n_from} object(s) {rc}: "
+                f"(d) {check('switch_frames', e['switch_frames']).describe()}"
             )
         elif r.op == "quality_compare":
             b, v = e["base"], e["variant"]

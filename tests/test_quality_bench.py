@@ -121,3 +121,27 @@ def test_evaluate_on_the_ideal_stream() -> None:
     assert m["continuity_ratio"] == pytest.approx(1.0, abs=0.15)
     assert m["latent_boundary_ratio"] == pytest.approx(1.0, abs=0.15)
     assert evaluate(res, "a yellow triangle bouncing on a gray background")["presence"] == 0.0  # wrong bg
+
+
+def test_switch_rows_from_each_start_prompt() -> None:
+    """The full plan switches from a two-object and from a one-object prompt (the case that asks the model
+    to draw an object its context does not show); each start gives the ideal stream's row and the model's
+    without and with re-cache. The ideal stream shows the new prompt from the switch block on: 0 frames."""
+    from dataclasses import replace
+
+    from perf import bench_quality as bq
+
+    assert bq.FULL.switch_from == bq.PROMPTS[:2] and len(prompt_objects(bq.PROMPTS[1])) == 1
+    plan = replace(bq.QUICK, switch_blocks=6, switch_block=3, switch_from=bq.PROMPTS[:2])
+    rows = bq.switch_rows(load_model("tiny"), plan, seed=0)
+    got = [(r.variant, r.config["from"], r.config["recache"]) for r in rows]
+    assert got == [
+        (who, src, rc)
+        for src in bq.PROMPTS[:2]
+        for who, rc in (("ground_truth", False), ("tiny", False), ("tiny", True))
+    ]
+    assert all(r.config["to"] == bq.SWITCH_TO and r.status == "ok" for r in rows)
+    assert [r.extra["switch_frames"] for r in rows if r.variant == "ground_truth"] == [0, 0]
+    lines = bq.summary(rows)
+    assert sum("from 2 object(s)" in line for line in lines) == 3
+    assert sum("from 1 object(s)" in line for line in lines) == 3
