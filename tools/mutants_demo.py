@@ -89,4 +89,7 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
            "if late_steps is not None and late_steps < 0:",
            "if late_steps is not None and late_steps < -1:", ("tests/test_demo_cli.py",),
            "--late-steps -1 is accepted"),
+    Mutant("bench-switch-from-ignored", "perf/bench_quality.py",
+           "for src in plan.switch_from for recache", "for src in plan.prompts[:1] for recache",
+           ("tests/test_quality_bench.py",), "the bench's switch streams all start from the first prompt"),
 )  # fmt: skip
