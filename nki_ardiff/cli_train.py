@@ -77,7 +77,7 @@ def train_demo_cmd(
         check_train_demo(out, seed, threads, autoencoder, prompt_speed, late_steps)
         from dataclasses import replace
 
-        from rolling_forcing.demo.train import LATE_STAGE, SMOKE_LATE, train_demo
+        from rolling_forcing.demo.train import default_late, train_demo
 
         rep = train_demo(
             out,
@@ -87,9 +87,7 @@ def train_demo_cmd(
             progress=progress,
             autoencoder=autoencoder,
             prompt_speed=prompt_speed,
-            late=None
-            if late_steps is None
-            else replace(SMOKE_LATE if smoke else LATE_STAGE, steps=late_steps),
+            late=None if late_steps is None else replace(default_late(smoke), steps=late_steps),
         )
         typer.echo(
             f"train-demo: wrote {', '.join(p.name for p in rep.files)} to {out} (measured: autoencoder "

@@ -26,6 +26,7 @@ sheet goes under ``build/perf/`` (untracked); ``make bench-quality UPDATE=1`` pa
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import time
@@ -200,7 +201,7 @@ def drift_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
 
 def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
     rows = []
-    for src, recache in ((src, recache) for src in plan.switch_from for recache in (False, True)):
+    for src, recache in itertools.product(plan.switch_from, (False, True)):
         spec = StreamSpec(src, plan.switch_blocks, seed=seed, switch=(SWITCH_TO, plan.switch_block, recache))
         for who in ("ground_truth", sm.name):
             if who == "ground_truth" and recache:

@@ -33,7 +33,7 @@ from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, Laten
 from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
 from rolling_forcing.procedural import PROMPT_SPEED, check_speed
 
-__all__ = ["DEFAULT_CLIPS", "LATE_STAGE", "DemoTrainReport", "plot_losses", "train_demo"]
+__all__ = ["DEFAULT_CLIPS", "LATE_STAGE", "DemoTrainReport", "default_late", "plot_losses", "train_demo"]
 
 DEFAULT_CLIPS = 1024
 """Latent clips the DiT trains on."""
@@ -48,6 +48,12 @@ LATE_STAGE = Stage2Config(steps=1500, lr=3e-4, warmup_steps=50)
 
 LATE_FRACTION = 0.5
 """Share of late windows (:func:`rolling_forcing.demo.train_attention.long_layout`) in the late stage."""
+
+
+def default_late(smoke: bool) -> Stage2Config:
+    """The late stage :func:`train_demo` runs when given none: :data:`SMOKE_LATE` with ``smoke``, else
+    :data:`LATE_STAGE`."""
+    return SMOKE_LATE if smoke else LATE_STAGE
 
 
 @dataclass
@@ -163,7 +169,7 @@ def train_demo(
     dcfg: DitTrainConfig = dit if dit is not None else (SMOKE_DIT if smoke else DitTrainConfig())
     dcfg = replace(dcfg, seed=seed)
     s2cfg: Stage2Config = stage2 if stage2 is not None else (SMOKE_STAGE2 if smoke else Stage2Config())
-    late_cfg: Stage2Config = late if late is not None else (SMOKE_LATE if smoke else LATE_STAGE)
+    late_cfg: Stage2Config = late if late is not None else default_late(smoke)
     late_dit = replace(dcfg, long_fraction=LATE_FRACTION, seed=seed + 2)
     model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
     saved = torch.get_num_threads()
