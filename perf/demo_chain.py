@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from perf.runner import BenchRow, append_rows, print_table
+from rolling_forcing.procedural import PROMPT_SPEED
 
 ROWS_NAME = "demo_chain"
 WAYS = ("teacher", "chain", "stream")
@@ -182,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-speed",
         type=float,
         default=None,
-        help="the reference videos' speed, px/frame at 64x64 (the weights' training speed; default 1.5)",
+        help=f"the reference videos' speed, px/frame at 64x64: the weights' training speed (default "
+        f"{PROMPT_SPEED}, the shipped weights')",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument(

@@ -49,6 +49,8 @@ def rolling_forcing_reference(
     max_attention_frames: int = 21,
     buffer_frames: int = 24,
     generator: torch.Generator | None = None,
+    guidance_scale: float = 1.0,
+    negative_embeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run the whole stream and return every latent ``[B, F, C, H, W]`` (final x0 of each block).
 
@@ -61,6 +63,10 @@ def rolling_forcing_reference(
         tokens_per_frame, num_heads: model geometry (keys are ``[B, S, num_heads, head_dim]``).
         frames_per_block, max_attention_frames, buffer_frames: the original's 3 / 21 / 24.
         generator: RNG of the re-noising draws.
+        guidance_scale: classifier-free guidance; above 1 a second stream state (its own KV buffers and
+            text k/v) runs under ``negative_embeds`` (None: zeros, the null prompt) on the same inputs,
+            every denoise pass's x0 becomes ``x0_neg + guidance_scale * (x0 - x0_neg)`` (float32), and
+            both states cache that x0. 1: the original.
     """
     bsz, num_frames = noise.shape[:2]
     fpb = frames_per_block
@@ -72,20 +78,27 @@ def rolling_forcing_reference(
     S = buffer_frames * T
     MA = max_attention_frames * T
     dtype = noise.dtype
-    text_kv = model.text_kv(text_embeds)
-    head_dim = text_kv[0][0].shape[-1]
+    guided = guidance_scale != 1.0
+    prompts = [text_embeds]
+    if guided:
+        prompts.append(torch.zeros_like(text_embeds) if negative_embeds is None else negative_embeds)
+    text_kvs = [model.text_kv(e) for e in prompts]  # one stream state per prompt: text k/v, KV buffers
+    head_dim = text_kvs[0][0][0].shape[-1]
 
-    caches: list[dict[str, Any]] = [
-        {
-            "k": torch.zeros(bsz, S, num_heads, head_dim, dtype=dtype),
-            "v": torch.zeros(bsz, S, num_heads, head_dim, dtype=dtype),
-            "g": 0,
-            "l": 0,
-        }
-        for _ in text_kv
-    ]
+    def new_caches() -> list[dict[str, Any]]:
+        return [
+            {
+                "k": torch.zeros(bsz, S, num_heads, head_dim, dtype=dtype),
+                "v": torch.zeros(bsz, S, num_heads, head_dim, dtype=dtype),
+                "g": 0,
+                "l": 0,
+            }
+            for _ in text_kvs[0]
+        ]
 
-    def make_attn(current_start: int, updating: bool) -> Any:
+    states = [new_caches() for _ in prompts]
+
+    def make_attn(current_start: int, updating: bool, caches: list[dict[str, Any]]) -> Any:
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Any) -> torch.Tensor:
             c = caches[layer]
             f, hp, wp = grid
@@ -130,8 +143,8 @@ def rolling_forcing_reference(
 
         return attn
 
-    def denoise(x: torch.Tensor, t: torch.Tensor, start: int, updating: bool) -> torch.Tensor:
-        flow = model.forward_with(x, t, text_kv, make_attn(start, updating))
+    def denoise(x: torch.Tensor, t: torch.Tensor, start: int, updating: bool, i: int = 0) -> torch.Tensor:
+        flow = model.forward_with(x, t, text_kvs[i], make_attn(start, updating, states[i]))
         sig, ts = sigmas.double(), timesteps.double()
         sigma = sig[_nearest(ts, t.flatten().double())].view(*t.shape, 1, 1, 1)
         return (x.double() - sigma * flow.double()).to(flow.dtype)
@@ -156,6 +169,9 @@ def rolling_forcing_reference(
         else:
             t_in = shared_t[:, :nf]
         x0 = denoise(x_in, t_in, f0 * T, False)
+        if guided:
+            x0_neg = denoise(x_in, t_in, f0 * T, False, 1).float()
+            x0 = (x0_neg + guidance_scale * (x0.float() - x0_neg)).to(x0.dtype)
         output[:, f0:f1] = x0
         for b in range(sb, eb + 1):
             bt = t_in[:, (b - sb) * fpb : (b - sb + 1) * fpb].mean().item()
@@ -168,7 +184,8 @@ def rolling_forcing_reference(
             sigma = sigmas[_nearest(timesteps, nxt.reshape(1))].reshape(1, 1, 1, 1)
             renoised = ((1 - sigma) * flat + sigma * eps).type_as(eps).unflatten(0, x0.shape[:2])
             noisy[:, b * fpb : (b + 1) * fpb] = renoised[:, (b - sb) * fpb : (b - sb + 1) * fpb]
-        denoise(x0[:, :fpb], torch.zeros(bsz, fpb), f0 * T, True)
+        for i in range(len(states)):
+            denoise(x0[:, :fpb], torch.zeros(bsz, fpb), f0 * T, True, i)
     return output
 
 

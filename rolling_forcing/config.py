@@ -8,6 +8,7 @@ Forcing's ``rolling_forcing_dmd.yaml`` (github.com/TencentARC/RollingForcing @ a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -27,12 +28,26 @@ ORIGINAL_ATTENTION_FRAMES = 21
 working cache gets what the sink and the window leave of it."""
 
 
+def check_guidance(scale: object, name: str = "guidance_scale") -> float:
+    """``scale`` as a float if it is a finite number >= 1 (1: no guidance), else ``ValueError`` naming it as
+    ``name`` (``TypeError`` for a bool or a non-number). The one rule of every guidance scale."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{name} must be a number >= 1 (1: no guidance), got {scale!r}")
+    if not (math.isfinite(scale) and scale >= 1.0):
+        raise ValueError(f"{name} must be a finite number >= 1 (1: no guidance), got {scale!r}")
+    return float(scale)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a Wan2.1-style causal DiT.
 
     Latent video is ``[B, C, F, H, W]`` (``C = in_channels``); the patch embedding (Conv3d, kernel =
     stride = ``patch_size``) turns each latent frame into ``tokens_per_frame = (H/ph) * (W/pw)`` tokens.
+
+    ``guidance_scale``: the classifier-free guidance the preset's weights stream with by default
+    (:mod:`rolling_forcing.guidance`; a pipeline's ``guidance_scale=`` overrides it): 1 (none) for the
+    distilled originals, more for the regression-trained demo model.
     """
 
     name: str
@@ -49,8 +64,10 @@ class ModelConfig:
     in_channels: int = 16
     out_channels: int = 16
     eps: float = 1e-6
+    guidance_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        check_guidance(self.guidance_scale, "ModelConfig.guidance_scale")
         for name in ("num_layers", "dim", "num_heads", "ffn_dim", "freq_dim", "text_dim", "text_len"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -110,6 +127,10 @@ _WAN21_1_3B = ModelConfig(
     latent_width=104,
 )
 
+DEMO_GUIDANCE = 2.0
+"""The demo preset's classifier-free guidance scale (docs/demo_model.md, "Guidance": measured best on the
+quality bench)."""
+
 PRESETS: dict[str, ModelConfig] = {
     "wan2.1-1.3b": _WAN21_1_3B,
     # Wan2.1-1.3B's real matrix sizes (dim, heads, FFN, text) with 2 layers and an 8x8 latent (16 tokens
@@ -141,6 +162,7 @@ PRESETS: dict[str, ModelConfig] = {
         text_len=16,
         latent_height=8,
         latent_width=8,
+        guidance_scale=DEMO_GUIDANCE,
     ),
     # even smaller: used by the long-stream (3,000 latent frames) memory test.
     "micro": ModelConfig(
@@ -345,11 +367,13 @@ class PipelineConfig:
 
 
 __all__ = [
+    "DEMO_GUIDANCE",
     "PositionMode",
     "ModelConfig",
     "PRESETS",
     "POSITION_MODES",
     "PipelineConfig",
+    "check_guidance",
     "flow_match_table",
     "get_preset",
 ]

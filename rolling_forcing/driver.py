@@ -34,7 +34,8 @@ import torch
 from nki_kernels import ops
 from rolling_forcing import schedule, sequential
 from rolling_forcing.cache import RollingKVCache
-from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance
+from rolling_forcing.guidance import combine_x0
 from rolling_forcing.merged import MergedLayout, MergedStep, merged_step
 from rolling_forcing.methods import StreamMethod
 from rolling_forcing.model import CausalWanModel, add_noise, flow_to_x0
@@ -290,6 +291,9 @@ class DriverSpec:
         mode: how cache updates run.
         merged_frames: frames of one merged forward (``MergedLayout.frames``; the batched forward: 0, the
             update block + the window, no padding).
+        guidance: the classifier-free guidance scale (:mod:`rolling_forcing.guidance`); above 1 the stream's
+            batch is ``[prompt rows | negative rows]`` (the front doubles it) and every call's x0 is
+            combined before it is used; 1: no guidance.
     """
 
     method: StreamMethod
@@ -297,8 +301,15 @@ class DriverSpec:
     positions: str
     mode: UpdateMode
     merged_frames: int = 0
+    guidance: float = 1.0
+
+    @property
+    def guided(self) -> bool:
+        """True when the stream's batch is doubled for guidance (``guidance > 1``)."""
+        return self.guidance > 1.0
 
     def __post_init__(self) -> None:
+        check_guidance(self.guidance, "DriverSpec.guidance")
         resolve_positions(self.pipe_cfg, self.positions)  # the one positions rule (raises ValueError)
         if not isinstance(self.mode, UpdateMode):
             raise TypeError(f"mode must be an UpdateMode, got {type(self.mode).__name__}")
@@ -396,6 +407,8 @@ class StreamDriver:
             else:
                 flow = passes.denoise_pass(st, plan, x_in, t_in)
             x0 = flow_to_x0(flow, x_in, t_in, self.table)
+            if spec.guided:  # both halves continue from the guided x0 (rolling_forcing.guidance)
+                x0 = combine_x0(x0, spec.guidance)
             renoise_window(tim, self.table, plan, x0, st.noise, st.noisy)
             clean = x0[:, :fpb].contiguous()
             if plan.update is not None and spec.mode is UpdateMode.TWO_PASS:
@@ -404,7 +417,8 @@ class StreamDriver:
                 held = HeldUpdate(plan, clean)
             if plan.finished_block is not None:
                 last = plan.start_block == st.num_blocks - 1
-                yield Chunk(plan.start_block, clean, True, last, plan.index)
+                out = clean[: clean.shape[0] // 2] if spec.guided else clean
+                yield Chunk(plan.start_block, out, True, last, plan.index)
 
     def _context_t(self, x: torch.Tensor) -> torch.Tensor:
         """Timesteps ``[B, F]`` float32 = ``context_noise`` of clean frames ``x [B, F, C, H, W]``."""

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 
 from rolling_forcing import sequential
-from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance
 from rolling_forcing.driver import (
     DriverSpec,
     Plan,
@@ -51,6 +51,7 @@ from rolling_forcing.driver import (
     window_input,
 )
 from rolling_forcing.fp8 import KV_FP8
+from rolling_forcing.guidance import GuidedNoise, guided_embeds
 from rolling_forcing.merged import CompileSpec, MergedForward, MergedLayout
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel
@@ -92,6 +93,10 @@ class RollingForcingPipeline:
             default; docs/kernels/attention_fp8.md). The merged forward only (ValueError for a
             two-pass stream); bf16 only (the op's TypeError); on the kernel backends windows of >= 2,048
             key positions (the op's ValueError).
+        guidance_scale: classifier-free guidance (:mod:`rolling_forcing.guidance`), a finite number >= 1;
+            None (default): ``model_cfg.guidance_scale`` (1 for the distilled originals, the demo preset's
+            :data:`~rolling_forcing.config.DEMO_GUIDANCE`). Above 1 every forward runs the batch twice
+            (prompt, then negative prompt: ``stream(negative_embeds=)``, default the null prompt).
     """
 
     def __init__(
@@ -108,7 +113,11 @@ class RollingForcingPipeline:
         static: bool = False,
         kv_dtype: str | None = None,
         attn_fp8: bool = False,
+        guidance_scale: float | None = None,
     ) -> None:
+        self.guidance_scale = check_guidance(
+            model_cfg.guidance_scale if guidance_scale is None else guidance_scale, "guidance_scale"
+        )
         if not isinstance(attn_fp8, bool):
             raise TypeError(f"attn_fp8 must be a bool, got {type(attn_fp8).__name__}")
         if kv_dtype not in (None, KV_FP8):
@@ -150,7 +159,9 @@ class RollingForcingPipeline:
         self.attn_fp8 = attn_fp8
         if upd_mode is UpdateMode.MERGED:
             merged_fwd = MergedForward(model, layout, backend, compile, kv_dtype == KV_FP8, attn_fp8)
-        spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, layout.frames if merged_fwd is not None else 0)
+        frames = layout.frames if merged_fwd is not None else 0
+        spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, frames, self.guidance_scale)
+        self._guided = spec.guided
         self._passes = LocalPasses(model, spec, backend, merged_fwd)
         self._driver = StreamDriver(model, spec, self._passes)
 
@@ -160,7 +171,9 @@ class RollingForcingPipeline:
         return self._passes.stats
 
     # ---- public API ----------------------------------------------------------------------------
-    def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False) -> None:
+    def set_prompt(
+        self, text_embeds: torch.Tensor, recache: bool = False, *, negative_embeds: torch.Tensor | None = None
+    ) -> None:
         """Switch the prompt of the running stream; takes effect at its next window.
 
         A new :meth:`stream` call starts from the ``text_embeds`` given to it and drops a switch that is
@@ -171,7 +184,8 @@ class RollingForcingPipeline:
         Rolling Forcing oldest first, each attending to the cached blocks before it (this project's
         adaptation of LongLive's KV re-cache); LongLive as the original (one pass, sink protected). A
         sequential method takes the switch at its next block. ``recache=True`` with a method whose
-        original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``.
+        original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``. A guided stream takes the
+        new prompt's ``negative_embeds`` (same shape; None: the null prompt); an unguided one refuses them.
         """
         if recache and self.method.recache == "none":
             raise ValueError(
@@ -179,7 +193,18 @@ class RollingForcingPipeline:
                 "re-cache is method='longlive'); switch with recache=False"
             )
         self.model.check_context(text_embeds)
-        self._pending_prompt = (text_embeds, bool(recache))
+        self._pending_prompt = (self._batch(text_embeds, negative_embeds), bool(recache))
+
+    def _batch(self, text_embeds: torch.Tensor, negative_embeds: torch.Tensor | None) -> torch.Tensor:
+        """The stream's prompt batch: ``[prompt | negative]`` when guided, else the prompt."""
+        if self._guided:
+            return guided_embeds(text_embeds, negative_embeds)
+        if negative_embeds is not None:
+            raise ValueError(
+                "negative_embeds applies to a guided stream (guidance_scale > 1); this stream has "
+                f"guidance_scale={self.guidance_scale}"
+            )
+        return text_embeds
 
     @torch.no_grad()
     def stream(
@@ -189,6 +214,7 @@ class RollingForcingPipeline:
         *,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | NoiseSource | None = None,
+        negative_embeds: torch.Tensor | None = None,
     ) -> Iterator[Chunk]:
         """Generate ``num_blocks`` blocks, yielding each :class:`Chunk` as soon as it is final.
 
@@ -200,10 +226,20 @@ class RollingForcingPipeline:
             generator: RNG of all noise draws (global RNG when None).
             noise: initial noise ``[B, num_blocks*fpb, C, H, W]`` (the original's ``noise`` argument), or a
                 :class:`NoiseSource`; None draws it from ``generator`` in the original order.
+            negative_embeds: a guided stream's negative prompt (``text_embeds``' shape; None: the null
+                prompt, zeros); ``ValueError`` for an unguided stream. Chunks hold the ``B`` prompt rows.
         """
         check_method_stream(self.model, self.method, self.pipe_cfg, text_embeds, num_blocks, self.positions)
+        batch = self._batch(text_embeds, negative_embeds)
+        if self._guided:
+            tim = self._driver.timing
+            src = noise if isinstance(noise, NoiseSource) else NoiseSource(
+                text_embeds.shape[0], self.model_cfg.latent_frame_shape(), tim.frames_per_block, num_blocks,
+                self.pipe_cfg.torch_dtype, generator=generator, initial_noise=noise,
+            )  # fmt: skip
+            noise = GuidedNoise(src)
         st = self._driver.start(
-            self.model_cfg, text_embeds, num_blocks, generator=generator, noise=noise, kv_dtype=self.kv_dtype
+            self.model_cfg, batch, num_blocks, generator=generator, noise=noise, kv_dtype=self.kv_dtype
         )
         self._pending_prompt = None
         self.state = st

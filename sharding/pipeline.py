@@ -86,7 +86,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rolling_forcing.config import ModelConfig, PipelineConfig
+from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance
 from rolling_forcing.driver import (
     UpdateMode,
     check_method_stream,
@@ -313,6 +313,8 @@ class ShardedRollingForcingPipeline:
             :mod:`sharding.kv_shard`).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
+        guidance_scale: classifier-free guidance as the unsharded pipeline's (None: ``model_cfg``'s);
+            the negative prompt is the null prompt (zeros), on every rank.
 
     Raises ``ValueError`` for a plan that cannot be built (see :func:`pipeline_plan`).
     """
@@ -333,7 +335,11 @@ class ShardedRollingForcingPipeline:
         method: str | StreamMethod | None = None,
         static: bool = False,
         kv_cache: str = "sp_sharded",
+        guidance_scale: float | None = None,
     ) -> None:
+        if guidance_scale is not None:
+            model_cfg = dataclasses.replace(model_cfg, guidance_scale=check_guidance(guidance_scale))
+        self.guidance_scale = model_cfg.guidance_scale
         mode = resolve_positions(pipe_cfg, positions)
         self.kv_cache = check_kv_cache_layout(kv_cache)
         self.method = get_method("rolling-forcing" if method is None else method)
