@@ -165,6 +165,13 @@ def generate(
             "absolute RoPE table, per block beyond (constant memory)"
         ),
     ] = Noise.auto,
+    guidance: Annotated[
+        float | None,
+        typer.Option(
+            help="classifier-free guidance scale, >= 1 (1: none; default: the preset's, 2 for demo, 1 "
+            "for the others)"
+        ),
+    ] = None,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -173,7 +180,7 @@ def generate(
         prompt_embeds=prompt_embeds, backend=backend.value, positions=positions.value, dtype=dtype.value,
         report_json=report_json, progress=progress, quiet=quiet, threads=threads, warmup=warmup,
         cores=cores, merged=merged, compile=compile, method=method.value, lora=lora,
-        prompt_schedule=prompt_schedule, switch_frames=switch_frames, noise=noise.value,
+        prompt_schedule=prompt_schedule, switch_frames=switch_frames, noise=noise.value, guidance=guidance,
     )  # fmt: skip
     with reported_errors("generate", ctx):
         run_generate(opts, echo=typer.echo)

@@ -132,6 +132,8 @@ def _check_numbers(opts: GenerateOptions) -> None:
         )
     if not 0 <= opts.seed <= MAX_SEED:
         raise CliError("--seed", f"must be in [0, 2**63 - 2], got {opts.seed}")
+    if opts.guidance is not None:
+        check_guidance_option(opts.guidance)
     cpus = os.cpu_count() or 1
     for flag, n in (("--threads", opts.threads), ("--cores", opts.cores)):
         if n is None:
@@ -143,6 +145,16 @@ def _check_numbers(opts: GenerateOptions) -> None:
                 f"warning: {flag}: {n} is more than this machine's {cpus} CPUs: they share them and every "
                 "wall-clock figure (and the deadline) suffers\n"
             )
+
+
+def check_guidance_option(value: float, flag: str = "--guidance") -> float:
+    """``--guidance`` by :func:`rolling_forcing.config.check_guidance`'s rule, as a one-line CLI error."""
+    from rolling_forcing.config import check_guidance
+
+    try:
+        return check_guidance(value, flag)
+    except (TypeError, ValueError) as exc:
+        raise CliError(flag, str(exc).removeprefix(f"{flag} ")) from None
 
 
 def _max_blocks_for_seconds() -> int:

@@ -65,6 +65,7 @@ class GenerateOptions:
     ``progress``: None = a bar only when stderr is a terminal. ``quiet``: no bar and no tables, only the
     one-line result (errors still go to stderr). ``noise``: ``auto`` (default; the original's up-front
     draw for streams the original could run, per block beyond), ``upfront`` or ``per-block``.
+    ``guidance``: the classifier-free guidance scale (None: the preset's, ``ModelConfig.guidance_scale``).
     """
 
     out: Path
@@ -94,6 +95,7 @@ class GenerateOptions:
     switch_frames: str | None = None
     noise: NoiseMode = "auto"
     quiet: bool = False
+    guidance: float | None = None
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -112,6 +114,7 @@ def command_line(opts: GenerateOptions) -> str:
         ("--lora", opts.lora),
         ("--prompt-schedule", opts.prompt_schedule),
         ("--switch-frames", opts.switch_frames),
+        ("--guidance", opts.guidance),
     ):
         if value is not None:
             parts += [flag, str(value)]

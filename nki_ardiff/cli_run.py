@@ -430,18 +430,20 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                 pipe = ShardedRollingForcingPipeline(
                     model, model_cfg, pipe_cfg, cores=opts.cores, backend=opts.backend,
                     positions=opts.positions, merged=opts.merged, method=method,
-                    compile=True if opts.compile else None,
+                    compile=True if opts.compile else None, guidance_scale=opts.guidance,
                 )  # fmt: skip
                 say(f"sharded over {opts.cores} ranks (gloo, spawned processes): plan {pipe.plan.name}")
             else:
                 pipe = RollingForcingPipeline(
                     model, model_cfg, pipe_cfg, backend=opts.backend, positions=opts.positions,
                     merged=opts.merged, compile=True if opts.compile else None, method=method,
+                    guidance_scale=opts.guidance,
                 )  # fmt: skip
             say(
                 f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
                 f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "
-                f"method={method.name} backend={opts.backend} positions={opts.positions} dtype={opts.dtype}\n"
+                f"method={method.name} backend={opts.backend} positions={opts.positions} dtype={opts.dtype} "
+                f"guidance={pipe.guidance_scale:g}\n"
                 f"  forward: {'merged (1 per chunk)' if getattr(pipe, 'merged', False) else 'two-pass'}"
                 f"{', torch.compile' if opts.compile else ''}; noise {meta['noise']}\n"
                 f"  weights: {meta['weights']}\n  text: {text_src}\n  decoder: {meta['decoder']}\n"

@@ -11,12 +11,13 @@ line (exit 2) as with ``generate``. Then the socket is bound, the model built an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from nki_ardiff.cli_checks import CliError, check_model_sources
+from nki_ardiff.cli_checks import CliError, check_guidance_option, check_model_sources
 from nki_ardiff.cli_errors import reported_errors
 from nki_ardiff.cli_options import GenerateOptions, Preset
 
@@ -58,6 +59,8 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     from rolling_forcing.video import VideoSpec
 
     model_cfg = get_preset(opts.preset)
+    if opts.guidance is not None:
+        model_cfg = replace(model_cfg, guidance_scale=opts.guidance)
     demo = None
     if opts.preset == "demo":
         demo = _load_demo()
@@ -105,6 +108,10 @@ def serve(
         int, typer.Option(help="seed of random weights (tiny; as generate) and of the calibration noise")
     ] = 0,
     threads: Annotated[int, typer.Option(help="torch CPU threads of the worker")] = 1,
+    guidance: Annotated[
+        float | None,
+        typer.Option(help="classifier-free guidance scale, >= 1 (as generate; default: the preset's)"),
+    ] = None,
     report_dir: Annotated[
         Path | None, typer.Option(help="write each closed session's JSON report here (server-side)")
     ] = None,
@@ -119,8 +126,10 @@ def serve(
         # generate's record of the model options (serve writes no video: `out` is not used)
         opts = GenerateOptions(
             out=Path("serve.mp4"), preset=preset.value, seed=seed, checkpoint=checkpoint, use_ema=use_ema,
-            lora=lora, vae=vae, text_encoder=text_encoder,
+            lora=lora, vae=vae, text_encoder=text_encoder, guidance=guidance,
         )  # fmt: skip
+        if guidance is not None:
+            check_guidance_option(guidance)
         check_model_sources(opts, typed_prompts=True)
         from rolling_forcing.serve.command import bind_socket, missing_serve_modules, run_server
 

@@ -414,6 +414,7 @@ def measure(
         "merged": merged,
         "latent": f"{sm.model_cfg.latent_height}x{sm.model_cfg.latent_width}",
         "dtype": dtype,
+        "guidance": sm.model_cfg.guidance_scale,
     }
     extra = {
         "static_passes": counts["static_pass"],

@@ -52,6 +52,7 @@ from perf.quality.streams import (
     truth_stream,
 )
 from perf.runner import RESULTS_DIR, BenchRow, append_rows, print_table, run_case
+from rolling_forcing.config import check_guidance
 from rolling_forcing.procedural import render, sample_scene
 
 PROMPTS = (
@@ -59,6 +60,7 @@ PROMPTS = (
     "a yellow triangle bouncing on a navy background",
     "a green square and a white triangle bouncing on a black background",
 )
+DETECTOR_OP = "quality_detector"
 SWITCH_TO = "a purple circle and a green triangle bouncing on a black background"
 FPS = 16.0
 
@@ -125,7 +127,7 @@ def detector_rows(plan: Plan) -> list[BenchRow]:
             "frames": plan.detector_frames,
             "seeds": f"1000..{999 + plan.detector_scenes}",
         }
-        rows.append(run_case(case, op="quality_detector", variant=name, config=cfg, kind="measured"))
+        rows.append(run_case(case, op=DETECTOR_OP, variant=name, config=cfg, kind="measured"))
     return rows
 
 
@@ -266,7 +268,7 @@ def summary(rows: list[BenchRow]) -> list[str]:
         e = r.extra
         if r.status == "error":
             out.append(f"{r.op} {r.variant}: ERROR {r.message}")
-        elif r.op == "quality_detector":
+        elif r.op == DETECTOR_OP:
             out.append(
                 f"detector {r.variant}: accuracy {_fmt(e['accuracy'])}, colour only "
                 f"{_fmt(e['color_accuracy'])}, centroid error {_fmt(e['mean_error_px'])} px "
@@ -324,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="demo model: a weights directory (train-demo --out) instead of the shipped one",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="classifier-free guidance scale of every stream, >= 1 (default: the model's; demo 2, tiny 1)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--blocks", type=int, default=None, help="blocks per stream of (a)/(b) (>= 5; default 40, quick 10)"
@@ -360,8 +368,12 @@ def _run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--blocks must be >= 5 (the rolling window), got {args.blocks}")
         plan = replace(plan, blocks=args.blocks)
     sm = load_model(args.model, seed=args.seed, weights=args.weights)
+    if args.guidance is not None:
+        sm = replace(sm, model_cfg=replace(sm.model_cfg, guidance_scale=check_guidance(args.guidance)))
+    guidance = sm.model_cfg.guidance_scale
     print(
-        f"quality bench: model {sm.name} ({sm.description}); {'quick' if args.quick else 'full'} run",
+        f"quality bench: model {sm.name} ({sm.description}), guidance {guidance:g}; "
+        f"{'quick' if args.quick else 'full'} run",
         flush=True,
     )
     rows: list[BenchRow] = []
@@ -386,7 +398,11 @@ def _run(args: argparse.Namespace) -> int:
         rows += new
         print(f"[{name}: {time.perf_counter() - t0:.0f} s wall clock]", *summary(new), sep="\n  ", flush=True)
     sheet = box["sheet"]
-    rows = [replace(r, config={"model": sm.name, **r.config}) for r in rows]
+    streamed = {"guidance": guidance}  # every row but the detector's streams the model
+    rows = [
+        replace(r, config={"model": sm.name, **({} if r.op == DETECTOR_OP else streamed), **r.config})
+        for r in rows
+    ]
     print_table(rows)
     print("\n".join(summary(rows)))
     stem = "quality_quick" if args.quick else "quality"

@@ -88,6 +88,8 @@ class ModelParts:
             "weights": self.weights,
             "text": self.text,
             "decoder": self.decoder,
+            "guidance": f"{self.model_cfg.guidance_scale:g}"
+            + (" (classifier-free)" if self.model_cfg.guidance_scale > 1 else " (none)"),
             "prompt_rule": self.prompt_help,
         }
 

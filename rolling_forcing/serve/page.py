@@ -108,7 +108,7 @@ async function loadModel() {
     mime = cfg.image_format === "png" ? "image/png" : "image/jpeg";
     $("model").textContent = "model: " + m.preset + " preset; weights: " + m.weights + "; text: " +
       m.text + "; decoder: " + m.decoder + " (" + cfg.frame_width + " x " + cfg.frame_height + " at " +
-      cfg.fps + " fps)";
+      cfg.fps + " fps); guidance: " + m.guidance;
     $("rule").textContent = m.prompt_rule ? "prompts: " + m.prompt_rule : "";
     if (!$("prompt").value) $("prompt").value = cfg.default_prompt;
     $("start").disabled = false;
