@@ -439,6 +439,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                     merged=opts.merged, compile=True if opts.compile else None, method=method,
                     guidance_scale=opts.guidance,
                 )  # fmt: skip
+            meta["guidance"] = pipe.guidance_scale
             say(
                 f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
                 f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "

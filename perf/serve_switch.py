@@ -434,7 +434,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, running_server() as url, chromium(Path(tmp) / "p") as dt:
         for seed in seeds:
             run = run_page_session(dt, url, SWITCHES, seed=seed, chunks_after=args.chunks_after)
-            cfg = {"preset": run.report["meta"]["preset"], "seed": seed, "image_format": "jpeg"}
+            meta = run.report["meta"]
+            cfg = {
+                "preset": meta["preset"],
+                "guidance": meta["guidance"],
+                "seed": seed,
+                "image_format": "jpeg",
+            }
             print(f"seed {seed}: first frame {run.first_frame_ms:.0f} ms after start ({run.model_line})")
             rows.append(BenchRow("serve_first_frame", "page", cfg, "measured", extra={
                 "first_frame_ms": run.first_frame_ms, "loadavg_1m": load,

@@ -4,6 +4,7 @@ the command line that reproduces a run. The guided stream itself: tests/test_gui
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -63,9 +64,14 @@ def test_generate_streams_with_the_given_guidance(tmp_path) -> None:
     r = runner.invoke(app, [*base, "--out", str(tmp_path / "a.mp4")])
     assert r.exit_code == 0, r.output
     assert "guidance=1\n" in r.output  # tiny: none
-    r = runner.invoke(app, [*base, "--guidance", "2.5", "--out", str(tmp_path / "b.mp4")])
+    rep = tmp_path / "b.json"
+    r = runner.invoke(
+        app, [*base, "--guidance", "2.5", "--out", str(tmp_path / "b.mp4"), "--report-json", str(rep)]
+    )
     assert r.exit_code == 0, r.output
     assert "guidance=2.5\n" in r.output
+    meta = json.loads(rep.read_text())["meta"]
+    assert meta["guidance"] == 2.5 and "--guidance 2.5" in meta["command"]
     assert get_preset("demo").guidance_scale == DEMO_GUIDANCE > 1
 
 

@@ -159,6 +159,7 @@ def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, recache: bool
     assert sched[1]["first_frame_index"] == sched[1]["produced_index"]
     assert 0 <= sched[1]["frames_to_screen"] <= TEST_CFG.buffer_frames
     assert rep["meta"]["preset"] == preset
+    assert rep["meta"]["guidance"] == get_preset(preset).guidance_scale  # the report names the guidance
     last = max_block(frames)
     want = offline_frames(cfg, seed, [(0, a, False), (at, b, recache)], last + 1)
     plain = offline_frames(cfg, seed, [(0, a, False)], last + 1)
@@ -421,6 +422,7 @@ def test_demo_preset_names_its_model_and_refuses_prompts_by_role_with_422() -> N
             "weights": "shipped demo weights",
             "text": "demo text encoder (trained with the DiT)",
             "decoder": "demo autoencoder (streaming decoder, trained)",
+            "guidance": "2 (classifier-free)",  # the demo preset's DEMO_GUIDANCE
             "prompt_rule": conf["model"]["prompt_rule"],
         }
         for word in ("red", "purple", "circle", "triangle", "black", "navy", "1 to 3"):

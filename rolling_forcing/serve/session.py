@@ -224,6 +224,7 @@ class Session:
             "weights": e.parts.weights,
             "text": e.parts.text,
             "decoder": e.parts.decoder,
+            "guidance": e.parts.model_cfg.guidance_scale,
             "image_format": e.cfg.image_format,
         }
         rep = LatencyReport(e.cfg.deadline_s, e.cfg.fps, tuple(self.rows), meta).to_json_dict()
