@@ -329,6 +329,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
 
     from rolling_forcing.config import PipelineConfig, get_preset
     from rolling_forcing.decode import to_uint8_frames
+    from rolling_forcing.guidance import guidance_text
     from rolling_forcing.methods import get_method
     from rolling_forcing.model import CausalWanModel
     from rolling_forcing.pipeline import RollingForcingPipeline
@@ -440,11 +441,12 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                     guidance_scale=opts.guidance,
                 )  # fmt: skip
             meta["guidance"] = pipe.guidance_scale
+            meta["guidance_sigma_min"] = pipe.guidance_sigma_min
             say(
                 f"rolling-forcing generate: preset={opts.preset} blocks={num_blocks} "
                 f"({total_frames} frames = {total_frames / spec.fps:.2f} s at {spec.fps:g} fps) "
                 f"method={method.name} backend={opts.backend} positions={opts.positions} dtype={opts.dtype} "
-                f"guidance={pipe.guidance_scale:g}\n"
+                f"guidance={guidance_text(pipe.guidance_scale, pipe.guidance_sigma_min)}\n"
                 f"  forward: {'merged (1 per chunk)' if getattr(pipe, 'merged', False) else 'two-pass'}"
                 f"{', torch.compile' if opts.compile else ''}; noise {meta['noise']}\n"
                 f"  weights: {meta['weights']}\n  text: {text_src}\n  decoder: {meta['decoder']}\n"

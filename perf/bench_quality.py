@@ -398,7 +398,8 @@ def _run(args: argparse.Namespace) -> int:
         rows += new
         print(f"[{name}: {time.perf_counter() - t0:.0f} s wall clock]", *summary(new), sep="\n  ", flush=True)
     sheet = box["sheet"]
-    streamed = {"guidance": guidance}  # every row but the detector's streams the model
+    # every row but the detector's streams the model
+    streamed = {"guidance": guidance, "guidance_sigma_min": sm.model_cfg.guidance_sigma_min}
     rows = [
         replace(r, config={"model": sm.name, **({} if r.op == DETECTOR_OP else streamed), **r.config})
         for r in rows

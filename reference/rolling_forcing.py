@@ -51,6 +51,7 @@ def rolling_forcing_reference(
     generator: torch.Generator | None = None,
     guidance_scale: float = 1.0,
     negative_embeds: torch.Tensor | None = None,
+    guidance_sigma_min: float = 0.0,
 ) -> torch.Tensor:
     """Run the whole stream and return every latent ``[B, F, C, H, W]`` (final x0 of each block).
 
@@ -65,7 +66,8 @@ def rolling_forcing_reference(
         generator: RNG of the re-noising draws.
         guidance_scale: classifier-free guidance; above 1 a second stream state (its own KV buffers and
             text k/v) runs under ``negative_embeds`` (None: zeros, the null prompt) on the same inputs,
-            every denoise pass's x0 becomes ``x0_neg + guidance_scale * (x0 - x0_neg)`` (float32), and
+            every denoise pass's x0 becomes ``x0_neg + guidance_scale * (x0 - x0_neg)`` (float32) on the
+            frames whose sigma is above ``guidance_sigma_min`` (the prompt state's x0 on the others), and
             both states cache that x0. 1: the original.
     """
     bsz, num_frames = noise.shape[:2]
@@ -171,7 +173,9 @@ def rolling_forcing_reference(
         x0 = denoise(x_in, t_in, f0 * T, False)
         if guided:
             x0_neg = denoise(x_in, t_in, f0 * T, False, 1).float()
-            x0 = (x0_neg + guidance_scale * (x0.float() - x0_neg)).to(x0.dtype)
+            frame_sigma = sigmas[_nearest(timesteps, t_in[0])]
+            s = torch.where(frame_sigma > guidance_sigma_min, guidance_scale, 1.0).view(1, -1, 1, 1, 1)
+            x0 = (x0_neg + s * (x0.float() - x0_neg)).to(x0.dtype)
         output[:, f0:f1] = x0
         for b in range(sb, eb + 1):
             bt = t_in[:, (b - sb) * fpb : (b - sb + 1) * fpb].mean().item()

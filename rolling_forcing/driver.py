@@ -34,8 +34,8 @@ import torch
 from nki_kernels import ops
 from rolling_forcing import schedule, sequential
 from rolling_forcing.cache import RollingKVCache
-from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance
-from rolling_forcing.guidance import combine_x0
+from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance, check_sigma_min
+from rolling_forcing.guidance import combine_x0, frame_scales
 from rolling_forcing.merged import MergedLayout, MergedStep, merged_step
 from rolling_forcing.methods import StreamMethod
 from rolling_forcing.model import CausalWanModel, add_noise, flow_to_x0
@@ -293,7 +293,8 @@ class DriverSpec:
             update block + the window, no padding).
         guidance: the classifier-free guidance scale (:mod:`rolling_forcing.guidance`); above 1 the stream's
             batch is ``[prompt rows | negative rows]`` (the front doubles it) and every call's x0 is
-            combined before it is used; 1: no guidance.
+            combined before it is used; 1: no guidance. ``guidance_sigma_min``: only frames whose sigma
+            is above it are guided (the others take the prompt half's x0).
     """
 
     method: StreamMethod
@@ -302,6 +303,7 @@ class DriverSpec:
     mode: UpdateMode
     merged_frames: int = 0
     guidance: float = 1.0
+    guidance_sigma_min: float = 0.0
 
     @property
     def guided(self) -> bool:
@@ -310,6 +312,7 @@ class DriverSpec:
 
     def __post_init__(self) -> None:
         check_guidance(self.guidance, "DriverSpec.guidance")
+        check_sigma_min(self.guidance_sigma_min, "DriverSpec.guidance_sigma_min")
         resolve_positions(self.pipe_cfg, self.positions)  # the one positions rule (raises ValueError)
         if not isinstance(self.mode, UpdateMode):
             raise TypeError(f"mode must be an UpdateMode, got {type(self.mode).__name__}")
@@ -408,7 +411,7 @@ class StreamDriver:
                 flow = passes.denoise_pass(st, plan, x_in, t_in)
             x0 = flow_to_x0(flow, x_in, t_in, self.table)
             if spec.guided:  # both halves continue from the guided x0 (rolling_forcing.guidance)
-                x0 = combine_x0(x0, spec.guidance)
+                x0 = combine_x0(x0, frame_scales(t_in, self.table, spec.guidance, spec.guidance_sigma_min))
             renoise_window(tim, self.table, plan, x0, st.noise, st.noisy)
             clean = x0[:, :fpb].contiguous()
             if plan.update is not None and spec.mode is UpdateMode.TWO_PASS:

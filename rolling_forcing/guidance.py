@@ -4,8 +4,10 @@ A model trained by regression (not distilled) follows its prompt more firmly whe
 moves *away* from what it would draw without the prompt: ``x0 = x0_u + s (x0_c - x0_u)``, with ``x0_c``
 the prediction under the prompt, ``x0_u`` under a *negative* prompt (default: the null prompt, all-zero
 embeddings, which a model trained with text dropout knows as "no prompt") and ``s`` the guidance scale
-(Ho & Salimans, https://arxiv.org/abs/2207.12598). Rolling Forcing's originals are distilled and stream
-without it (scale 1); the demo model streams with it (``ModelConfig.guidance_scale`` of its preset).
+(Ho & Salimans, https://arxiv.org/abs/2207.12598), applied to the frames whose noise level sigma exceeds
+``sigma_min`` (a guidance interval, Kynkaanniemi et al., https://arxiv.org/abs/2404.07724; 1 elsewhere).
+Rolling Forcing's originals are distilled and stream without it (scale 1); the demo model streams with it
+(``ModelConfig.guidance_scale`` and ``guidance_sigma_min`` of its preset).
 
 In a stream the two predictions need two KV caches: a clean block's keys and values depend on the text
 the block was encoded under. So a guided stream runs the batch twice, ``[prompt rows | negative rows]``
@@ -25,7 +27,22 @@ import torch
 from rolling_forcing.config import check_guidance
 from rolling_forcing.stream import NoiseSource
 
-__all__ = ["GuidedNoise", "check_guidance", "combine_x0", "guided_embeds"]  # check_guidance: config's
+__all__ = [
+    "GuidedNoise",
+    "check_guidance",
+    "combine_x0",
+    "frame_scales",
+    "guidance_text",
+    "guided_embeds",
+]
+
+
+def guidance_text(scale: float, sigma_min: float) -> str:
+    """The guidance in words, for headers and the served page: ``"3 (classifier-free, where sigma >
+    0.85)"``, ``"2 (classifier-free)"`` or ``"1 (none)"``."""
+    if scale <= 1.0:
+        return f"{scale:g} (none)"
+    return f"{scale:g} (classifier-free" + (f", where sigma > {sigma_min:g})" if sigma_min > 0 else ")")
 
 
 def guided_embeds(text_embeds: torch.Tensor, negative_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,12 +58,26 @@ def guided_embeds(text_embeds: torch.Tensor, negative_embeds: torch.Tensor | Non
     return torch.cat([text_embeds, negative_embeds.to(text_embeds.dtype)], dim=0)
 
 
-def combine_x0(x0: torch.Tensor, scale: float) -> torch.Tensor:
-    """``x0`` ``[2B, ...]`` (prompt rows, then negative rows) -> ``[2B, ...]`` whose both halves are
-    ``x0_u + scale * (x0_c - x0_u)``, computed in float32 and returned in ``x0``'s dtype."""
+def frame_scales(
+    t: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor], scale: float, sigma_min: float = 0.0
+) -> torch.Tensor:
+    """The guidance scale of every frame of a call, float32 ``[F]`` from its timesteps ``t`` ``[B, F]``
+    (every row alike): ``scale`` where the frame's sigma (the scheduler ``table``'s, nearest timestep) is
+    above ``sigma_min``, else 1 (the guidance interval)."""
+    sig, ts = table
+    idx = torch.argmin((ts[None, :] - t[0].float()[:, None]).abs(), dim=1)
+    return torch.where(sig[idx] > sigma_min, float(scale), 1.0).float()
+
+
+def combine_x0(x0: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    """``x0`` ``[2B, F, ...]`` (prompt rows, then negative rows) -> ``[2B, F, ...]`` whose both halves are
+    ``x0_u + scale * (x0_c - x0_u)``, computed in float32 and returned in ``x0``'s dtype; ``scale`` a
+    number or one per frame ``[F]`` (:func:`frame_scales`)."""
     if x0.shape[0] % 2:
         raise ValueError(f"a guided batch has 2B rows (prompt, negative), got {x0.shape[0]}")
     c, u = x0.float().chunk(2, dim=0)
+    if isinstance(scale, torch.Tensor):
+        scale = scale.to(c.device).view(1, -1, *([1] * (c.dim() - 2)))
     g = (u + scale * (c - u)).to(x0.dtype)
     return torch.cat([g, g], dim=0)
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 
 from rolling_forcing import sequential
-from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance
+from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance, check_sigma_min
 from rolling_forcing.driver import (
     DriverSpec,
     Plan,
@@ -97,6 +97,8 @@ class RollingForcingPipeline:
             None (default): ``model_cfg.guidance_scale`` (1 for the distilled originals, the demo preset's
             :data:`~rolling_forcing.config.DEMO_GUIDANCE`). Above 1 every forward runs the batch twice
             (prompt, then negative prompt: ``stream(negative_embeds=)``, default the null prompt).
+        guidance_sigma_min: the guidance interval: only frames whose sigma is above it are guided, a
+            number in [0, 1); None: ``model_cfg.guidance_sigma_min`` (the demo preset's 0.85).
     """
 
     def __init__(
@@ -114,9 +116,14 @@ class RollingForcingPipeline:
         kv_dtype: str | None = None,
         attn_fp8: bool = False,
         guidance_scale: float | None = None,
+        guidance_sigma_min: float | None = None,
     ) -> None:
         self.guidance_scale = check_guidance(
             model_cfg.guidance_scale if guidance_scale is None else guidance_scale, "guidance_scale"
+        )
+        self.guidance_sigma_min = check_sigma_min(
+            model_cfg.guidance_sigma_min if guidance_sigma_min is None else guidance_sigma_min,
+            "guidance_sigma_min",
         )
         if not isinstance(attn_fp8, bool):
             raise TypeError(f"attn_fp8 must be a bool, got {type(attn_fp8).__name__}")
@@ -160,7 +167,9 @@ class RollingForcingPipeline:
         if upd_mode is UpdateMode.MERGED:
             merged_fwd = MergedForward(model, layout, backend, compile, kv_dtype == KV_FP8, attn_fp8)
         frames = layout.frames if merged_fwd is not None else 0
-        spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, frames, self.guidance_scale)
+        spec = DriverSpec(
+            meth, pipe_cfg, mode, upd_mode, frames, self.guidance_scale, self.guidance_sigma_min
+        )
         self._guided = spec.guided
         self._passes = LocalPasses(model, spec, backend, merged_fwd)
         self._driver = StreamDriver(model, spec, self._passes)

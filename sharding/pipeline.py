@@ -86,7 +86,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance
+from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance, check_sigma_min
 from rolling_forcing.driver import (
     UpdateMode,
     check_method_stream,
@@ -313,8 +313,8 @@ class ShardedRollingForcingPipeline:
             :mod:`sharding.kv_shard`).
         timeout_s: timeout of every collective: a rank that dies or hangs makes the others fail after
             at most this long and :meth:`stream` raises :class:`sharding.launch.LaunchError` naming it.
-        guidance_scale: classifier-free guidance as the unsharded pipeline's (None: ``model_cfg``'s);
-            the negative prompt is the null prompt (zeros), on every rank.
+        guidance_scale, guidance_sigma_min: classifier-free guidance as the unsharded pipeline's (None:
+            ``model_cfg``'s); the negative prompt is the null prompt (zeros), on every rank.
 
     Raises ``ValueError`` for a plan that cannot be built (see :func:`pipeline_plan`).
     """
@@ -336,10 +336,13 @@ class ShardedRollingForcingPipeline:
         static: bool = False,
         kv_cache: str = "sp_sharded",
         guidance_scale: float | None = None,
+        guidance_sigma_min: float | None = None,
     ) -> None:
         if guidance_scale is not None:
             model_cfg = dataclasses.replace(model_cfg, guidance_scale=check_guidance(guidance_scale))
-        self.guidance_scale = model_cfg.guidance_scale
+        if guidance_sigma_min is not None:
+            model_cfg = dataclasses.replace(model_cfg, guidance_sigma_min=check_sigma_min(guidance_sigma_min))
+        self.guidance_scale, self.guidance_sigma_min = model_cfg.guidance_scale, model_cfg.guidance_sigma_min
         mode = resolve_positions(pipe_cfg, positions)
         self.kv_cache = check_kv_cache_layout(kv_cache)
         self.method = get_method("rolling-forcing" if method is None else method)

@@ -126,7 +126,9 @@ class RankStream(RankAttention):
         self.backend, self.positions, self.gather_group = backend, mode, gather_group
         self.heads = local_heads(self.plan, self.rank)
         frames = self._layout.frames if upd_mode is UpdateMode.MERGED else 0
-        self._spec = DriverSpec(meth, pipe_cfg, mode, upd_mode, frames, model_cfg.guidance_scale)
+        self._spec = DriverSpec(
+            meth, pipe_cfg, mode, upd_mode, frames, model_cfg.guidance_scale, model_cfg.guidance_sigma_min
+        )
         self._driver = StreamDriver(model, self._spec, self)
         if compile not in (None, False) and (upd_mode is not UpdateMode.MERGED or meth.sequential):
             raise ValueError(

@@ -63,21 +63,23 @@ def test_generate_streams_with_the_given_guidance(tmp_path) -> None:
     base = ["generate", "--preset", "tiny", "--blocks", "5", "--no-warmup", "--no-progress"]
     r = runner.invoke(app, [*base, "--out", str(tmp_path / "a.mp4")])
     assert r.exit_code == 0, r.output
-    assert "guidance=1\n" in r.output  # tiny: none
+    assert "guidance=1 (none)\n" in r.output  # tiny: none
     rep = tmp_path / "b.json"
     r = runner.invoke(
         app, [*base, "--guidance", "2.5", "--out", str(tmp_path / "b.mp4"), "--report-json", str(rep)]
     )
     assert r.exit_code == 0, r.output
-    assert "guidance=2.5\n" in r.output
+    assert "guidance=2.5 (classifier-free)\n" in r.output
     meta = json.loads(rep.read_text())["meta"]
-    assert meta["guidance"] == 2.5 and "--guidance 2.5" in meta["command"]
+    assert (
+        meta["guidance"] == 2.5 and meta["guidance_sigma_min"] == 0.0 and "--guidance 2.5" in meta["command"]
+    )
     assert get_preset("demo").guidance_scale == DEMO_GUIDANCE > 1
 
 
 def test_served_model_carries_and_describes_its_guidance() -> None:
     parts = build_parts(GenerateOptions(out=Path("serve.mp4"), preset="tiny", guidance=3.0))
     assert parts.model_cfg.guidance_scale == 3.0
-    assert parts.describe()["guidance"] == "3 (classifier-free)"
+    assert parts.describe()["guidance"] == "3 (classifier-free)"  # tiny: no interval
     plain = build_parts(GenerateOptions(out=Path("serve.mp4"), preset="tiny"))
     assert plain.model_cfg.guidance_scale == 1.0 and plain.describe()["guidance"] == "1 (none)"

@@ -11,7 +11,7 @@ import torch
 
 from reference.rolling_forcing import rolling_forcing_reference
 from rolling_forcing.config import PipelineConfig, check_guidance, get_preset
-from rolling_forcing.guidance import GuidedNoise, combine_x0, guided_embeds
+from rolling_forcing.guidance import GuidedNoise, combine_x0, frame_scales, guided_embeds
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
 from tests.numerics import FP32_ISSUE_BOUND  # fp32 stream equivalence within 1e-5
@@ -28,7 +28,9 @@ def model() -> CausalWanModel:
     return tiny_model(M)
 
 
-def _reference(model: CausalWanModel, scale: float, negative: torch.Tensor | None) -> torch.Tensor:
+def _reference(
+    model: CausalWanModel, scale: float, negative: torch.Tensor | None, sigma_min: float = 0.0
+) -> torch.Tensor:
     g = torch.Generator().manual_seed(7)
     noise = torch.randn(1, NB * 3, *M.latent_frame_shape(), generator=g)  # up front, as the original
     sig, ts = P.scheduler_table()
@@ -36,7 +38,7 @@ def _reference(model: CausalWanModel, scale: float, negative: torch.Tensor | Non
         return rolling_forcing_reference(
             model, text_embeds(), noise, denoising_timesteps=P.timesteps, sigmas=sig, timesteps=ts,
             tokens_per_frame=M.tokens_per_frame, num_heads=M.num_heads, generator=g,
-            guidance_scale=scale, negative_embeds=negative,
+            guidance_scale=scale, negative_embeds=negative, guidance_sigma_min=sigma_min,
         )  # fmt: skip
 
 
@@ -63,6 +65,20 @@ def test_guided_stream_equals_reference_loop(
     assert float((out - _reference(model, 1.0, None)).abs().max()) > 1e-2
 
 
+@pytest.mark.parametrize("sigma_min", [0.9, 0.6])
+def test_guidance_interval_equals_reference_loop(model: CausalWanModel, sigma_min: float) -> None:
+    """A guidance interval (levels whose sigma > sigma_min: 1 and 0.952 for 0.9; all but 0.556 for 0.6)
+    equals the reference loop's, and differs from guiding every level and from none."""
+    pipe = RollingForcingPipeline(model, M, P, guidance_scale=3.0, guidance_sigma_min=sigma_min)
+    out = torch.cat(
+        [c.latents for c in pipe.stream(text_embeds(), NB, generator=torch.Generator().manual_seed(7))], 1
+    )
+    ref = _reference(model, 3.0, None, sigma_min)
+    assert float((out - ref).abs().max()) < FP32_ISSUE_BOUND
+    assert float((out - _reference(model, 3.0, None)).abs().max()) > 1e-3
+    assert float((out - _reference(model, 1.0, None)).abs().max()) > 1e-3
+
+
 def test_negative_equal_to_prompt_is_the_unguided_stream(model: CausalWanModel) -> None:
     """With the prompt as its own negative both halves predict the same x0, so any scale gives the
     unguided stream: the halves' caches, noise rows and chunk slicing line up."""
@@ -71,7 +87,8 @@ def test_negative_equal_to_prompt_is_the_unguided_stream(model: CausalWanModel) 
 
 
 def test_guidance_default_comes_from_the_preset(model: CausalWanModel) -> None:
-    assert get_preset("demo").guidance_scale > 1.0 and M.guidance_scale == 1.0
+    demo = get_preset("demo")
+    assert demo.guidance_scale > 1.0 and 0 < demo.guidance_sigma_min < 1 and M.guidance_scale == 1.0
     cfg = replace(M, guidance_scale=3.0)
     pipe = RollingForcingPipeline(model, cfg, P)
     assert pipe.guidance_scale == 3.0
@@ -108,6 +125,11 @@ def test_bad_guidance_and_negatives_are_refused(model: CausalWanModel) -> None:
         RollingForcingPipeline(model, M, P, guidance_scale=True)
     with pytest.raises(ValueError, match="ModelConfig.guidance_scale must be a finite number >= 1"):
         replace(M, guidance_scale=0.9)
+    for bad in (-0.1, 1.0, 1.5):
+        with pytest.raises(ValueError, match=r"guidance_sigma_min must be in \[0, 1\)"):
+            RollingForcingPipeline(model, M, P, guidance_scale=2.0, guidance_sigma_min=bad)
+    with pytest.raises(TypeError, match="ModelConfig.guidance_sigma_min must be a number"):
+        replace(M, guidance_sigma_min=True)
     pipe = RollingForcingPipeline(model, M, P, guidance_scale=2.0)
     with pytest.raises(ValueError, match="negative_embeds must have the prompt's shape"):
         next(pipe.stream(text_embeds(), NB, negative_embeds=torch.zeros(1, 3, M.text_dim)))
@@ -121,6 +143,12 @@ def test_combine_and_noise_helpers() -> None:
     c, u = torch.tensor([[1.0, 2.0]]), torch.tensor([[0.5, 4.0]])
     got = combine_x0(torch.cat([c, u]), 3.0)
     assert torch.equal(got, torch.tensor([[2.0, -2.0], [2.0, -2.0]]))
+    per_frame = combine_x0(torch.cat([c, u]), torch.tensor([3.0, 1.0]))  # frame 1 unguided: the prompt's
+    assert torch.equal(per_frame, torch.tensor([[2.0, 2.0], [2.0, 2.0]]))
+    table = P.scheduler_table()
+    t = torch.tensor([[1000.0, 952.381, 882.353, 769.231, 555.556]]).repeat_interleave(3, dim=1)
+    assert frame_scales(t, table, 3.0, 0.85).tolist() == [3.0] * 9 + [1.0] * 6  # sigma 1, .952, .882 guided
+    assert frame_scales(t, table, 3.0, 0.0).tolist() == [3.0] * 15
     with pytest.raises(ValueError, match="2B rows"):
         combine_x0(torch.zeros(3, 2), 2.0)
     e = torch.ones(2, 4, 5)

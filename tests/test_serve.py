@@ -422,7 +422,7 @@ def test_demo_preset_names_its_model_and_refuses_prompts_by_role_with_422() -> N
             "weights": "shipped demo weights",
             "text": "demo text encoder (trained with the DiT)",
             "decoder": "demo autoencoder (streaming decoder, trained)",
-            "guidance": "2 (classifier-free)",  # the demo preset's DEMO_GUIDANCE
+            "guidance": "3 (classifier-free, where sigma > 0.85)",  # the demo preset's guidance interval
             "prompt_rule": conf["model"]["prompt_rule"],
         }
         for word in ("red", "purple", "circle", "triangle", "black", "navy", "1 to 3"):

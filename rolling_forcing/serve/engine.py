@@ -31,6 +31,7 @@ import torch
 
 from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
 from rolling_forcing.decode import PreviewDecoder, StreamingDecoder, WanVAEStreamingDecoder, to_uint8_frames
+from rolling_forcing.guidance import guidance_text
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.procedural import BACKGROUNDS, COLORS, SHAPES
@@ -88,8 +89,7 @@ class ModelParts:
             "weights": self.weights,
             "text": self.text,
             "decoder": self.decoder,
-            "guidance": f"{self.model_cfg.guidance_scale:g}"
-            + (" (classifier-free)" if self.model_cfg.guidance_scale > 1 else " (none)"),
+            "guidance": guidance_text(self.model_cfg.guidance_scale, self.model_cfg.guidance_sigma_min),
             "prompt_rule": self.prompt_help,
         }
 

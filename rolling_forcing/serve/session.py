@@ -225,6 +225,7 @@ class Session:
             "text": e.parts.text,
             "decoder": e.parts.decoder,
             "guidance": e.parts.model_cfg.guidance_scale,
+            "guidance_sigma_min": e.parts.model_cfg.guidance_sigma_min,
             "image_format": e.cfg.image_format,
         }
         rep = LatencyReport(e.cfg.deadline_s, e.cfg.fps, tuple(self.rows), meta).to_json_dict()
