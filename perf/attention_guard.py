@@ -415,6 +415,7 @@ def measure(
         "latent": f"{sm.model_cfg.latent_height}x{sm.model_cfg.latent_width}",
         "dtype": dtype,
         "guidance": sm.model_cfg.guidance_scale,
+        "guidance_sigma_min": sm.model_cfg.guidance_sigma_min,
     }
     extra = {
         "static_passes": counts["static_pass"],

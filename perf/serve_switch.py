@@ -438,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = {
                 "preset": meta["preset"],
                 "guidance": meta["guidance"],
+                "guidance_sigma_min": meta["guidance_sigma_min"],
                 "seed": seed,
                 "image_format": "jpeg",
             }
