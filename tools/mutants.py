@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tools.mutant import Mutant
 from tools.mutants_demo import DEMO_MUTANTS
+from tools.mutants_guidance import GUIDANCE_MUTANTS
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -590,4 +591,4 @@ _CORE: tuple[Mutant, ...] = (
            "a NaN figure is written to the results instead of being rejected"),
 )  # fmt: skip
 
-MUTANTS: tuple[Mutant, ...] = _CORE + DEMO_MUTANTS
+MUTANTS: tuple[Mutant, ...] = _CORE + DEMO_MUTANTS + GUIDANCE_MUTANTS
