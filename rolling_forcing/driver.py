@@ -35,7 +35,7 @@ from nki_kernels import ops
 from rolling_forcing import schedule, sequential
 from rolling_forcing.cache import RollingKVCache
 from rolling_forcing.config import ModelConfig, PipelineConfig, check_guidance, check_sigma_min
-from rolling_forcing.guidance import combine_x0, frame_scales
+from rolling_forcing.guidance import GuidedNoise, combine_x0, frame_scales
 from rolling_forcing.merged import MergedLayout, MergedStep, merged_step
 from rolling_forcing.methods import StreamMethod
 from rolling_forcing.model import CausalWanModel, add_noise, flow_to_x0
@@ -360,16 +360,21 @@ class StreamDriver:
         count; None: all) holding the text k/v of ``text_embeds`` ``[B, L<=text_len, text_dim]`` (all
         heads; ``kv_dtype``, ``block_tokens`` (a sequence-parallel rank's share of every block),
         ``num_slots``: see :class:`rolling_forcing.cache.RollingKVCache`). Inputs are checked by the front
-        before (``check_method_stream``)."""
+        before (``check_method_stream``). A guided stream (``spec.guided``) takes ``text_embeds`` as
+        ``[prompt | negative]`` (2B rows, :func:`rolling_forcing.guidance.guided_embeds`) and its noise (a
+        ``NoiseSource`` or initial noise) for the B prompt rows, repeated for the negative rows
+        (:class:`~rolling_forcing.guidance.GuidedNoise`)."""
         tim, dtype = self.timing, self.spec.pipe_cfg.torch_dtype
         bsz = text_embeds.shape[0]
         if isinstance(noise, NoiseSource):
             src = noise
-        else:
+        else:  # a guided stream draws the noise of its prompt rows only
             src = NoiseSource(
-                bsz, model_cfg.latent_frame_shape(), tim.frames_per_block, num_blocks, dtype,
-                generator=generator, initial_noise=noise,
+                bsz // 2 if self.spec.guided else bsz, model_cfg.latent_frame_shape(), tim.frames_per_block,
+                num_blocks, dtype, generator=generator, initial_noise=noise,
             )  # fmt: skip
+        if self.spec.guided:  # ... and repeats it for the negative rows (rolling_forcing.guidance)
+            src = GuidedNoise(src)
         device = self.model.patch_embedding.weight.device
         cache = RollingKVCache(
             model_cfg, tim, bsz, device=device, dtype=dtype, num_heads=num_heads, kv_dtype=kv_dtype,

@@ -51,7 +51,7 @@ from rolling_forcing.driver import (
     window_input,
 )
 from rolling_forcing.fp8 import KV_FP8
-from rolling_forcing.guidance import GuidedNoise, guided_embeds
+from rolling_forcing.guidance import guided_embeds
 from rolling_forcing.merged import CompileSpec, MergedForward, MergedLayout
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel
@@ -170,7 +170,6 @@ class RollingForcingPipeline:
         spec = DriverSpec(
             meth, pipe_cfg, mode, upd_mode, frames, self.guidance_scale, self.guidance_sigma_min
         )
-        self._guided = spec.guided
         self._passes = LocalPasses(model, spec, backend, merged_fwd)
         self._driver = StreamDriver(model, spec, self._passes)
 
@@ -206,7 +205,7 @@ class RollingForcingPipeline:
 
     def _batch(self, text_embeds: torch.Tensor, negative_embeds: torch.Tensor | None) -> torch.Tensor:
         """The stream's prompt batch: ``[prompt | negative]`` when guided, else the prompt."""
-        if self._guided:
+        if self._driver.spec.guided:
             return guided_embeds(text_embeds, negative_embeds)
         if negative_embeds is not None:
             raise ValueError(
@@ -240,13 +239,6 @@ class RollingForcingPipeline:
         """
         check_method_stream(self.model, self.method, self.pipe_cfg, text_embeds, num_blocks, self.positions)
         batch = self._batch(text_embeds, negative_embeds)
-        if self._guided:
-            tim = self._driver.timing
-            src = noise if isinstance(noise, NoiseSource) else NoiseSource(
-                text_embeds.shape[0], self.model_cfg.latent_frame_shape(), tim.frames_per_block, num_blocks,
-                self.pipe_cfg.torch_dtype, generator=generator, initial_noise=noise,
-            )  # fmt: skip
-            noise = GuidedNoise(src)
         st = self._driver.start(
             self.model_cfg, batch, num_blocks, generator=generator, noise=noise, kv_dtype=self.kv_dtype
         )

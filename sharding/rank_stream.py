@@ -28,7 +28,7 @@ from rolling_forcing.driver import (
     resolve_positions,
     resolve_update_mode,
 )
-from rolling_forcing.guidance import GuidedNoise, guided_embeds
+from rolling_forcing.guidance import guided_embeds
 from rolling_forcing.merged import MergedIndex, MergedLayout
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel, Grid, SelfAttnFn, TextKV
@@ -175,15 +175,9 @@ class RankStream(RankAttention):
         check_method_stream(self.model, self.method, cfg, text_embeds, num_blocks, self.positions)
         sched: PromptSchedule = dict(prompts) if prompts is not None else {}
         check_prompts(self.model, cfg, sched, text_embeds.shape[0], num_blocks, self.method)
-        if self._spec.guided:  # model_cfg.guidance_scale > 1: [prompt | null prompt], the noise repeated
+        if self._spec.guided:  # model_cfg.guidance_scale > 1: [prompt | null prompt]
             sched = {w: (guided_embeds(e), rc) for w, (e, rc) in sched.items()}
-            if not isinstance(noise, NoiseSource):
-                fpb = self._spec.timing.frames_per_block
-                noise = NoiseSource(
-                    text_embeds.shape[0], self.model_cfg.latent_frame_shape(), fpb, num_blocks,
-                    cfg.torch_dtype, generator=generator, initial_noise=noise,
-                )  # fmt: skip
-            noise, text_embeds = GuidedNoise(noise), guided_embeds(text_embeds)
+            text_embeds = guided_embeds(text_embeds)  # the driver repeats the noise for the null rows
         self.stats = ForwardStats()
         hpc = self.plan.heads_per_core  # the cache: this rank's heads; its text k/v: all heads
         t = self._spec.timing.tokens_per_block(self.model_cfg)
