@@ -168,8 +168,8 @@ def generate(
     guidance: Annotated[
         float | None,
         typer.Option(
-            help="classifier-free guidance scale, >= 1 (1: none; default: the preset's, 2 for demo, 1 "
-            "for the others)"
+            help="classifier-free guidance scale, >= 1 (1: none; default: the preset's, 3 on the three "
+            "noisiest levels for demo, 1 for the others)"
         ),
     ] = None,
 ) -> None:

@@ -330,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--guidance",
         type=float,
         default=None,
-        help="classifier-free guidance scale of every stream, >= 1 (default: the model's; demo 2, tiny 1)",
+        help="classifier-free guidance scale of every stream, >= 1, the model's guidance interval kept "
+        "(default: the model's; demo 3, tiny 1)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
