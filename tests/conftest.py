@@ -25,6 +25,24 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture
+def model_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one for every ``CausalWanModel`` built during the test (the class in
+    ``rolling_forcing.model`` is replaced by a counting subclass): an option check must refuse bad input
+    before any build."""
+    import rolling_forcing.model as model_mod
+
+    built: list[int] = []
+
+    class Spy(model_mod.CausalWanModel):
+        def __init__(self, *args, **kwargs) -> None:
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(model_mod, "CausalWanModel", Spy)
+    return built
+
+
 @pytest.fixture(scope="session")
 def neuron_device():
     """The ``torch_xla`` device of the ``neuron`` tier, or a skip saying what is missing

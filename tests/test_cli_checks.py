@@ -31,27 +31,17 @@ def test_threads_and_cores_above_the_cpu_count_warn_in_one_line(tmp_path, capsys
 @pytest.mark.parametrize("flag", ["--threads", "--cores"])
 @pytest.mark.parametrize("n", [0, -1])
 def test_threads_and_cores_below_one_are_one_error_line_before_any_build(
-    tmp_path, monkeypatch, flag: str, n: int
+    tmp_path, model_builds: list[int], flag: str, n: int
 ) -> None:
     """The bound's edge: 0 (and below) is refused by the checks with the one-line rule and exit 2, before
     any model is built or file written (not a torch traceback from set_num_threads(0), not a rank
     launch with 0 cores)."""
-    import rolling_forcing.model as model_mod
-
-    built: list[int] = []
-
-    class Spy(model_mod.CausalWanModel):
-        def __init__(self, *args, **kwargs) -> None:
-            built.append(1)
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(model_mod, "CausalWanModel", Spy)
     out = tmp_path / "x.mp4"
     args = ["generate", "--preset", "tiny", "--blocks", "5", "--no-warmup", "-q", "--out", str(out)]
     r = runner.invoke(app, [*args, flag, str(n)])
     assert r.exit_code == 2, r.output
     assert r.stderr == f"error: {flag}: must be >= 1, got {n}\n"
-    assert built == [] and list(tmp_path.iterdir()) == []
+    assert model_builds == [] and list(tmp_path.iterdir()) == []
 
 
 def test_one_thread_and_one_core_are_accepted(tmp_path, capsys) -> None:

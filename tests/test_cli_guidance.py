@@ -23,18 +23,8 @@ runner = CliRunner()
 @pytest.mark.parametrize("command", ["generate", "serve"])
 @pytest.mark.parametrize("bad", ["0.99", "0", "-2", "nan", "inf"])
 def test_bad_guidance_is_one_error_line_before_any_build(
-    tmp_path, monkeypatch, command: str, bad: str
+    tmp_path, model_builds: list[int], command: str, bad: str
 ) -> None:
-    import rolling_forcing.model as model_mod
-
-    built: list[int] = []
-
-    class Spy(model_mod.CausalWanModel):
-        def __init__(self, *args, **kwargs) -> None:
-            built.append(1)
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(model_mod, "CausalWanModel", Spy)
     args = [command, "--preset", "tiny", "--guidance", bad]
     args += (
         ["--blocks", "5", "-q", "--out", str(tmp_path / "x.mp4")]
@@ -46,7 +36,7 @@ def test_bad_guidance_is_one_error_line_before_any_build(
     assert (
         r.stderr == f"error: --guidance: must be a finite number >= 1 (1: no guidance), got {float(bad)!r}\n"
     )
-    assert built == [] and list(tmp_path.iterdir()) == []
+    assert model_builds == [] and list(tmp_path.iterdir()) == []
 
 
 def test_guidance_edges_and_the_reproducing_command_line(tmp_path) -> None:

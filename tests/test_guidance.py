@@ -9,14 +9,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from reference.rolling_forcing import rolling_forcing_reference
 from rolling_forcing.config import PipelineConfig, check_guidance, get_preset
 from rolling_forcing.guidance import GuidedNoise, combine_x0, frame_scales, guided_embeds
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
 from tests.numerics import FP32_ISSUE_BOUND  # fp32 stream equivalence within 1e-5
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
-from tests.pipeline_helpers import text_embeds, tiny_model
+from tests.pipeline_helpers import reference_latents, text_embeds, tiny_model
 
 M = get_preset("tiny")
 P = PipelineConfig()
@@ -31,15 +30,9 @@ def model() -> CausalWanModel:
 def _reference(
     model: CausalWanModel, scale: float, negative: torch.Tensor | None, sigma_min: float = 0.0
 ) -> torch.Tensor:
-    g = torch.Generator().manual_seed(7)
-    noise = torch.randn(1, NB * 3, *M.latent_frame_shape(), generator=g)  # up front, as the original
-    sig, ts = P.scheduler_table()
-    with torch.no_grad():
-        return rolling_forcing_reference(
-            model, text_embeds(), noise, denoising_timesteps=P.timesteps, sigmas=sig, timesteps=ts,
-            tokens_per_frame=M.tokens_per_frame, num_heads=M.num_heads, generator=g,
-            guidance_scale=scale, negative_embeds=negative, guidance_sigma_min=sigma_min,
-        )  # fmt: skip
+    return reference_latents(
+        model, P, NB, guidance_scale=scale, negative_embeds=negative, guidance_sigma_min=sigma_min
+    )
 
 
 def _stream(

@@ -8,13 +8,12 @@ import resource
 import pytest
 import torch
 
-from reference.rolling_forcing import rolling_forcing_reference
 from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import NoiseSource, RollingForcingPipeline
 from tests.numerics import FP32_ISSUE_BOUND, worst_of  # fp32 stream equivalence within 1e-5
 from tests.pipeline_helpers import one_thread as one_thread  # autouse: one intra-op thread
-from tests.pipeline_helpers import text_embeds, tiny_model
+from tests.pipeline_helpers import reference_latents, text_embeds, tiny_model
 
 M = get_preset("tiny")
 P = PipelineConfig()
@@ -29,14 +28,7 @@ def model() -> CausalWanModel:
 
 @pytest.fixture(scope="module")
 def reference_out(model: CausalWanModel) -> torch.Tensor:
-    g = torch.Generator().manual_seed(7)
-    noise = torch.randn(1, NB * 3, *M.latent_frame_shape(), generator=g)  # up front, as the original
-    sig, ts = P.scheduler_table()
-    with torch.no_grad():
-        return rolling_forcing_reference(
-            model, text_embeds(), noise, denoising_timesteps=P.timesteps, sigmas=sig, timesteps=ts,
-            tokens_per_frame=M.tokens_per_frame, num_heads=M.num_heads, generator=g,
-        )  # fmt: skip
+    return reference_latents(model, P, NB)  # noise up front, as the original
 
 
 def _stream(
@@ -188,14 +180,8 @@ def test_other_step_lists_equal_the_reference_loop(
     constant. Measured 1.2e-06..2.0e-06; the former fixed one-block working cache erred 0.076..0.13."""
     p = PipelineConfig(window_blocks=len(steps), denoising_steps=steps)
     nb = 10  # steady windows with eviction (buffer of 8 slots) and the tail
-    g = torch.Generator().manual_seed(7)
-    noise = torch.randn(1, nb * 3, *M.latent_frame_shape(), generator=g)
-    sig, ts = p.scheduler_table()
+    ref = reference_latents(model, p, nb)
     with torch.no_grad():
-        ref = rolling_forcing_reference(
-            model, text_embeds(), noise, denoising_timesteps=p.timesteps, sigmas=sig, timesteps=ts,
-            tokens_per_frame=M.tokens_per_frame, num_heads=M.num_heads, generator=g,
-        )  # fmt: skip
         pipe = RollingForcingPipeline(model, M, p, merged=merged)
         out = torch.cat(
             [c.latents for c in pipe.stream(text_embeds(), nb, generator=torch.Generator().manual_seed(7))], 1
