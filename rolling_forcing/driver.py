@@ -25,7 +25,7 @@ first; the last call's update (never read) is not run.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -383,7 +383,9 @@ class StreamDriver:
         cache.set_text(self.model.text_kv(text_embeds.to(dtype)))
         return StreamState(num_blocks, cache, src)
 
-    def run(self, st: StreamState, take_switch: Callable[[Plan], Switch | None]) -> Iterator[Chunk]:
+    def run(
+        self, st: StreamState, take_switch: Callable[[Plan], Switch | None]
+    ) -> Generator[Chunk, None, None]:
         """Run the stream of ``st`` (from :meth:`start`), yielding each chunk when final.
 
         ``take_switch(plan)`` is asked before every call: the prompt switch to apply before it, or None

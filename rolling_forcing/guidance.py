@@ -98,6 +98,9 @@ class GuidedNoise(NoiseSource):
         x = self.inner.initial(block)
         return torch.cat([x, x], dim=0)
 
+    def upfront_blocks(self) -> int | None:
+        return self.inner.upfront_blocks()
+
     def renoise(self, num_frames: int) -> torch.Tensor:
         """``inner.renoise(num_frames)`` ``[B * n, C, H, W]`` with each row repeated for the negative half:
         ``[2B * n, C, H, W]`` (row-major ``[2B, n]``)."""

@@ -28,7 +28,7 @@ state and supplies the forwards (:class:`rolling_forcing.passes.LocalPasses`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import torch
 
@@ -51,12 +51,12 @@ from rolling_forcing.driver import (
     window_input,
 )
 from rolling_forcing.fp8 import KV_FP8
-from rolling_forcing.guidance import guided_embeds
+from rolling_forcing.guidance import GuidedNoise, guided_embeds
 from rolling_forcing.merged import CompileSpec, MergedForward, MergedLayout
 from rolling_forcing.methods import StreamMethod, get_method
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.passes import LocalPasses
-from rolling_forcing.stream import Chunk, ForwardStats, NoiseSource, StreamState
+from rolling_forcing.stream import Chunk, ForwardStats, NoiseSource, ShiftedNoise, StreamState
 
 
 class RollingForcingPipeline:
@@ -153,6 +153,7 @@ class RollingForcingPipeline:
         self.backend = backend
         self.positions = mode
         self._pending_prompt: Switch | None = None
+        self._pending_restart: torch.Tensor | None = None
         self.state: StreamState | None = None
         layout = MergedLayout.from_configs(model_cfg, pipe_cfg, mode)
         if self.static:
@@ -180,28 +181,56 @@ class RollingForcingPipeline:
 
     # ---- public API ----------------------------------------------------------------------------
     def set_prompt(
-        self, text_embeds: torch.Tensor, recache: bool = False, *, negative_embeds: torch.Tensor | None = None
+        self,
+        text_embeds: torch.Tensor,
+        recache: bool = False,
+        *,
+        restart: bool = False,
+        negative_embeds: torch.Tensor | None = None,
     ) -> None:
         """Switch the prompt of the running stream; takes effect at its next window.
 
         A new :meth:`stream` call starts from the ``text_embeds`` given to it and drops a switch that is
-        still pending (the stream it was meant for has no next window).
+        still pending (the stream it was meant for has no next window). Of two calls before the next
+        chunk the later one wins.
 
         The text k/v cache is recomputed for ``text_embeds`` ``[B, L<=text_len, text_dim]``. With
         ``recache=True`` the clean blocks still in the KV cache are re-encoded under the new prompt:
         Rolling Forcing oldest first, each attending to the cached blocks before it (this project's
         adaptation of LongLive's KV re-cache); LongLive as the original (one pass, sink protected). A
         sequential method takes the switch at its next block. ``recache=True`` with a method whose
-        original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``. A guided stream takes the
-        new prompt's ``negative_embeds`` (same shape; None: the null prompt); an unguided one refuses them.
+        original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``.
+
+        ``restart=True`` (any method; not with ``recache``) *restarts* the stream under the new prompt
+        instead of continuing it (LongLive's "clear the KV cache" switch): the KV cache, the clean
+        context and the blocks in flight (partly denoised, never shown) are dropped, and the next chunk
+        is the first block of a new stream of the new prompt; block numbers run on, and block ``b`` of
+        the new stream draws the initial noise block ``offset + b`` of the old one would have drawn
+        (:class:`~rolling_forcing.stream.ShiftedNoise`). A restart less than a window before the end runs
+        a window's worth of blocks and shows the ones left. The next chunk then costs a stream start
+        (Rolling Forcing's warm-up windows), not a steady window.
+
+        A guided stream takes the new prompt's ``negative_embeds`` (same shape; None: the null prompt);
+        an unguided one refuses them. ``ValueError`` for a new prompt whose batch differs from the
+        running stream's (at the switch).
         """
+        if recache and restart:
+            raise ValueError("recache=True and restart=True: a restart drops the KV cache; choose one")
         if recache and self.method.recache == "none":
             raise ValueError(
                 f"recache=True: method {self.method.name!r} has no KV re-cache in its original (LongLive's "
                 "re-cache is method='longlive'); switch with recache=False"
             )
         self.model.check_context(text_embeds)
-        self._pending_prompt = (self._batch(text_embeds, negative_embeds), bool(recache))
+        batch = self._batch(text_embeds, negative_embeds)
+        if restart and self.state is not None:
+            rows = self.state.cache.layers[0].k.shape[0]
+            if batch.shape[0] != rows:
+                raise ValueError(f"restart: new prompt batch {batch.shape[0]} != stream batch {rows}")
+        if restart:
+            self._pending_prompt, self._pending_restart = None, batch
+        else:
+            self._pending_prompt, self._pending_restart = (batch, bool(recache)), None
 
     def _batch(self, text_embeds: torch.Tensor, negative_embeds: torch.Tensor | None) -> torch.Tensor:
         """The stream's prompt batch: ``[prompt | negative]`` when guided, else the prompt."""
@@ -223,7 +252,7 @@ class RollingForcingPipeline:
         generator: torch.Generator | None = None,
         noise: torch.Tensor | NoiseSource | None = None,
         negative_embeds: torch.Tensor | None = None,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         """Generate ``num_blocks`` blocks, yielding each :class:`Chunk` as soon as it is final.
 
         Args:
@@ -239,14 +268,45 @@ class RollingForcingPipeline:
         """
         check_method_stream(self.model, self.method, self.pipe_cfg, text_embeds, num_blocks, self.positions)
         batch = self._batch(text_embeds, negative_embeds)
-        st = self._driver.start(
-            self.model_cfg, batch, num_blocks, generator=generator, noise=noise, kv_dtype=self.kv_dtype
-        )
-        self._pending_prompt = None
-        self.state = st
+        self._pending_prompt, self._pending_restart = None, None
         self._passes.stats = ForwardStats()
-        yield from self._driver.run(st, self._take_prompt)
-        self.state = None
+        offset, calls = 0, 0  # blocks and calls of the segments before a restart
+        base: NoiseSource | None = None  # the first segment's noise (its prompt rows)
+        while True:
+            seg_noise = noise if base is None else ShiftedNoise(base, offset)
+            seg_blocks = max(num_blocks - offset, self._min_blocks())
+            st = self._driver.start(
+                self.model_cfg,
+                batch,
+                seg_blocks,
+                generator=generator,
+                noise=seg_noise,
+                kv_dtype=self.kv_dtype,
+            )
+            if base is None:
+                base = st.noise.inner if isinstance(st.noise, GuidedNoise) else st.noise
+            self.state = st
+            run = self._driver.run(st, self._take_prompt)
+            for chunk in run:
+                block = offset + chunk.block
+                last = block == num_blocks - 1
+                yield Chunk(block, chunk.latents, chunk.final, last, calls + chunk.window)
+                if last:
+                    run.close()
+                    self.state = None
+                    return
+                if self._pending_restart is not None:
+                    run.close()
+                    batch, self._pending_restart = self._pending_restart, None
+                    offset, calls = block + 1, calls + chunk.window + 1
+                    break
+            else:  # pragma: no cover - the loop ends at the last block
+                self.state = None
+                return
+
+    def _min_blocks(self) -> int:
+        """The shortest stream of this method (Rolling Forcing: one window of blocks; sequential: 1)."""
+        return 1 if self.method.sequential else self.pipe_cfg.window_blocks
 
     def _take_prompt(self, plan: Plan) -> Switch | None:
         """The switch made by :meth:`set_prompt`, taken at the first call that may start a prompt."""

@@ -86,6 +86,49 @@ class NoiseSource:
         """Fresh noise ``[B * num_frames, C, H, W]`` in ``dtype`` drawn from ``generator``."""
         return self._randn((self.batch * num_frames, *self.frame_shape))
 
+    def upfront_blocks(self) -> int | None:
+        """Blocks of initial noise held up front (None: drawn per block, any number)."""
+        return None if self._initial is None else self._initial.shape[1] // self.fpb
+
+
+class ShiftedNoise(NoiseSource):
+    """The noise of a stream *restarted* at block ``offset`` of ``inner``'s stream (``set_prompt(...,
+    restart=True)``): block ``b`` of the new stream takes ``inner``'s block ``offset + b``, so a restarted
+    stream draws the noise the blocks it shows would have drawn; a block past the end of ``inner``'s
+    up-front noise (a restart less than a window from the end runs blocks it never shows) is drawn fresh
+    from ``inner``'s generator. Re-noise draws are ``inner``'s (its generator, in order)."""
+
+    def __init__(self, inner: NoiseSource, offset: int) -> None:  # noqa: D107 - nothing to draw
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        self.inner, self.offset = inner, offset
+        self.batch, self.frame_shape, self.fpb, self.dtype = (
+            inner.batch,
+            inner.frame_shape,
+            inner.fpb,
+            inner.dtype,
+        )
+        self.generator = inner.generator
+
+    def _randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.inner._randn(shape)
+
+    def initial(self, block: int) -> torch.Tensor:
+        """``inner.initial(offset + block)`` ``[B, fpb, C, H, W]`` (fresh past ``inner``'s up-front noise)."""
+        b = self.offset + block
+        up = self.inner.upfront_blocks()
+        if up is not None and b >= up:
+            return self._randn((self.batch, self.fpb, *self.frame_shape))
+        return self.inner.initial(b)
+
+    def upfront_blocks(self) -> int | None:
+        up = self.inner.upfront_blocks()
+        return None if up is None else max(0, up - self.offset)
+
+    def renoise(self, num_frames: int) -> torch.Tensor:
+        """``inner.renoise(num_frames)``."""
+        return self.inner.renoise(num_frames)
+
 
 @dataclass
 class StreamState:

@@ -42,7 +42,7 @@ def _stream_times(model: Any, batch: int, chunks: int, seed: int = 0) -> list[fl
             t0 = time.perf_counter()
             next(it)
             out.append(time.perf_counter() - t0)
-    it.close()  # type: ignore[attr-defined]
+    it.close()
     return out
 
 
