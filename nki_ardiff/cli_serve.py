@@ -55,7 +55,13 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     from rolling_forcing.config import get_preset
     from rolling_forcing.model import CausalWanModel
     from rolling_forcing.prompts import check_scene_prompt
-    from rolling_forcing.serve.engine import DEMO_PROMPT, DEMO_PROMPT_HELP, ModelParts, session_decoder
+    from rolling_forcing.serve.engine import (
+        DEMO_PROMPT,
+        DEMO_PROMPT_HELP,
+        DEMO_SWITCH,
+        ModelParts,
+        session_decoder,
+    )
     from rolling_forcing.video import VideoSpec
 
     model_cfg = get_preset(opts.preset)
@@ -78,7 +84,7 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
         )
     return ModelParts(
         "demo", model_cfg, model, encode, lambda: session_decoder(proto), weights, text, decoder,
-        lambda p: check_scene_prompt(p, model_cfg.text_len), DEMO_PROMPT_HELP, DEMO_PROMPT,
+        lambda p: check_scene_prompt(p, model_cfg.text_len), DEMO_PROMPT_HELP, DEMO_PROMPT, DEMO_SWITCH,
     )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ import numpy as np
 
 from perf.quality.detect import detect, read_backgrounds
 from perf.quality.metrics import presence_mask, prompt_background, prompt_objects
+from rolling_forcing.serve.engine import SWITCH_MODES
 from rolling_forcing.video import VideoSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,12 +56,12 @@ TARGETS = {"background": 2, "colours": 2, "shapes": 4}
 
 START_PROMPT = "a red circle and a blue square bouncing on a gray background"  # the page's first prompt
 SWITCHES = (
-    ("a yellow triangle bouncing on a navy background", False),  # one object
-    ("a green square and a white triangle bouncing on a black background", True),  # two, with re-cache
-    ("a white circle bouncing on a gray background", False),  # one
-    ("a purple circle and a green triangle bouncing on a black background", False),  # two
+    ("a yellow triangle bouncing on a navy background", "continue"),  # one object
+    ("a green square and a white triangle bouncing on a black background", "recache"),  # two, re-cached
+    ("a white circle bouncing on a gray background", "continue"),  # one
+    ("a purple circle and a green triangle bouncing on a black background", "continue"),  # two
 )
-"""The bench's switches, in order within one session (prompt, re-cache)."""
+"""The bench's switches, in order within one session (prompt, the mode ``--switch listed`` uses)."""
 
 
 # ---- the measurement ------------------------------------------------------------------------------
@@ -289,11 +290,12 @@ _LAST_INDEX = "(window.__rf.length ? window.__rf[window.__rf.length - 1][0] : -1
 
 @dataclass(frozen=True)
 class SwitchRun:
-    """One switch on the page: prompt, re-cache, the block it applied from, the session report's
+    """One switch on the page: prompt, mode (``SWITCH_MODES``, as the session report names it), the block
+    it applied from, the session report's
     ``frames_to_screen``, the click's time since *start* (ms, browser clock) and the measurement."""
 
     prompt: str
-    recache: bool
+    mode: str
     applied_block: int
     frames_to_screen: int
     click_ms: float
@@ -324,7 +326,7 @@ class PageRun:
 def run_page_session(
     dt: DevTools,
     url: str,
-    switches: Sequence[tuple[str, bool]],
+    switches: Sequence[tuple[str, str | None]],
     *,
     seed: int = 0,
     chunks_after: int = 4,
@@ -332,7 +334,8 @@ def run_page_session(
     screenshot: bool = False,
 ) -> PageRun:
     """Open the page, start a session (seed ``seed``, the page's first prompt), wait for block
-    ``warm_blocks`` on the canvas, then for each switch: type the prompt, set the re-cache box, press
+    ``warm_blocks`` on the canvas, then for each switch: type the prompt, choose its mode of
+    ``SWITCH_MODES`` in the page's select (None: the mode the page preselected on load, the model's), press
     *switch prompt* and wait for ``chunks_after`` chunks of the new prompt on the canvas; stop, read the
     report and measure every switch on the frames drawn (:func:`switch_on_screen`)."""
     import httpx
@@ -342,6 +345,7 @@ def run_page_session(
         ready = f"(() => {{ const b = {el('start')}; return !!b && !b.disabled; }})()"
         dt.wait_for(ready, "the page with its model line")
         model_line = dt.js(f"{el('model')}.textContent")
+        page_mode = dt.js(f"{el('mode')}.value")  # the model's default, preselected by the page
         dt.js(_CAPTURE)
         dt.js(f"{el('seed')}.value = {int(seed)}")
         dt.js(f"{el('start')}.click()")
@@ -349,9 +353,9 @@ def run_page_session(
         sid = dt.js("session.id")
         clicks, applied = [], []
         shot = None
-        for k, (prompt, recache) in enumerate(switches):
+        for k, (prompt, mode) in enumerate(switches):
             dt.js(f"{el('prompt')}.value = {json.dumps(prompt)}")
-            dt.js(f"{el('recache')}.checked = {json.dumps(recache)}")
+            dt.js(f"{el('mode')}.value = {json.dumps(page_mode if mode is None else mode)}")
             t_click = dt.js(
                 f"(() => {{ const t = performance.now() - tStart; {el('switch')}.click(); return t; }})()"
             )
@@ -388,16 +392,18 @@ def run_page_session(
     tms = [float(r[2]) for r in raw]
     sched = report["serve"]["prompt_schedule"]
     runs = []
-    for k, (prompt, recache) in enumerate(switches):
+    for k, (prompt, _) in enumerate(switches):
         lo = applied[k]
         hi = applied[k + 1] if k + 1 < len(switches) else lo + chunks_after
         sel = [i for i, b in enumerate(blk) if lo <= b < hi]
         res = switch_on_screen(frames[sel], [blk[i] for i in sel], prompt, lo)
         first = next((tms[i] for i in sel), None)
         to = {key: None if j is None else tms[sel[j]] - clicks[k] for key, j in res.done_frames.items()}
+        sw = sched[k + 1]
+        mode = "restart" if sw["restart"] else "recache" if sw["recache"] else "continue"
         runs.append(
             SwitchRun(
-                prompt, recache, lo, int(sched[k + 1]["frames_to_screen"]), clicks[k], res,
+                prompt, mode, lo, int(sched[k + 1]["frames_to_screen"]), clicks[k], res,
                 None if first is None else first - clicks[k], to,
             )
         )  # fmt: skip
@@ -411,6 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m perf.serve_switch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2", help="page seeds, one session each (comma-separated)")
     ap.add_argument("--chunks-after", type=int, default=5, help="chunks watched after each switch")
+    ap.add_argument(
+        "--switch", default="page", choices=("page", "listed", *SWITCH_MODES),
+        help="how every switch is taken: page = the page's default for the model (the demo's: restart), "
+        "listed = the bench's own list (continue / recache), or one mode for all (default: page)",
+    )  # fmt: skip
     ap.add_argument("--save", action="store_true", help="append rows to perf/results/serve_switch.jsonl")
     return ap
 
@@ -433,7 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     with tempfile.TemporaryDirectory() as tmp, running_server() as url, chromium(Path(tmp) / "p") as dt:
         for seed in seeds:
-            run = run_page_session(dt, url, SWITCHES, seed=seed, chunks_after=args.chunks_after)
+            switches = [(p, m if args.switch == "listed" else None if args.switch == "page" else args.switch)
+                        for p, m in SWITCHES]  # fmt: skip
+            run = run_page_session(dt, url, switches, seed=seed, chunks_after=args.chunks_after)
             meta = run.report["meta"]
             cfg = {
                 "preset": meta["preset"],
@@ -450,13 +463,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for s in run.switches:
                 o = s.on_screen
                 print(
-                    f"  {prev[:34]!r} -> {s.prompt[:40]!r} recache={s.recache}: chunks to background "
+                    f"  {prev[:34]!r} -> {s.prompt[:40]!r} {s.mode}: chunks to background "
                     f"{_fmt(o.background)}, colours {_fmt(o.colours)}, shapes {_fmt(o.shapes)} (of "
                     f"{o.chunks_seen} seen; met {o.met()}); click to new block "
                     f"{_fmt(s.click_to_block_ms, ' ms')}, to colours {_fmt(s.click_to_ms['colours'], ' ms')}"
                 )
                 rows.append(BenchRow("serve_switch", "demo_page", {**cfg, "from": prev, "to": s.prompt,
-                    "recache": s.recache}, "measured", extra={
+                    "recache": s.mode == "recache", "switch": s.mode}, "measured", extra={
                     **{f"{k}_chunks": getattr(o, k) for k in TARGETS}, "met": o.met(),
                     "chunks_seen": o.chunks_seen, "applied_block": s.applied_block,
                     "frames_to_screen": s.frames_to_screen, "click_to_block_ms": s.click_to_block_ms,

@@ -73,12 +73,12 @@ def max_block(frames: dict[int, tuple[int, np.ndarray]]) -> int:
 
 
 def offline_frames(
-    cfg: ServeConfig, seed: int, prompts: list[tuple[int, str, bool]], blocks: int
+    cfg: ServeConfig, seed: int, prompts: list[tuple[int, str, str]], blocks: int
 ) -> dict[int, tuple[int, np.ndarray]]:
     """The stream the server should send, from the public stream API: ``prompts`` = (first block, prompt,
-    recache) in order, the first at block 0. Returns frame index -> (block, uint8 frame). The tiny preset:
-    ``init_random(weights_seed)``, seeded embeddings, the preview decoder; the demo preset: ``load_demo``'s
-    DiT, text encoder and decoder."""
+    switch mode of ``SWITCH_MODES``) in order, the first at block 0. Returns frame index -> (block, uint8
+    frame). The tiny preset: ``init_random(weights_seed)``, seeded embeddings, the preview decoder; the demo
+    preset: ``load_demo``'s DiT, text encoder and decoder."""
     pc = PipelineConfig(positions="relative")
     if cfg.preset == "demo":
         from rolling_forcing.demo import load_demo
@@ -112,8 +112,8 @@ def offline_frames(
             if chunk.block + 1 >= blocks:
                 break
             if chunk.block + 1 in switches:
-                p, r = switches[chunk.block + 1]
-                pipe.set_prompt(encode(p), recache=r)
+                p, mode = switches[chunk.block + 1]
+                pipe.set_prompt(encode(p), recache=mode == "recache", restart=mode == "restart")
     return out
 
 
@@ -121,11 +121,22 @@ DEMO_A = "a red circle and a blue square bouncing on a gray background"
 DEMO_B = "a yellow triangle bouncing on a navy background"
 
 
-@pytest.mark.parametrize(("preset", "recache"), [("tiny", False), ("tiny", True), ("demo", False)])
-def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, recache: bool) -> None:
-    """The frames on the socket equal the public stream API's, with the switch before the block the
-    session report names; the switch shows within the buffer depth; without it the frames differ. The
-    demo preset: the shipped DiT, text encoder and a decoder of the session's own."""
+@pytest.mark.parametrize(
+    ("preset", "mode"),
+    [
+        ("tiny", "continue"),
+        ("tiny", "recache"),
+        ("tiny", "restart"),
+        ("demo", "continue"),
+        ("demo", "restart"),
+    ],
+)
+def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, mode: str) -> None:
+    """The frames on the socket equal the public stream API's, with the switch (each mode of
+    ``SWITCH_MODES``) before the block the session report names; the switch shows within the buffer
+    depth; without it the frames differ. The demo preset: the shipped DiT, text encoder and a decoder of
+    the session's own."""
+    recache, restart = mode == "recache", mode == "restart"
     seed, a, b = 5, "a red fox in the snow", "a blue whale in deep water"
     cfg = TEST_CFG
     if preset == "demo":
@@ -137,8 +148,16 @@ def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, recache: bool
         frames: dict[int, tuple[int, np.ndarray]] = {}
         with client.websocket_connect(WS + r.json()["ws"]) as ws:
             receive(ws, frames, lambda f, s: max_block(f) >= 1)
-            r = client.post(f"/api/sessions/{sid}/prompt", json={"prompt": b, "recache": recache})
+            if restart:  # both at once is refused with the rule, before the rate limit counts it
+                r = client.post(
+                    f"/api/sessions/{sid}/prompt", json={"prompt": b, "recache": True, "restart": True}
+                )
+                assert r.status_code == 422 and "a restart drops the KV cache" in r.json()["detail"], r.text
+            r = client.post(
+                f"/api/sessions/{sid}/prompt", json={"prompt": b, "recache": recache, "restart": restart}
+            )
             assert r.status_code == 202, r.text
+            assert (r.json()["recache"], r.json()["restart"]) == (recache, restart)
 
             def switched(f: dict[int, Any], s: dict[str, Any]) -> bool:
                 sched = s.get("prompt_schedule", [])
@@ -153,7 +172,9 @@ def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, recache: bool
         assert r.status_code == 200, r.text
         rep = r.json()
     sched = rep["serve"]["prompt_schedule"]
-    assert [(s["prompt"], s["recache"]) for s in sched] == [(a, False), (b, recache)]
+    assert [(s["prompt"], s["recache"], s["restart"]) for s in sched] == [
+        (a, False, False), (b, recache, restart)
+    ]  # fmt: skip
     at = sched[1]["applied_block"]
     # the switch acts on the first chunk produced after it was asked, and shows within the buffer depth
     assert sched[1]["first_frame_index"] == sched[1]["produced_index"]
@@ -161,8 +182,8 @@ def test_prompt_switch_reaches_the_stream_frame_exact(preset: str, recache: bool
     assert rep["meta"]["preset"] == preset
     assert rep["meta"]["guidance"] == get_preset(preset).guidance_scale  # the report names the guidance
     last = max_block(frames)
-    want = offline_frames(cfg, seed, [(0, a, False), (at, b, recache)], last + 1)
-    plain = offline_frames(cfg, seed, [(0, a, False)], last + 1)
+    want = offline_frames(cfg, seed, [(0, a, "continue"), (at, b, mode)], last + 1)
+    plain = offline_frames(cfg, seed, [(0, a, "continue")], last + 1)
     assert frames, "no frames received"
     for index, (block, img) in frames.items():
         assert want[index][0] == block
@@ -176,7 +197,7 @@ def test_session_lifecycle_two_sessions_and_report() -> None:
     with serve() as client:
         page = client.get("/")
         assert page.status_code == 200 and "<canvas" in page.text and "new WebSocket" in page.text
-        assert "/api/sessions" in page.text and 'id="recache"' in page.text
+        assert "/api/sessions" in page.text and 'id="mode"' in page.text
         assert "http://" not in page.text and "https://" not in page.text  # no external resources
         ids, got = [], []
         for prompt in ("a cat", "a dog"):
@@ -424,6 +445,7 @@ def test_demo_preset_names_its_model_and_refuses_prompts_by_role_with_422() -> N
             "decoder": "demo autoencoder (streaming decoder, trained)",
             "guidance": "3 (classifier-free, where sigma > 0.85)",  # the demo preset's guidance interval
             "prompt_rule": conf["model"]["prompt_rule"],
+            "switch": "restart",  # the page's default for the demo model (docs/demo_model.md)
         }
         for word in ("red", "purple", "circle", "triangle", "black", "navy", "1 to 3"):
             assert word in conf["model"]["prompt_rule"]

@@ -10,7 +10,9 @@ HTTP API (JSON; errors are ``{"detail": "..."}`` naming the rule):
   admission refuses (the reason), 429 over the admission rate, 422 for a bad prompt (the rule; for the
   demo preset its roles, :func:`rolling_forcing.prompts.check_scene_prompt`).
 * ``GET /api/sessions/{id}``: the session's live readout.
-* ``POST /api/sessions/{id}/prompt`` ``{"prompt": str, "recache": bool}`` -> 202; 429 over the rate.
+* ``POST /api/sessions/{id}/prompt`` ``{"prompt": str, "recache": bool, "restart": bool}`` -> 202; 422 for
+  both, 429 over the rate. Neither: the stream continues under the new prompt; ``recache``: its KV cache
+  is re-encoded under it; ``restart``: the stream restarts under it (``RollingForcingPipeline.set_prompt``).
 * ``DELETE /api/sessions/{id}``: close it; returns its JSON report (also ``GET /api/reports/{id}``).
 * ``WS /api/sessions/{id}/ws``: one viewer; the server sends each frame in its playback slot as a binary
   message (8-byte header: frame index and block, big-endian uint32; then the JPEG/PNG bytes) and a JSON
@@ -63,6 +65,7 @@ class PromptSwitch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt: str
     recache: bool = False
+    restart: bool = False
 
 
 def _error(exc: RuleError) -> JSONResponse:
@@ -165,8 +168,11 @@ def create_app(
     async def switch_prompt(sid: str, body: PromptSwitch, request: Request) -> dict[str, Any]:
         s = manager(request).get(sid)
         prompt = check_prompt(body.prompt, cfg.max_prompt_chars, s.engine)
-        sw = await asyncio.to_thread(s.request_prompt, prompt, body.recache)
-        return {"prompt": sw.prompt, "recache": sw.recache, "requested_play_index": sw.requested_play_index}
+        sw = await asyncio.to_thread(s.request_prompt, prompt, body.recache, body.restart)
+        return {
+            "prompt": sw.prompt, "recache": sw.recache, "restart": sw.restart,
+            "requested_play_index": sw.requested_play_index,
+        }  # fmt: skip
 
     @app.delete("/api/sessions/{sid}")
     async def close_session(sid: str, request: Request) -> dict[str, Any]:

@@ -52,6 +52,15 @@ DEMO_PROMPT_HELP = (
 """The demo preset's prompt rule as the page shows it (:func:`rolling_forcing.prompts.check_scene_prompt`)."""
 
 
+SWITCH_MODES = ("continue", "recache", "restart")
+"""How a prompt switch is taken: the stream continues, continues with its KV cache re-encoded, or restarts
+(``RollingForcingPipeline.set_prompt``'s ``recache`` / ``restart``)."""
+
+DEMO_SWITCH = "restart"
+"""The demo model's default switch: a model that continues its context cannot draw an object the context
+does not show (measured, docs/demo_model.md "Switches"), so the page restarts its stream."""
+
+
 @dataclass(frozen=True)
 class ModelParts:
     """A served model.
@@ -68,6 +77,10 @@ class ModelParts:
             non-empty text).
         prompt_help: the prompt rule in words (empty when there is none).
         default_prompt: the page's first prompt (it passes ``prompt_rule``).
+        switch: how the page switches a prompt by default (:data:`SWITCH_MODES`): ``"continue"`` (the
+            stream continues under the new prompt), ``"recache"`` (and re-encodes its KV cache) or
+            ``"restart"`` (the stream restarts under it: the demo model's, which cannot draw objects its
+            context does not show, docs/demo_model.md).
     """
 
     preset: str
@@ -81,6 +94,11 @@ class ModelParts:
     prompt_rule: Callable[[str], object] | None = None
     prompt_help: str = ""
     default_prompt: str = "a red fox running through fresh snow"
+    switch: str = "continue"
+
+    def __post_init__(self) -> None:
+        if self.switch not in SWITCH_MODES:
+            raise ValueError(f"switch must be one of {SWITCH_MODES}, got {self.switch!r}")
 
     def describe(self) -> dict[str, str]:
         """Which model is served: preset, weights, text conditioning, decoder, prompt rule."""
@@ -91,6 +109,7 @@ class ModelParts:
             "decoder": self.decoder,
             "guidance": guidance_text(self.model_cfg.guidance_scale, self.model_cfg.guidance_sigma_min),
             "prompt_rule": self.prompt_help,
+            "switch": self.switch,
         }
 
 
@@ -131,7 +150,7 @@ def default_parts(cfg: ServeConfig) -> ModelParts:
             "demo", mcfg, demo.model.float().eval(), demo_encode,
             lambda: session_decoder(demo.decoder), "shipped demo weights",
             "demo text encoder (trained with the DiT)", "demo autoencoder (streaming decoder, trained)",
-            lambda p: check_scene_prompt(p, text_len), DEMO_PROMPT_HELP, DEMO_PROMPT,
+            lambda p: check_scene_prompt(p, text_len), DEMO_PROMPT_HELP, DEMO_PROMPT, DEMO_SWITCH,
         )  # fmt: skip
     if cfg.preset == "tiny":
         text = SeededTextEncoder(mcfg.text_len, mcfg.text_dim)
@@ -228,9 +247,10 @@ class LiveStream:
     def finished(self) -> bool:
         return self._it is None
 
-    def set_prompt(self, text_embeds: torch.Tensor, recache: bool) -> int:
-        """Switch the prompt; returns the first block produced under it (the next chunk's)."""
-        self.pipe.set_prompt(text_embeds, recache=recache)
+    def set_prompt(self, text_embeds: torch.Tensor, recache: bool, restart: bool = False) -> int:
+        """Switch the prompt (``restart``: the stream restarts under it); returns the first block produced
+        under it (the next chunk's)."""
+        self.pipe.set_prompt(text_embeds, recache=recache, restart=restart)
         return self.blocks_done
 
     def next_chunk(self) -> ChunkOut | None:
@@ -332,6 +352,8 @@ class Engine:
 
 __all__ = [
     "DEMO_PROMPT",
+    "DEMO_SWITCH",
+    "SWITCH_MODES",
     "ChunkOut",
     "CostTracker",
     "Engine",

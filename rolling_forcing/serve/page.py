@@ -4,11 +4,12 @@ On load the page reads ``GET /api/config`` and says which model it shows (preset
 decoder and, for the demo preset, the prompt rule) and fills the prompt box with the model's first prompt.
 It creates a session (``POST /api/sessions``), opens its WebSocket, draws each binary frame message
 (8-byte header, then a JPEG/PNG) on a canvas with ``createImageBitmap``, switches the prompt
-(``POST /api/sessions/{id}/prompt``, with or without re-cache), stops (``DELETE``: shows the report
-summary) and shows the readout the server sends, plus the time from *start* to the first frame on the
-canvas (measured in the browser, ``performance.now()``). After drawing a frame it dispatches a
-``rf-frame`` event on ``document`` (``detail``: ``index``, ``block``, ``t_ms``) for scripts that read the
-canvas (the browser test).
+(``POST /api/sessions/{id}/prompt``: the stream continues, continues with its KV cache re-cached, or
+restarts under the new prompt; the model's default, ``switch`` of ``/api/config``, is preselected),
+stops (``DELETE``: shows the report summary) and shows the readout the server sends, plus the time from
+*start* to the first frame on the canvas (measured in the browser, ``performance.now()``). After drawing
+a frame it dispatches a ``rf-frame`` event on ``document`` (``detail``: ``index``, ``block``, ``t_ms``)
+for scripts that read the canvas (the browser test).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ _PAGE = """<!doctype html>
   <p><label>seed <input id="seed" type="number" value="0" min="0"></label>
      <button id="start" disabled>start</button> <button id="stop" disabled>stop</button></p>
   <p><button id="switch" disabled>switch prompt</button>
-     <label><input id="recache" type="checkbox"> re-cache the KV cache</label></p>
+     <label>as <select id="mode">
+       <option value="continue">continue the stream</option>
+       <option value="recache">continue, re-cache the KV cache</option>
+       <option value="restart">restart the video</option></select></label></p>
   <p id="error"></p>
   <table id="readout">
    <tr><td>status</td><td id="r-status">idle</td></tr>
@@ -111,6 +115,7 @@ async function loadModel() {
       cfg.fps + " fps); guidance: " + m.guidance;
     $("rule").textContent = m.prompt_rule ? "prompts: " + m.prompt_rule : "";
     if (!$("prompt").value) $("prompt").value = cfg.default_prompt;
+    $("mode").value = m.switch || "continue";
     $("start").disabled = false;
   } catch (e) { setError(e.message); }
 }
@@ -152,7 +157,8 @@ $("switch").onclick = async () => {
   setError("");
   try {
     await api("POST", "/api/sessions/" + session.id + "/prompt",
-              {prompt: $("prompt").value, recache: $("recache").checked});
+              {prompt: $("prompt").value, recache: $("mode").value === "recache",
+               restart: $("mode").value === "restart"});
   } catch (e) { setError(e.message); }
 };
 </script>

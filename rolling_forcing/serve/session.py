@@ -59,7 +59,8 @@ def check_prompt(prompt: object, max_chars: int, engine: Engine | None = None) -
 class Switch:
     """A prompt switch: when it was asked (seconds since the session start, the play index and the
     frames produced then) and the block from which the stream runs under it (None until applied: the
-    next chunk after the request, whose first frame is ``produced_index``)."""
+    next chunk after the request, whose first frame is ``produced_index``); ``recache`` / ``restart``:
+    how the stream takes it (``RollingForcingPipeline.set_prompt``; neither: it continues)."""
 
     prompt: str
     recache: bool
@@ -67,6 +68,7 @@ class Switch:
     requested_play_index: int
     produced_index: int
     applied_block: int | None = None
+    restart: bool = False
 
     def to_dict(self, frames_per_block: int, temporal_stride: int) -> dict[str, Any]:
         d = asdict(self)
@@ -105,11 +107,14 @@ class Session:
         self.stream: LiveStream | None = engine.open_stream(prompt, seed)
 
     # ---- request side -------------------------------------------------------------------------
-    def request_prompt(self, prompt: str, recache: bool) -> Switch:
-        """Queue a prompt switch for the next chunk; :class:`RuleError` 429 inside ``prompt_interval_s``
-        of the previous one, 409 once the session is closed. Blocks while a chunk of this session is
-        being produced (call it off the event loop)."""
+    def request_prompt(self, prompt: str, recache: bool, restart: bool = False) -> Switch:
+        """Queue a prompt switch for the next chunk (``restart``: the stream restarts under the new
+        prompt, see ``RollingForcingPipeline.set_prompt``); :class:`RuleError` 422 for ``recache`` with
+        ``restart``, 429 inside ``prompt_interval_s`` of the previous switch, 409 once the session is
+        closed. Blocks while a chunk of this session is being produced (call it off the event loop)."""
         cfg = self.engine.cfg
+        if recache and restart:
+            raise RuleError(422, "recache and restart: a restart drops the KV cache; choose one")
         emb = self.engine.encode(prompt)  # before the lock: a chunk may be in flight meanwhile
         now = time.perf_counter() - self.start
         with self.lock:
@@ -126,8 +131,9 @@ class Session:
             self._last_switch_s = now
             # under the lock no chunk is in flight: the next one produced starts at next_index
             sw = Switch(
-                prompt, bool(recache), now, self.buffer.sent + self.buffer.dropped, self.buffer.next_index
-            )
+                prompt, bool(recache), now, self.buffer.sent + self.buffer.dropped, self.buffer.next_index,
+                restart=bool(restart),
+            )  # fmt: skip
             self._pending, self._pending_emb = sw, emb
             return sw
 
@@ -148,7 +154,7 @@ class Session:
                 return None
             if self._pending is not None:
                 sw, self._pending = self._pending, None
-                sw.applied_block = self.stream.set_prompt(self._pending_emb, sw.recache)
+                sw.applied_block = self.stream.set_prompt(self._pending_emb, sw.recache, sw.restart)
                 self._pending_emb = None
                 self.switches.append(sw)
                 self.prompt = sw.prompt
