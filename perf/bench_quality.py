@@ -10,9 +10,10 @@ Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall cl
    (e) the longest run of frames in which an object vanished (no detection of its colour).
 3. ``drift``: (c) presence in the last 30 s of a 3-minute stream (relative positions, per-block noise)
    and whether the objects still move (``--quick``: 5 s of a 24-block stream).
-4. ``switch``: (d) frames from a ``set_prompt`` switch until the new prompt's objects are detected, with
-   and without re-cache; from the first prompt (two objects) and, in the full run, from the second (one
-   object: the new prompt adds an object the context does not show).
+4. ``switch``: (d) frames from a ``set_prompt`` switch until the new prompt's objects are detected, in
+   each mode of ``SWITCH_MODES`` (the stream continues, continues with its KV cache re-cached, restarts);
+   from the first prompt (two objects) and, in the full run, from the second (one object: the new prompt
+   adds an object the context does not show).
 5. ``compare``: merged vs two-pass, sharded (2 ranks, gloo) vs unsharded, emulator vs reference backend,
    bf16 vs fp32: decoded-video PSNR and (a), (b) of both streams.
 
@@ -54,6 +55,7 @@ from perf.quality.streams import (
 from perf.runner import RESULTS_DIR, BenchRow, append_rows, print_table, run_case
 from rolling_forcing.config import check_guidance
 from rolling_forcing.procedural import render, sample_scene
+from rolling_forcing.prompts import SWITCH_MODES
 
 PROMPTS = (
     "a red circle and a blue square bouncing on a gray background",
@@ -203,11 +205,11 @@ def drift_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
 
 def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
     rows = []
-    for src, recache in itertools.product(plan.switch_from, (False, True)):
-        spec = StreamSpec(src, plan.switch_blocks, seed=seed, switch=(SWITCH_TO, plan.switch_block, recache))
+    for src, mode in itertools.product(plan.switch_from, SWITCH_MODES):
+        spec = StreamSpec(src, plan.switch_blocks, seed=seed, switch=(SWITCH_TO, plan.switch_block, mode))
         for who in ("ground_truth", sm.name):
-            if who == "ground_truth" and recache:
-                continue  # the ideal stream has no cache
+            if who == "ground_truth" and mode != "continue":
+                continue  # the ideal stream has no cache and no restart
 
             def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
                 res = truth_stream(spec, seed=spec.seed) if who == "ground_truth" else run_stream(sm, spec)
@@ -228,7 +230,8 @@ def switch_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
                 "to": SWITCH_TO,
                 "blocks": plan.switch_blocks,
                 "switch_block": plan.switch_block,
-                "recache": recache,
+                "recache": mode == "recache",
+                "switch": mode,
             }
             rows.append(_stream_row("quality_switch", who, cfg, case))
     return rows
@@ -290,7 +293,8 @@ def summary(rows: list[BenchRow]) -> list[str]:
                 f"(median speeds {', '.join(_fmt(v) for v in e['speeds_px_per_frame'])} px/frame)"
             )
         elif r.op == "quality_switch":
-            rc = "with re-cache" if r.config["recache"] else "without re-cache"
+            mode = r.config.get("switch", "recache" if r.config["recache"] else "continue")
+            rc = {"continue": "continuing", "recache": "with re-cache", "restart": "restarting"}[mode]
             n_from = len(prompt_objects(r.config["from"]))
             out.append(
                 f"switch {r.variant} from {n_from} object(s) {rc}: "

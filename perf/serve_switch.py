@@ -44,7 +44,7 @@ import numpy as np
 
 from perf.quality.detect import detect, read_backgrounds
 from perf.quality.metrics import presence_mask, prompt_background, prompt_objects
-from rolling_forcing.serve.engine import SWITCH_MODES
+from rolling_forcing.prompts import SWITCH_MODES
 from rolling_forcing.video import VideoSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,6 +24,20 @@ from pathlib import Path
 
 from rolling_forcing.procedural import BACKGROUNDS, COLORS, SHAPES, SceneConfig, prompt_words
 
+SWITCH_MODES = ("continue", "recache", "restart")
+"""How a prompt switch is taken (``RollingForcingPipeline.set_prompt``): the stream continues under the new
+prompt, continues with its KV cache re-encoded under it (``recache=True``), or restarts under it
+(``restart=True``)."""
+
+
+def switch_options(mode: str) -> dict[str, bool]:
+    """``set_prompt``'s keyword options of a mode of :data:`SWITCH_MODES` (``{"recache": ..., "restart":
+    ...}``); ``ValueError`` naming the modes for another."""
+    if mode not in SWITCH_MODES:
+        raise ValueError(f"switch mode must be one of {SWITCH_MODES}, got {mode!r}")
+    return {"recache": mode == "recache", "restart": mode == "restart"}
+
+
 MAX_OBJECTS = SceneConfig().max_shapes
 """Most objects in a demo prompt: the demo model's training scenes hold 1 to 3 shapes
 (``rolling_forcing.demo.data`` samples them with the default
@@ -194,9 +208,11 @@ def check_scene_prompt(text: str, max_words: int | None = None) -> ScenePrompt:
 
 __all__ = [
     "MAX_OBJECTS",
+    "SWITCH_MODES",
     "PromptSchedule",
     "ScenePrompt",
     "check_scene_prompt",
     "parse_switch_frames",
     "read_prompt_schedule",
+    "switch_options",
 ]

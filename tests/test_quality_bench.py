@@ -53,7 +53,7 @@ def test_contact_sheet_size_and_tiles(tmp_path: Path) -> None:
 
 def test_truth_stream_frames_and_switch() -> None:
     res = truth_stream(
-        StreamSpec(PROMPT, 6, switch=("a yellow triangle bouncing on a navy background", 3, False))
+        StreamSpec(PROMPT, 6, switch=("a yellow triangle bouncing on a navy background", 3, "continue"))
     )
     assert res.frames.shape == (9 + 5 * 12, 64, 64, 3) and res.chunk_frames == (9, 12, 12, 12, 12, 12)
     assert res.switch_frame == 9 + 2 * 12
@@ -65,7 +65,7 @@ def test_truth_stream_frames_and_switch() -> None:
 
 def test_tiny_stream_runner_frame_counts_and_determinism() -> None:
     sm = load_model("tiny")
-    spec = StreamSpec(PROMPT, 5, merged=False, switch=(PROMPT.replace("red", "green"), 2, True))
+    spec = StreamSpec(PROMPT, 5, merged=False, switch=(PROMPT.replace("red", "green"), 2, "recache"))
     a = run_stream(sm, spec)
     assert a.frames.dtype == np.uint8 and a.frames.shape == (57, 64, 64, 3)
     assert a.chunk_frames == (9, 12, 12, 12, 12) and a.switch_frame == 21
@@ -82,7 +82,11 @@ def test_model_names_are_checked() -> None:
     with pytest.raises(ValueError, match="applies to model 'demo' only"):
         load_model("tiny", weights="rolling_forcing/demo/weights")
     with pytest.raises(ValueError, match="switch block"):
-        StreamSpec(PROMPT, 5, switch=(PROMPT, 5, False))
+        StreamSpec(PROMPT, 5, switch=(PROMPT, 5, "continue"))
+    with pytest.raises(ValueError, match="switch mode must be one of"):
+        StreamSpec(PROMPT, 5, switch=(PROMPT, 2, "cut"))
+    with pytest.raises(ValueError, match="has no restart"):
+        StreamSpec(PROMPT, 5, cores=2, switch=(PROMPT, 2, "restart"))
 
 
 def test_bench_main_prints_targets_and_writes_the_sheet(
@@ -126,7 +130,8 @@ def test_evaluate_on_the_ideal_stream() -> None:
 def test_switch_rows_from_each_start_prompt() -> None:
     """The full plan switches from a two-object and from a one-object prompt (the case that asks the model
     to draw an object its context does not show); each start gives the ideal stream's row and the model's
-    without and with re-cache. The ideal stream shows the new prompt from the switch block on: 0 frames."""
+    in each switch mode (continuing, re-cached, restarting). The ideal stream shows the new prompt from the
+    switch block on: 0 frames."""
     from dataclasses import replace
 
     from perf import bench_quality as bq
@@ -134,14 +139,17 @@ def test_switch_rows_from_each_start_prompt() -> None:
     assert bq.FULL.switch_from == bq.PROMPTS[:2] and len(prompt_objects(bq.PROMPTS[1])) == 1
     plan = replace(bq.QUICK, switch_blocks=6, switch_block=3, switch_from=bq.PROMPTS[:2])
     rows = bq.switch_rows(load_model("tiny"), plan, seed=0)
-    got = [(r.variant, r.config["from"], r.config["recache"]) for r in rows]
+    got = [(r.variant, r.config["from"], r.config["switch"], r.config["recache"]) for r in rows]
     assert got == [
-        (who, src, rc)
+        (who, src, mode, mode == "recache")
         for src in bq.PROMPTS[:2]
-        for who, rc in (("ground_truth", False), ("tiny", False), ("tiny", True))
-    ]
+        for who, mode in (
+            ("ground_truth", "continue"), ("tiny", "continue"), ("tiny", "recache"), ("tiny", "restart")
+        )
+    ]  # fmt: skip
     assert all(r.config["to"] == bq.SWITCH_TO and r.status == "ok" for r in rows)
     assert [r.extra["switch_frames"] for r in rows if r.variant == "ground_truth"] == [0, 0]
     lines = bq.summary(rows)
-    assert sum("from 2 object(s)" in line for line in lines) == 3
-    assert sum("from 1 object(s)" in line for line in lines) == 3
+    assert sum("from 2 object(s)" in line for line in lines) == 4
+    assert sum("from 1 object(s)" in line for line in lines) == 4
+    assert sum("restarting" in line for line in lines) == 2

@@ -28,6 +28,7 @@ from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.decode import PreviewDecoder, to_uint8_frames
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
+from rolling_forcing.prompts import switch_options
 from rolling_forcing.serve.app import FRAME_HEADER, create_app
 from rolling_forcing.serve.config import ServeConfig
 from rolling_forcing.stream import NoiseSource
@@ -113,7 +114,7 @@ def offline_frames(
                 break
             if chunk.block + 1 in switches:
                 p, mode = switches[chunk.block + 1]
-                pipe.set_prompt(encode(p), recache=mode == "recache", restart=mode == "restart")
+                pipe.set_prompt(encode(p), **switch_options(mode))
     return out
 
 

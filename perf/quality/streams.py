@@ -22,6 +22,7 @@ from rolling_forcing.config import ModelConfig, PipelineConfig, PositionMode, ge
 from rolling_forcing.decode import PreviewDecoder, StreamingDecoder, to_uint8_frames
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.procedural import COLORS, SHAPES, Scene, SceneConfig, Shape, prompt_words, render
+from rolling_forcing.prompts import SWITCH_MODES, switch_options
 from rolling_forcing.stream import NoiseSource
 from rolling_forcing.text import SeededTextEncoder, TextEncoder
 
@@ -110,7 +111,9 @@ class StreamSpec:
     ``merged`` (None = the backend's default), ``cores`` (> 1: sharded over gloo ranks), ``backend``
     (None = reference), ``dtype`` (``"float32"`` / ``"bfloat16"``), ``positions``; ``upfront``: draw the
     initial noise up front (False: per block, constant memory for long streams). ``switch``: ``(prompt,
-    block, recache)``: the stream's prompt becomes ``prompt`` from ``block`` on (>= 1)."""
+    block, mode)``: the stream's prompt becomes ``prompt`` from ``block`` on (>= 1), taken as ``mode``
+    says (``SWITCH_MODES``: ``"continue"``, ``"recache"`` or ``"restart"``, ``set_prompt``'s options; the
+    sharded stream has no restart)."""
 
     prompt: str
     num_blocks: int
@@ -121,7 +124,7 @@ class StreamSpec:
     dtype: str = "float32"
     positions: PositionMode = "absolute"
     upfront: bool = True
-    switch: tuple[str, int, bool] | None = None
+    switch: tuple[str, int, str] | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -131,6 +134,12 @@ class StreamSpec:
         if self.switch is not None and not 1 <= self.switch[1] < self.num_blocks:
             raise ValueError(
                 f"StreamSpec.switch block must be in [1, num_blocks={self.num_blocks}), got {self.switch[1]}"
+            )
+        if self.switch is not None and self.switch[2] not in SWITCH_MODES:
+            raise ValueError(f"StreamSpec.switch mode must be one of {SWITCH_MODES}, got {self.switch[2]!r}")
+        if self.switch is not None and self.switch[2] == "restart" and self.cores > 1:
+            raise ValueError(
+                "StreamSpec.switch mode 'restart': the sharded stream (cores > 1) has no restart"
             )
 
 
@@ -182,7 +191,9 @@ def run_stream(sm: StreamModel, spec: StreamSpec) -> StreamResult:
                 positions=spec.positions, merged=spec.merged,
             )  # fmt: skip
             if spec.switch is not None and new_emb is not None:
-                pipe.set_prompt(new_emb, spec.switch[2], window=switch_window(pipe_cfg, spec.switch[1]))
+                pipe.set_prompt(
+                    new_emb, spec.switch[2] == "recache", window=switch_window(pipe_cfg, spec.switch[1])
+                )
             stream = pipe.stream(emb, spec.num_blocks, generator=gen, upfront=spec.upfront)
         else:
             from rolling_forcing.pipeline import RollingForcingPipeline
@@ -204,7 +215,7 @@ def run_stream(sm: StreamModel, spec: StreamSpec) -> StreamResult:
                     switch_frame = sum(f.shape[0] for f in frames)
                 frames.append(to_uint8_frames(decoder.decode(chunk.latents.float())))
                 if spec.cores == 1 and spec.switch is not None and chunk.block + 1 == spec.switch[1]:
-                    pipe.set_prompt(new_emb, recache=spec.switch[2])
+                    pipe.set_prompt(new_emb, **switch_options(spec.switch[2]))
         wall = time.perf_counter() - t0
     finally:
         sm.model.float()

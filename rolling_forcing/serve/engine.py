@@ -35,7 +35,7 @@ from rolling_forcing.guidance import guidance_text
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.procedural import BACKGROUNDS, COLORS, SHAPES
-from rolling_forcing.prompts import MAX_OBJECTS, check_scene_prompt
+from rolling_forcing.prompts import MAX_OBJECTS, SWITCH_MODES, check_scene_prompt
 from rolling_forcing.report import percentile
 from rolling_forcing.serve.config import ServeConfig
 from rolling_forcing.stream import Chunk, NoiseSource
@@ -51,10 +51,6 @@ DEMO_PROMPT_HELP = (
 )
 """The demo preset's prompt rule as the page shows it (:func:`rolling_forcing.prompts.check_scene_prompt`)."""
 
-
-SWITCH_MODES = ("continue", "recache", "restart")
-"""How a prompt switch is taken: the stream continues, continues with its KV cache re-encoded, or restarts
-(``RollingForcingPipeline.set_prompt``'s ``recache`` / ``restart``)."""
 
 DEMO_SWITCH = "restart"
 """The demo model's default switch: a model that continues its context cannot draw an object the context
@@ -353,7 +349,6 @@ class Engine:
 __all__ = [
     "DEMO_PROMPT",
     "DEMO_SWITCH",
-    "SWITCH_MODES",
     "ChunkOut",
     "CostTracker",
     "Engine",
