@@ -112,6 +112,32 @@ def test_restart_near_the_end_shows_only_the_blocks_left(model: CausalWanModel) 
     assert pipe.state is None  # the stream ended
 
 
+def test_two_restarts_number_their_blocks_on(model: CausalWanModel) -> None:
+    """Restarts after blocks 1 and 6 of a 9-block stream: blocks 0..8 once each, only the last marked last,
+    and the last segment (2 blocks) is a fresh stream of the third prompt on the generator as it stood."""
+    a, b, c = (text_embeds(s, cfg=M) for s in (1, 2, 3))
+    gen = torch.Generator().manual_seed(4)
+    src = NoiseSource(1, M.latent_frame_shape(), FPB, NB, torch.float32, generator=gen, upfront=False)
+    pipe = RollingForcingPipeline(model, M, P)
+    chunks, state = [], gen.get_state()
+    for ch in pipe.stream(a, NB, noise=src):
+        chunks.append(ch)
+        if ch.block == 1:
+            pipe.set_prompt(b, restart=True)
+        if ch.block == 6:
+            state = gen.get_state()
+            pipe.set_prompt(c, restart=True)
+    assert [ch.block for ch in chunks] == list(range(NB))
+    assert [ch.last for ch in chunks] == [False] * (NB - 1) + [True]
+    g2 = torch.Generator()
+    g2.set_state(state)
+    src2 = NoiseSource(
+        1, M.latent_frame_shape(), FPB, P.window_blocks, torch.float32, generator=g2, upfront=False
+    )
+    fresh = list(RollingForcingPipeline(model, M, P).stream(c, P.window_blocks, noise=src2))
+    assert all(torch.equal(x.latents, y.latents) for x, y in zip(chunks[7:], fresh[:2], strict=True))
+
+
 def test_guided_restart_is_a_new_guided_stream(model: CausalWanModel) -> None:
     """A guided stream restarts guided: the blocks after the restart are the reference loop's guided
     stream of the new prompt and its negative from scratch."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from tools.mutant import Mutant
 from tools.mutants_demo import DEMO_MUTANTS
 from tools.mutants_guidance import GUIDANCE_MUTANTS
+from tools.mutants_restart import RESTART_MUTANTS
 
 __all__ = ["MUTANTS", "Mutant"]
 
@@ -591,4 +592,4 @@ _CORE: tuple[Mutant, ...] = (
            "a NaN figure is written to the results instead of being rejected"),
 )  # fmt: skip
 
-MUTANTS: tuple[Mutant, ...] = _CORE + DEMO_MUTANTS + GUIDANCE_MUTANTS
+MUTANTS: tuple[Mutant, ...] = _CORE + DEMO_MUTANTS + GUIDANCE_MUTANTS + RESTART_MUTANTS
