@@ -5,6 +5,8 @@ replay the draws (a restart less than a window from the end, a sequential method
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -120,7 +122,7 @@ def test_two_restarts_number_their_blocks_on(model: CausalWanModel) -> None:
     src = NoiseSource(1, M.latent_frame_shape(), FPB, NB, torch.float32, generator=gen, upfront=False)
     pipe = RollingForcingPipeline(model, M, P)
     chunks, state = [], gen.get_state()
-    for ch in pipe.stream(a, NB, noise=src):
+    for ch in itertools.islice(pipe.stream(a, NB, noise=src), NB + 1):  # bounded: a wrong count must fail
         chunks.append(ch)
         if ch.block == 1:
             pipe.set_prompt(b, restart=True)
