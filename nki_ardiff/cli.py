@@ -38,6 +38,7 @@ from nki_ardiff.cli_options import (
     Noise,
     Positions,
     Preset,
+    Switch,
     command_line,
 )
 from nki_ardiff.cli_run import run_generate
@@ -172,6 +173,14 @@ def generate(
             "noisiest levels for demo, 1 for the others)"
         ),
     ] = None,
+    switch: Annotated[
+        Switch | None,
+        typer.Option(
+            help="how the --prompt-schedule switches are taken: continue the stream, recache its KV cache "
+            "(LongLive), or restart the stream under the new prompt (default: restart for demo, the "
+            "method's original for the others)"
+        ),
+    ] = None,
 ) -> None:
     """Stream a video and print the per-chunk latency report (measured, CPU wall clock)."""
     opts = GenerateOptions(
@@ -181,6 +190,7 @@ def generate(
         report_json=report_json, progress=progress, quiet=quiet, threads=threads, warmup=warmup,
         cores=cores, merged=merged, compile=compile, method=method.value, lora=lora,
         prompt_schedule=prompt_schedule, switch_frames=switch_frames, noise=noise.value, guidance=guidance,
+        switch=None if switch is None else switch.value,
     )  # fmt: skip
     with reported_errors("generate", ctx):
         run_generate(opts, echo=typer.echo)

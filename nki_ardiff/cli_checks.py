@@ -330,6 +330,27 @@ def check_model_sources(opts: GenerateOptions, *, typed_prompts: bool = False) -
     _check_extras_and_backend(opts)
 
 
+def _check_switch(opts: GenerateOptions, method: str, method_recache: str) -> None:
+    """``--switch``: one of the switch modes, with a prompt schedule, a re-cache only with a method whose
+    original has one, a restart only on one core."""
+    from rolling_forcing.prompts import SWITCH_MODES
+
+    if opts.switch not in SWITCH_MODES:
+        raise CliError("--switch", f"must be one of {', '.join(SWITCH_MODES)}, got {opts.switch!r}")
+    if opts.prompt_schedule is None:
+        raise CliError("--switch", "needs --prompt-schedule (the switches it takes)")
+    if opts.switch == "recache" and method_recache == "none":
+        raise CliError(
+            "--switch",
+            f"recache: --method {method} has no KV re-cache in its original (use continue or restart)",
+        )
+    if opts.switch == "restart" and opts.cores != 1:
+        raise CliError(
+            "--switch",
+            "restart: the sharded stream (--cores > 1) schedules its switches up front and has no restart",
+        )
+
+
 def _check_combinations(opts: GenerateOptions) -> None:
     from rolling_forcing.methods import get_method
 
@@ -337,6 +358,8 @@ def _check_combinations(opts: GenerateOptions) -> None:
     _check_sources(opts)
     if opts.switch_frames is not None and opts.prompt_schedule is None:
         raise CliError("--switch-frames", "needs --prompt-schedule")
+    if opts.switch is not None:
+        _check_switch(opts, method.name, method.recache)
     if opts.prompt_schedule is not None and opts.prompt_embeds is not None:
         raise CliError("--prompt-schedule", "encodes its prompts: it cannot be combined with --prompt-embeds")
     if opts.compile and method.sequential:

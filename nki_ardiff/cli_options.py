@@ -46,6 +46,12 @@ class Preset(str, Enum):
     wan2_1_1_3b = "wan2.1-1.3b"
 
 
+class Switch(str, Enum):
+    continue_ = "continue"
+    recache = "recache"
+    restart = "restart"
+
+
 NoiseMode = Literal["auto", "upfront", "per-block"]
 """The values of :class:`Noise` (what :class:`GenerateOptions` stores)."""
 
@@ -66,6 +72,8 @@ class GenerateOptions:
     one-line result (errors still go to stderr). ``noise``: ``auto`` (default; the original's up-front
     draw for streams the original could run, per block beyond), ``upfront`` or ``per-block``.
     ``guidance``: the classifier-free guidance scale (None: the preset's, ``ModelConfig.guidance_scale``).
+    ``switch``: how the prompt schedule's switches are taken (``rolling_forcing.prompts.SWITCH_MODES``;
+    None: :func:`default_switch`).
     """
 
     out: Path
@@ -96,6 +104,16 @@ class GenerateOptions:
     noise: NoiseMode = "auto"
     quiet: bool = False
     guidance: float | None = None
+    switch: str | None = None
+
+
+def default_switch(preset: str, method_recache: str) -> str:
+    """The switch mode of a prompt schedule without ``--switch``: the demo preset restarts (the served
+    page's default for it: it cannot draw an object its context does not show); otherwise the method's
+    original: LongLive re-caches (``method_recache == "window"``), the others continue."""
+    if preset == "demo":
+        return "restart"
+    return "recache" if method_recache == "window" else "continue"
 
 
 def command_line(opts: GenerateOptions) -> str:
@@ -115,6 +133,7 @@ def command_line(opts: GenerateOptions) -> str:
         ("--prompt-schedule", opts.prompt_schedule),
         ("--switch-frames", opts.switch_frames),
         ("--guidance", opts.guidance),
+        ("--switch", opts.switch),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -128,4 +147,15 @@ def command_line(opts: GenerateOptions) -> str:
     return shlex.join(parts)
 
 
-__all__ = ["Backend", "DType", "GenerateOptions", "Method", "Noise", "Positions", "Preset", "command_line"]
+__all__ = [
+    "Backend",
+    "DType",
+    "GenerateOptions",
+    "Method",
+    "Noise",
+    "Positions",
+    "Preset",
+    "Switch",
+    "command_line",
+    "default_switch",
+]

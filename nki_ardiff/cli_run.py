@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nki_ardiff.cli_checks import CliError, RunPlan, check_generate
-from nki_ardiff.cli_options import GenerateOptions, command_line
+from nki_ardiff.cli_options import GenerateOptions, command_line, default_switch
 
 
 class Interrupted(Exception):
@@ -333,6 +333,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
     from rolling_forcing.methods import get_method
     from rolling_forcing.model import CausalWanModel
     from rolling_forcing.pipeline import RollingForcingPipeline
+    from rolling_forcing.prompts import switch_options
     from rolling_forcing.report import ChunkTimer, deadline_s
     from rolling_forcing.stream import NoiseSource
     from rolling_forcing.video import VideoSpec, VideoWriter
@@ -350,6 +351,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     model_cfg = get_preset(opts.preset)
     method = get_method(opts.method)
+    switch_mode = opts.switch or default_switch(opts.preset, method.recache)
     pipe_cfg = PipelineConfig(dtype=opts.dtype, positions=opts.positions)
     spec = VideoSpec()
     num_blocks = plan.num_blocks
@@ -421,7 +423,11 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                     }
                     text_embeds = _build_text(replace(opts, prompt=segs[0][1]), model_cfg, demo)[0]
                     starts = [b for b, _ in segs]
-                    text_src += f"; prompt schedule {opts.prompt_schedule}: segments start at blocks {starts}"
+                    text_src += (
+                        f"; prompt schedule {opts.prompt_schedule}: segments start at blocks {starts}, "
+                        f"switches {switch_mode}"
+                    )
+                    meta["switch"] = switch_mode
             meta["text"] = text_src
             with phase("decoder"):
                 decoder, meta["decoder"] = _build_decoder(opts, model_cfg, spec, demo)
@@ -478,7 +484,7 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                 if opts.cores != 1:  # the sharded stream takes its switches up front, at their window
                     for b, emb in switches.items():
                         w = b * method.steps if method.sequential else b + pipe_cfg.window_blocks - 1
-                        pipe.set_prompt(emb.to(dt), method.recache == "window", window=w)
+                        pipe.set_prompt(emb.to(dt), switch_mode == "recache", window=w)
                     stream = pipe.stream(
                         text_embeds.to(dt), num_blocks, generator=generator, upfront=plan.upfront
                     )
@@ -505,9 +511,9 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
                                 generate_s=t_gen - t_prev, decode_s=t_dec - t_gen, write_s=t_wr - t_dec,
                             )  # fmt: skip
                         bar.update(1)
-                        if opts.cores == 1 and chunk.block + 1 in switches:  # LongLive re-caches
+                        if opts.cores == 1 and chunk.block + 1 in switches:
                             emb = switches[chunk.block + 1].to(dt)
-                            pipe.set_prompt(emb, recache=method.recache == "window")
+                            pipe.set_prompt(emb, **switch_options(switch_mode))
                         t_prev = time.perf_counter()
                 finally:
                     close = getattr(stream, "close", None)

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nki_ardiff.cli import app
+from nki_ardiff.cli_options import default_switch
 from rolling_forcing.prompts import PromptSchedule, parse_switch_frames, read_prompt_schedule
 from rolling_forcing.video import read_video
 
@@ -109,3 +110,43 @@ def test_prompt_schedule_on_2_cores_equals_1_core(tmp_path, method: str) -> None
         assert r.exit_code == 0, r.output
         vids.append(read_video(out).astype(float))
     assert float(abs(vids[0] - vids[1]).mean()) < 0.5
+
+
+def test_generate_switch_modes(tmp_path) -> None:
+    """``--switch``: the schedule's switch taken as a restart equals the continuing run before the switch
+    and differs after it; the report names the mode; the defaults (demo restarts, LongLive re-caches, the
+    others continue); every misuse is one line before any build."""
+    sched = tmp_path / "p.jsonl"
+    sched.write_text(json.dumps({"prompts": ["a red fox", "a blue whale"]}) + "\n")
+    base = ["generate", "--preset", "tiny", "--blocks", "8", "--prompt", "a red fox", "--no-progress"]
+    base += ["--no-warmup", "--prompt-schedule", str(sched), "--switch-frames", "9"]  # block 3
+    vids, metas = {}, {}
+    for mode in ("continue", "restart"):
+        out, rep = tmp_path / f"{mode}.mp4", tmp_path / f"{mode}.json"
+        r = runner.invoke(app, [*base, "--switch", mode, "--out", str(out), "--report-json", str(rep)])
+        assert r.exit_code == 0, r.output
+        vids[mode] = read_video(out).astype(float)
+        metas[mode] = json.loads(rep.read_text())["meta"]
+    assert [metas[m]["switch"] for m in ("continue", "restart")] == ["continue", "restart"]
+    assert "segments start at blocks [0, 3], switches restart" in metas["restart"]["text"]
+    assert "--switch restart" in metas["restart"]["command"]
+    first = 9 + 2 * 12  # pixel frames of blocks 0..2
+    same = float(abs(vids["continue"][:first] - vids["restart"][:first]).mean())
+    diff = float(abs(vids["continue"][first:] - vids["restart"][first:]).mean())
+    assert same < 0.5 < 2.0 < diff, (same, diff)  # H.264 noise of equal streams < 0.5 (test_cli.py)
+    assert default_switch("demo", "ring") == "restart"
+    assert default_switch("tiny", "window") == "recache" and default_switch("tiny", "ring") == "continue"
+    x = ["--out", str(tmp_path / "x.mp4")]
+    for extra, line in (
+        (["--switch", "restart"], "error: --switch: needs --prompt-schedule"),
+        (
+            ["--prompt-schedule", str(sched), "--method", "self-forcing", "--switch", "recache"],
+            "error: --switch: recache: --method self-forcing has no KV re-cache in its original",
+        ),
+        (
+            ["--prompt-schedule", str(sched), "--cores", "2", "--switch", "restart"],
+            "error: --switch: restart: the sharded stream (--cores > 1)",
+        ),
+    ):
+        r = runner.invoke(app, ["generate", "--preset", "tiny", *extra, *x])
+        assert r.exit_code == 2 and line in r.output, r.output
