@@ -19,7 +19,7 @@ import typer
 
 from nki_ardiff.cli_checks import CliError, check_guidance_option, check_model_sources
 from nki_ardiff.cli_errors import reported_errors
-from nki_ardiff.cli_options import GenerateOptions, Preset
+from nki_ardiff.cli_options import GenerateOptions, Preset, Switch
 
 if TYPE_CHECKING:
     from rolling_forcing.serve.config import ServeConfig
@@ -48,7 +48,8 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     """The served model of ``opts`` (checked by :func:`check_model_sources`), built as ``generate`` builds
     it: the demo preset's shipped model, or the preset's DiT (``torch.manual_seed(--seed)``, then
     ``--checkpoint`` / ``--lora``), ``--text-encoder`` or seeded embeddings, ``--vae`` or the preview
-    decoder. Load errors are :class:`CliError` naming the option."""
+    decoder. The page's preselected switch mode: ``--switch``, else the demo model's ``DEMO_SWITCH``
+    (restart) or ``continue``. Load errors are :class:`CliError` naming the option."""
     import torch
 
     from nki_ardiff.cli_run import _build_decoder, _load_demo, _load_weights, text_encoder_for
@@ -80,11 +81,13 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     proto, decoder = _build_decoder(opts, model_cfg, VideoSpec(), demo)
     if demo is None:
         return ModelParts(
-            opts.preset, model_cfg, model, encode, lambda: session_decoder(proto), weights, text, decoder
-        )
+            opts.preset, model_cfg, model, encode, lambda: session_decoder(proto), weights, text, decoder,
+            switch=opts.switch or "continue",
+        )  # fmt: skip
     return ModelParts(
         "demo", model_cfg, model, encode, lambda: session_decoder(proto), weights, text, decoder,
-        lambda p: check_scene_prompt(p, model_cfg.text_len), DEMO_PROMPT_HELP, DEMO_PROMPT, DEMO_SWITCH,
+        lambda p: check_scene_prompt(p, model_cfg.text_len), DEMO_PROMPT_HELP, DEMO_PROMPT,
+        opts.switch or DEMO_SWITCH,
     )  # fmt: skip
 
 
@@ -121,6 +124,13 @@ def serve(
     report_dir: Annotated[
         Path | None, typer.Option(help="write each closed session's JSON report here (server-side)")
     ] = None,
+    switch: Annotated[
+        Switch | None,
+        typer.Option(
+            help="the switch mode the page preselects: continue the stream, recache its KV cache, or "
+            "restart it under the new prompt (default: restart for demo, continue for the others)"
+        ),
+    ] = None,
 ) -> None:
     """Serve live streams to a browser page with a prompt box (FastAPI + uvicorn; docs/serve.md)."""
     with reported_errors("serve", ctx):
@@ -133,6 +143,7 @@ def serve(
         opts = GenerateOptions(
             out=Path("serve.mp4"), preset=preset.value, seed=seed, checkpoint=checkpoint, use_ema=use_ema,
             lora=lora, vae=vae, text_encoder=text_encoder, guidance=guidance,
+            switch=None if switch is None else switch.value,
         )  # fmt: skip
         if guidance is not None:
             check_guidance_option(guidance)

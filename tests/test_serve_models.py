@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from fastapi.testclient import TestClient
 
@@ -77,3 +78,32 @@ def test_served_checkpoint_and_vae_equal_the_offline_stream(tmp_path: Path) -> N
     for index, (block, img) in got.items():
         assert want[index][0] == block
         np.testing.assert_array_equal(img, want[index][1], err_msg=f"frame {index} (block {block})")
+
+
+def test_the_page_switch_mode_defaults_and_option() -> None:
+    """The page preselects the served model's switch mode: restart for the demo model, continue for the
+    others, ``--switch`` for any; a mode outside SWITCH_MODES is refused when the parts are made."""
+    from rolling_forcing.serve.engine import ModelParts
+
+    tiny = GenerateOptions(out=Path("serve.mp4"), preset="tiny")
+    assert build_parts(tiny).describe()["switch"] == "continue"
+    assert (
+        build_parts(GenerateOptions(out=Path("serve.mp4"), preset="demo")).describe()["switch"] == "restart"
+    )
+    assert (
+        build_parts(GenerateOptions(out=Path("serve.mp4"), preset="tiny", switch="recache")).switch
+        == "recache"
+    )
+    parts = build_parts(tiny)
+    with pytest.raises(ValueError, match="switch must be one of"):
+        ModelParts(
+            parts.preset,
+            parts.model_cfg,
+            parts.model,
+            parts.encode,
+            parts.new_decoder,
+            "w",
+            "t",
+            "d",
+            switch="cut",
+        )
