@@ -265,6 +265,9 @@ class RollingForcingPipeline:
                 :class:`NoiseSource`; None draws it from ``generator`` in the original order.
             negative_embeds: a guided stream's negative prompt (``text_embeds``' shape; None: the null
                 prompt, zeros); ``ValueError`` for an unguided stream. Chunks hold the ``B`` prompt rows.
+
+        A restarting switch (``set_prompt(..., restart=True)``) runs the rest as a new stream of the new
+        prompt; chunk blocks (and ``Chunk.window``, the calls since this stream began) run on over it.
         """
         check_method_stream(self.model, self.method, self.pipe_cfg, text_embeds, num_blocks, self.positions)
         batch = self._batch(text_embeds, negative_embeds)

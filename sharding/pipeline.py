@@ -366,7 +366,9 @@ class ShardedRollingForcingPipeline:
         self._prompts: dict[int, tuple[torch.Tensor, bool]] = {}
         self._streaming = False
 
-    def set_prompt(self, text_embeds: torch.Tensor, recache: bool = False, *, window: int) -> None:
+    def set_prompt(
+        self, text_embeds: torch.Tensor, recache: bool = False, *, window: int, restart: bool = False
+    ) -> None:
         """Schedule a prompt switch at the start of ``window`` of the next :meth:`stream`.
 
         Same semantics as :meth:`rolling_forcing.pipeline.RollingForcingPipeline.set_prompt` called after
@@ -380,8 +382,15 @@ class ShardedRollingForcingPipeline:
         Raises ``RuntimeError`` while a stream runs (the ranks run ahead of the consumer, so a switch
         made then could not be placed at a window exactly), ``ValueError``/``TypeError`` for bad
         embeddings, a negative or non-int ``window`` or a non-bool ``recache`` (the window's upper bound
-        and the batch are checked by :meth:`stream`, before spawning).
+        and the batch are checked by :meth:`stream`, before spawning). ``restart=True`` (the unsharded
+        stream's restarting switch) raises ``NotImplementedError``: a sharded restart is a new
+        :meth:`stream` of the new prompt.
         """
+        if restart:
+            raise NotImplementedError(
+                "restart=True: the sharded stream has no restarting switch (its switches are scheduled "
+                "before it starts); end the stream and start a new stream() of the new prompt"
+            )
         if self._streaming:
             raise RuntimeError(
                 "set_prompt during a running sharded stream is not supported: the ranks run ahead of the "

@@ -286,6 +286,10 @@ def test_bad_plans_and_inputs_raise_before_spawning(monkeypatch: pytest.MonkeyPa
         sharded.set_prompt(text_embeds(), "yes", window=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="text embeddings"):
         sharded.set_prompt(torch.zeros(1, 3), window=1)
+    with pytest.raises(
+        NotImplementedError, match="restart=True: the sharded stream has no restarting switch"
+    ):
+        sharded.set_prompt(text_embeds(), window=1, restart=True)
     nw = P.window_blocks + P.window_blocks - 1  # windows of a window_blocks-block stream
     sharded.set_prompt(text_embeds(), window=nw)
     with pytest.raises(ValueError, match=f"window={nw} is outside the stream's windows"):
