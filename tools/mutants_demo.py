@@ -90,7 +90,7 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
            "if late_steps is not None and late_steps < -1:", ("tests/test_demo_cli.py",),
            "--late-steps -1 is accepted"),
     Mutant("bench-switch-from-ignored", "perf/bench_quality.py",
-           "itertools.product(plan.switch_from, (False, True))",
-           "itertools.product(plan.prompts[:1], (False, True))",
+           "itertools.product(plan.switch_from, SWITCH_MODES)",
+           "itertools.product(plan.prompts[:1], SWITCH_MODES)",
            ("tests/test_quality_bench.py",), "the bench's switch streams all start from the first prompt"),
 )  # fmt: skip

@@ -29,8 +29,8 @@ GUIDANCE_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "guidance-noise-rows",
         _GUIDE,
-        "        return torch.cat([x, x], dim=0)\n\n    def renoise",
-        "        return torch.cat([x, torch.randn_like(x)], dim=0)\n\n    def renoise",
+        "        return torch.cat([x, x], dim=0)\n\n    def upfront_blocks",
+        "        return torch.cat([x, torch.randn_like(x)], dim=0)\n\n    def upfront_blocks",
         _G,
         "the negative half starts every block from other noise than the prompt half",
     ),
@@ -61,8 +61,8 @@ GUIDANCE_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "guidance-switch-not-doubled",
         "rolling_forcing/pipeline.py",
-        "self._pending_prompt = (self._batch(text_embeds, negative_embeds), bool(recache))",
-        "self._pending_prompt = (text_embeds, bool(recache))",
+        "        batch = self._batch(text_embeds, negative_embeds)\n        if restart and",
+        "        batch = text_embeds\n        if restart and",
         _G,
         "a guided stream's switch installs the prompt only (the batch no longer matches)",
     ),
