@@ -308,8 +308,8 @@ class SwitchRun:
 class PageRun:
     """One session on the page: ``first_frame_ms`` (start press to the first frame drawn, browser clock;
     the readout's text ``first_frame_text``), the frames drawn (index, block, uint8 RGB), every switch,
-    the model line and the session report; ``screenshot``: PNG of the page half way through the first
-    switch's second chunk (or None)."""
+    the model line and the session report; ``screenshot``: PNG of the page half way through the second
+    chunk of switch ``screenshot_at`` (or None)."""
 
     first_frame_ms: float
     first_frame_text: str
@@ -332,6 +332,7 @@ def run_page_session(
     chunks_after: int = 4,
     warm_blocks: int = 2,
     screenshot: bool = False,
+    screenshot_at: int = 0,
 ) -> PageRun:
     """Open the page, start a session (seed ``seed``, the page's first prompt), wait for block
     ``warm_blocks`` on the canvas, then for each switch: type the prompt, choose its mode of
@@ -368,7 +369,7 @@ def run_page_session(
                 if len(sched) == k + 2 and sched[-1]["block"] is not None:
                     block = int(sched[-1]["block"])
                 time.sleep(0.05)
-            if screenshot and k == 0:  # half way through the new prompt's second chunk
+            if screenshot and k == screenshot_at:  # half way through the new prompt's second chunk
                 mid = VideoSpec().video_frames(block + 1, 3) + CHUNK_FRAMES // 2
                 dt.wait_for(f"{_LAST_INDEX} >= {mid}", f"frame {mid} on the canvas")
                 shot = base64.b64decode(dt.send("Page.captureScreenshot", {"format": "png"})["data"])

@@ -466,3 +466,33 @@ def test_demo_preset_names_its_model_and_refuses_prompts_by_role_with_422() -> N
         assert r.status_code == 202, r.text
         page = client.get("/").text
         assert 'id="model"' in page and "m.preset" in page and "default_prompt" in page
+
+
+def test_the_chunk_after_a_restart_is_not_a_steady_cost() -> None:
+    """The first chunk of a stream and the first after a restarting switch carry the window warm-up: the
+    session's steady cost (what admission and the buffer threshold read) leaves both out, and every other
+    chunk in. Without the worker running, the session is stepped by hand; a continuing switch counts."""
+    from rolling_forcing.serve.engine import Engine
+    from rolling_forcing.serve.manager import SessionManager
+
+    engine = Engine(ServeConfig(**{**TEST_CFG.__dict__, "buffer_frames": 120}))  # room for 8 chunks unplayed
+    engine.calibrate()
+    mgr = SessionManager(engine)
+    s = mgr.admit("a cat", 0)
+    counted = []
+    for step in range(8):
+        if step == 3:
+            s.request_prompt("a dog", recache=False, restart=True)
+            s._last_switch_s = -float("inf")  # the rate limit is not what this test is about
+        if step == 5:
+            s.request_prompt("a cow", recache=False)
+        n = len(s.costs)
+        out = s.step()
+        assert out is not None and out.block == step
+        counted.append(len(s.costs) - n)
+    assert counted == [0, 1, 1, 0, 1, 1, 1, 1]
+    assert [(w.prompt, w.restart, w.applied_block) for w in s.switches[1:]] == [
+        ("a dog", True, 3),
+        ("a cow", False, 5),
+    ]
+    mgr.stop()

@@ -38,7 +38,13 @@ def test_demo_page_follows_a_prompt_switch_on_screen_in_headless_chromium(tmp_pa
     log: list[str] = []
     with running_server(log=log) as url, chromium(tmp_path / "profile", CHROMIUM) as dt:
         run = run_page_session(
-            dt, url, [(ONE, "continue"), (TWO, None)], seed=0, chunks_after=4, screenshot=True
+            dt,
+            url,
+            [(ONE, "continue"), (TWO, None)],
+            seed=0,
+            chunks_after=4,
+            screenshot=True,
+            screenshot_at=1,
         )
     # the page names the model it shows: the trained demo model, served by default
     assert run.model_line.startswith(
