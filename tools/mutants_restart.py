@@ -57,4 +57,12 @@ RESTART_MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_serve.py",),
         "the served page's restart continues the stream instead",
     ),
+    Mutant(
+        "restart-cost-counted",
+        "rolling_forcing/serve/session.py",
+        "            if out.block > 0 and not (sw_restart and out.block == sw_block):\n",
+        "            if out.block > 0:\n",
+        ("tests/test_serve.py",),
+        "the warm-up chunk after a restart counts as a steady cost: admission turns viewers away",
+    ),
 )
