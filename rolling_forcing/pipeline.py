@@ -202,7 +202,8 @@ class RollingForcingPipeline:
         original has no re-cache (Self-Forcing, CausVid) raises ``ValueError``.
 
         ``restart=True`` (any method; not with ``recache``) *restarts* the stream under the new prompt
-        instead of continuing it (LongLive's "clear the KV cache" switch): the KV cache, the clean
+        instead of continuing it (the KV cache cleared at the switch: it follows the new prompt at once at
+        the price of a cut, the trade-off LongLive's re-cache addresses): the KV cache, the clean
         context and the blocks in flight (partly denoised, never shown) are dropped, and the next chunk
         is the first block of a new stream of the new prompt; block numbers run on, and block ``b`` of
         the new stream draws the initial noise block ``offset + b`` of the old one would have drawn
