@@ -108,11 +108,14 @@ class GenerateOptions:
 
 
 def default_switch(preset: str, method_recache: str) -> str:
-    """The switch mode of a prompt schedule without ``--switch``: the demo preset restarts (the served
-    page's default for it: it cannot draw an object its context does not show); otherwise the method's
-    original: LongLive re-caches (``method_recache == "window"``), the others continue."""
+    """The switch mode without ``--switch`` (a prompt schedule's, the served page's preselected one): the
+    demo preset's :data:`rolling_forcing.prompts.DEMO_SWITCH` (restart: it cannot draw an object its
+    context does not show); otherwise the method's original: LongLive re-caches (``method_recache ==
+    "window"``), the others continue."""
+    from rolling_forcing.prompts import DEMO_SWITCH
+
     if preset == "demo":
-        return "restart"
+        return DEMO_SWITCH
     return "recache" if method_recache == "window" else "continue"
 
 

@@ -19,7 +19,7 @@ import typer
 
 from nki_ardiff.cli_checks import CliError, check_guidance_option, check_model_sources
 from nki_ardiff.cli_errors import reported_errors
-from nki_ardiff.cli_options import GenerateOptions, Preset, Switch
+from nki_ardiff.cli_options import GenerateOptions, Preset, Switch, default_switch
 
 if TYPE_CHECKING:
     from rolling_forcing.serve.config import ServeConfig
@@ -48,24 +48,20 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     """The served model of ``opts`` (checked by :func:`check_model_sources`), built as ``generate`` builds
     it: the demo preset's shipped model, or the preset's DiT (``torch.manual_seed(--seed)``, then
     ``--checkpoint`` / ``--lora``), ``--text-encoder`` or seeded embeddings, ``--vae`` or the preview
-    decoder. The page's preselected switch mode: ``--switch``, else the demo model's ``DEMO_SWITCH``
-    (restart) or ``continue``. Load errors are :class:`CliError` naming the option."""
+    decoder. The page's preselected switch mode: ``--switch``, else :func:`default_switch` (the demo
+    model restarts, the others continue). Load errors are :class:`CliError` naming the option."""
     import torch
 
     from nki_ardiff.cli_run import _build_decoder, _load_demo, _load_weights, text_encoder_for
     from rolling_forcing.config import get_preset
+    from rolling_forcing.methods import get_method
     from rolling_forcing.model import CausalWanModel
     from rolling_forcing.prompts import check_scene_prompt
-    from rolling_forcing.serve.engine import (
-        DEMO_PROMPT,
-        DEMO_PROMPT_HELP,
-        DEMO_SWITCH,
-        ModelParts,
-        session_decoder,
-    )
+    from rolling_forcing.serve.engine import DEMO_PROMPT, DEMO_PROMPT_HELP, ModelParts, session_decoder
     from rolling_forcing.video import VideoSpec
 
     model_cfg = get_preset(opts.preset)
+    switch = opts.switch or default_switch(opts.preset, get_method(opts.method).recache)
     if opts.guidance is not None:
         model_cfg = replace(model_cfg, guidance_scale=opts.guidance)
     demo = None
@@ -82,12 +78,11 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     if demo is None:
         return ModelParts(
             opts.preset, model_cfg, model, encode, lambda: session_decoder(proto), weights, text, decoder,
-            switch=opts.switch or "continue",
+            switch=switch,
         )  # fmt: skip
     return ModelParts(
         "demo", model_cfg, model, encode, lambda: session_decoder(proto), weights, text, decoder,
-        lambda p: check_scene_prompt(p, model_cfg.text_len), DEMO_PROMPT_HELP, DEMO_PROMPT,
-        opts.switch or DEMO_SWITCH,
+        lambda p: check_scene_prompt(p, model_cfg.text_len), DEMO_PROMPT_HELP, DEMO_PROMPT, switch,
     )  # fmt: skip
 
 

@@ -30,6 +30,12 @@ prompt, continues with its KV cache re-encoded under it (``recache=True``), or r
 (``restart=True``)."""
 
 
+DEMO_SWITCH = "restart"
+"""The demo model's default switch (the served page's, ``generate --prompt-schedule``'s): a model that
+continues its context cannot draw an object the context does not show (measured, docs/demo_model.md
+"Switches"), so its stream restarts under the new prompt."""
+
+
 def switch_options(mode: str) -> dict[str, bool]:
     """``set_prompt``'s keyword options of a mode of :data:`SWITCH_MODES` (``{"recache": ..., "restart":
     ...}``); ``ValueError`` naming the modes for another."""
@@ -208,6 +214,7 @@ def check_scene_prompt(text: str, max_words: int | None = None) -> ScenePrompt:
 
 __all__ = [
     "MAX_OBJECTS",
+    "DEMO_SWITCH",
     "SWITCH_MODES",
     "PromptSchedule",
     "ScenePrompt",

@@ -60,7 +60,7 @@ RESTART_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "restart-cost-counted",
         "rolling_forcing/serve/session.py",
-        "            if out.block > 0 and not (sw_restart and out.block == sw_block):\n",
+        "            if out.block > 0 and not (last.restart and out.block == last.applied_block):\n",
         "            if out.block > 0:\n",
         ("tests/test_serve.py",),
         "the warm-up chunk after a restart counts as a steady cost: admission turns viewers away",

@@ -35,7 +35,7 @@ from rolling_forcing.guidance import guidance_text
 from rolling_forcing.model import CausalWanModel
 from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.procedural import BACKGROUNDS, COLORS, SHAPES
-from rolling_forcing.prompts import MAX_OBJECTS, SWITCH_MODES, check_scene_prompt
+from rolling_forcing.prompts import DEMO_SWITCH, MAX_OBJECTS, SWITCH_MODES, check_scene_prompt
 from rolling_forcing.report import percentile
 from rolling_forcing.serve.config import ServeConfig
 from rolling_forcing.stream import Chunk, NoiseSource
@@ -50,11 +50,6 @@ DEMO_PROMPT_HELP = (
     f"{', '.join(COLORS)}; shapes {', '.join(SHAPES)}; backgrounds {', '.join(BACKGROUNDS)}"
 )
 """The demo preset's prompt rule as the page shows it (:func:`rolling_forcing.prompts.check_scene_prompt`)."""
-
-
-DEMO_SWITCH = "restart"
-"""The demo model's default switch: a model that continues its context cannot draw an object the context
-does not show (measured, docs/demo_model.md "Switches"), so the page restarts its stream."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +343,6 @@ class Engine:
 
 __all__ = [
     "DEMO_PROMPT",
-    "DEMO_SWITCH",
     "ChunkOut",
     "CostTracker",
     "Engine",

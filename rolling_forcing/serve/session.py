@@ -152,11 +152,9 @@ class Session:
         with self.lock:
             if self.closed or self.stream is None:
                 return None
-            sw_restart, sw_block = False, -1
             if self._pending is not None:
                 sw, self._pending = self._pending, None
                 sw.applied_block = self.stream.set_prompt(self._pending_emb, sw.recache, sw.restart)
-                sw_restart, sw_block = sw.restart, sw.applied_block
                 self._pending_emb = None
                 self.switches.append(sw)
                 self.prompt = sw.prompt
@@ -174,7 +172,8 @@ class Session:
             self.rows.append(row)
             self.last_cost_s = out.cost_s
             # the first chunk, and the first after a restart, carry the window warm-up: not a steady cost
-            if out.block > 0 and not (sw_restart and out.block == sw_block):
+            last = self.switches[-1]  # the switch in force (the first: the session's own prompt)
+            if out.block > 0 and not (last.restart and out.block == last.applied_block):
                 self.costs.add(out.cost_s)
             return out
 
