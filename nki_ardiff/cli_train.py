@@ -13,7 +13,7 @@ import typer
 
 from nki_ardiff.cli_checks import CliError
 from nki_ardiff.cli_errors import reported_errors
-from rolling_forcing.procedural import PROMPT_SPEED
+from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED, parse_sizes
 
 LATE_STEPS = 1500
 """Default ``--late-steps`` (``rolling_forcing.demo.train.LATE_STAGE.steps``; a test keeps them equal)."""
@@ -26,8 +26,10 @@ def check_train_demo(
     autoencoder: Path | None,
     prompt_speed: float | None = None,
     late_steps: int | None = None,
-) -> None:
-    """Raise :class:`CliError` naming the option for a bad value (before any work)."""
+    prompt_sizes: str | None = None,
+) -> dict[str, float] | None:
+    """Raise :class:`CliError` naming the option for a bad value (before any work); returns the parsed
+    ``--prompt-sizes`` (None when not given)."""
     if late_steps is not None and late_steps < 0:
         raise CliError("--late-steps", f"must be >= 0 (0: no late stage), got {late_steps}")
     if prompt_speed is not None and not 0 < prompt_speed < float("inf"):
@@ -43,6 +45,14 @@ def check_train_demo(
             raise CliError("--autoencoder", f"{str(autoencoder)!r} does not exist (local file)")
         if not autoencoder.name.endswith(".safetensors"):
             raise CliError("--autoencoder", f"must be a .safetensors file, got {str(autoencoder)!r}")
+    if prompt_sizes is None:
+        return None
+    try:
+        return parse_sizes(prompt_sizes, "--prompt-sizes")
+    except ValueError as exc:
+        raise CliError(
+            "--prompt-sizes", str(exc).removeprefix("--prompt-sizes ").removeprefix(": ")
+        ) from None
 
 
 def train_demo_cmd(
@@ -65,6 +75,14 @@ def train_demo_cmd(
             help=f"the training videos' shape speed, pixels per frame at 64x64 (default {PROMPT_SPEED})"
         ),
     ] = None,
+    prompt_sizes: Annotated[
+        str | None,
+        typer.Option(
+            help="the training videos' shape sizes, px at 64x64 (radius, half side, circumradius; default "
+            + ",".join(f"{k}={v:g}" for k, v in PROMPT_SIZES.items())
+            + ")"
+        ),
+    ] = None,
     late_steps: Annotated[
         int | None,
         typer.Option(
@@ -74,7 +92,7 @@ def train_demo_cmd(
 ) -> None:
     """Retrain the demo model from scratch (measured CPU wall clock in OUT/train_log.json)."""
     with reported_errors("train-demo", ctx):
-        check_train_demo(out, seed, threads, autoencoder, prompt_speed, late_steps)
+        sizes = check_train_demo(out, seed, threads, autoencoder, prompt_speed, late_steps, prompt_sizes)
         from dataclasses import replace
 
         from rolling_forcing.demo.train import default_late, train_demo
@@ -87,6 +105,7 @@ def train_demo_cmd(
             progress=progress,
             autoencoder=autoencoder,
             prompt_speed=prompt_speed,
+            prompt_sizes=sizes,
             late=None if late_steps is None else replace(default_late(smoke), steps=late_steps),
         )
         typer.echo(

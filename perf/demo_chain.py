@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from perf.runner import BenchRow, append_rows, print_table
-from rolling_forcing.procedural import PROMPT_SPEED
+from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED
 
 ROWS_NAME = "demo_chain"
 WAYS = ("teacher", "chain", "stream")
@@ -45,12 +45,17 @@ DEFAULT_PROMPTS = (
 
 
 def _truth_latents(
-    ae: Any, prompt: str, latent_frames: int, seed: int, prompt_speed: float | None = None
+    ae: Any,
+    prompt: str,
+    latent_frames: int,
+    seed: int,
+    prompt_speed: float | None = None,
+    prompt_sizes: dict[str, float] | None = None,
 ) -> torch.Tensor:
     from perf.quality.streams import scene_for_prompt
     from rolling_forcing.procedural import prompt_layout, render
 
-    scene = prompt_layout(scene_for_prompt(prompt, np.random.default_rng(seed)), prompt_speed)
+    scene = prompt_layout(scene_for_prompt(prompt, np.random.default_rng(seed)), prompt_speed, prompt_sizes)
     video = render(scene, 0, 1 + 4 * (latent_frames - 1))
     x = torch.from_numpy(video).permute(0, 3, 1, 2).float()[None] / 127.5 - 1.0
     with torch.no_grad():
@@ -58,10 +63,17 @@ def _truth_latents(
 
 
 def measure_prompt(
-    demo: Any, ae: Any, prompt: str, blocks: int, seed: int, prompt_speed: float | None = None
+    demo: Any,
+    ae: Any,
+    prompt: str,
+    blocks: int,
+    seed: int,
+    prompt_speed: float | None = None,
+    prompt_sizes: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows (dicts) of :data:`WAYS` plus the round trip for one prompt (module docstring); the reference
-    video moves at ``prompt_speed`` px/frame (``None``: the prompt layout's default, the shipped weights')."""
+    video moves at ``prompt_speed`` px/frame and has the shape sizes ``prompt_sizes`` (``None``: the prompt
+    layout's defaults, the shipped weights')."""
     from perf.quality.detect import detect, read_backgrounds
     from perf.quality.metrics import presence, prompt_background, prompt_objects
     from rolling_forcing.config import PipelineConfig
@@ -70,7 +82,7 @@ def measure_prompt(
 
     pc = PipelineConfig(positions="relative")
     fpb, last = pc.frames_per_block, len(pc.timesteps) - 1
-    truth = _truth_latents(ae, prompt, blocks * fpb, seed, prompt_speed)
+    truth = _truth_latents(ae, prompt, blocks * fpb, seed, prompt_speed, prompt_sizes)
     model = demo.model.float().eval()
     with torch.no_grad():
         text_kv = model.text_kv(demo.text_encoder(demo.text_encoder.tokenize([prompt])))
@@ -137,11 +149,16 @@ def _teacher_windows(
 
 
 def run(
-    weights: str | None, prompts: Sequence[str], blocks: int, seed: int, prompt_speed: float | None = None
+    weights: str | None,
+    prompts: Sequence[str],
+    blocks: int,
+    seed: int,
+    prompt_speed: float | None = None,
+    prompt_sizes: str | None = None,
 ) -> list[BenchRow]:
-    """One :class:`BenchRow` per (prompt, way) (``kind="measured"``); ``prompt_speed``: the speed the
-    weights were trained at (``train-demo --prompt-speed``), so the reference video
-    is the one they learned."""
+    """One :class:`BenchRow` per (prompt, way) (``kind="measured"``); ``prompt_speed`` and ``prompt_sizes``
+    (``"circle=8,square=9,triangle=9"``): the speed and sizes the weights were trained at (``train-demo
+    --prompt-speed``, ``--prompt-sizes``), so the reference video is the one they learned."""
     from rolling_forcing.demo import load_demo
     from rolling_forcing.demo.autoencoder import load_autoencoder
 
@@ -151,11 +168,16 @@ def run(
         from rolling_forcing.procedural import check_speed
 
         check_speed(prompt_speed, "--prompt-speed")
+    sizes = None
+    if prompt_sizes is not None:
+        from rolling_forcing.procedural import parse_sizes
+
+        sizes = parse_sizes(prompt_sizes, "--prompt-sizes")
     demo = load_demo(weights, with_decoder=False)
     ae = load_autoencoder(None if weights is None else f"{weights}/autoencoder.safetensors")
     rows = []
     for prompt in prompts:
-        for r in measure_prompt(demo, ae, prompt, blocks, seed, prompt_speed):
+        for r in measure_prompt(demo, ae, prompt, blocks, seed, prompt_speed, sizes):
             rows.append(
                 BenchRow(
                     op="demo_chain",
@@ -166,6 +188,7 @@ def run(
                         "seed": seed,
                         "weights": weights or "shipped",
                         **({} if prompt_speed is None else {"prompt_speed": prompt_speed}),
+                        **({} if sizes is None else {"prompt_sizes": sizes}),
                     },
                     kind="measured",
                     extra={"presence": round(r["presence"], 4), "x0_mse_per_level": r["x0_mse"]},
@@ -186,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the reference videos' speed, px/frame at 64x64: the weights' training speed (default "
         f"{PROMPT_SPEED}, the shipped weights')",
     )
+    ap.add_argument(
+        "--prompt-sizes",
+        default=None,
+        help="the reference videos' shape sizes, px at 64x64 (e.g. circle=8,square=7,triangle=9): the "
+        "weights' training sizes (default "
+        + ",".join(f"{k}={v:g}" for k, v in PROMPT_SIZES.items())
+        + ", the shipped weights')",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument(
         "--prompt", action="append", default=None, help="a prompt (repeatable; default: the 3 bench prompts)"
@@ -197,7 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = run(args.weights, tuple(args.prompt or DEFAULT_PROMPTS), args.blocks, args.seed, args.prompt_speed)
+    rows = run(
+        args.weights,
+        tuple(args.prompt or DEFAULT_PROMPTS),
+        args.blocks,
+        args.seed,
+        args.prompt_speed,
+        args.prompt_sizes,
+    )
     print_table(rows)
     for r in rows:
         print(

@@ -16,8 +16,11 @@ per frame.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -30,6 +33,8 @@ __all__ = [
     "Shape",
     "positions",
     "prompt_words",
+    "check_sizes",
+    "parse_sizes",
     "check_speed",
     "render",
     "sample_scene",
@@ -156,8 +161,14 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) 
     return Scene(tuple(shapes), background, config)
 
 
-PROMPT_SIZES: dict[str, float] = {"circle": 8.0, "square": 7.0, "triangle": 9.0}
-"""Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64)."""
+PROMPT_SIZES: Mapping[str, float] = MappingProxyType({"circle": 8.0, "square": 9.0, "triangle": 9.0})
+"""Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64; read-only). The
+square's half side is 9 (an 18 px square beside a 16 px circle) since the weights of 2026-12-07: at 7 (the
+weights before) a circle and a square had nearly the same area and their latents differed by 0.11 rms, less
+than the demo DiT's x0 error, and the DiT drew circles as squares (docs/demo_model.md "Kinds apart")."""
+
+PREVIOUS_PROMPT_SIZES: Mapping[str, float] = MappingProxyType({"circle": 8.0, "square": 7.0, "triangle": 9.0})
+"""The sizes of the weights before 2026-12-07 (``train-demo --prompt-sizes circle=8,square=7,triangle=9``)."""
 
 PROMPT_SPEED = 0.3
 """Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size). The
@@ -173,7 +184,43 @@ def check_speed(speed: object, name: str) -> float:
     return float(speed)
 
 
-def prompt_layout(scene: Scene, speed: float | None = None) -> Scene:
+def check_sizes(sizes: object, name: str) -> dict[str, float]:
+    """``sizes`` as a ``{kind: pixels}`` dict if it is a mapping with exactly the keys :data:`SHAPES`, each a
+    finite number in (0, 16] (pixels at 64 x 64: at most a quarter of the frame, as :class:`SceneConfig`),
+    else ``ValueError`` naming it as ``name``: the one check of every prompt-layout size table."""
+    if not isinstance(sizes, Mapping) or set(sizes) != set(SHAPES):
+        got = sorted(map(str, sizes)) if isinstance(sizes, Mapping) else repr(sizes)
+        raise ValueError(f"{name} must give a size for each of {', '.join(SHAPES)} (no other key), got {got}")
+    out = {}
+    for kind in SHAPES:
+        v = sizes[kind]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 16:
+            raise ValueError(
+                f"{name}: the {kind}'s size must be a finite number in (0, 16] (pixels), got {v!r}"
+            )
+        out[kind] = float(v)
+    return out
+
+
+def parse_sizes(text: str, name: str) -> dict[str, float]:
+    """``"circle=8,square=9,triangle=9"`` -> ``{kind: pixels}`` (each kind once, :func:`check_sizes`), else
+    ``ValueError`` naming it as ``name`` (a command-line option's spelling of a size table)."""
+    sizes: dict[str, float] = {}
+    for part in text.split(","):
+        kind, eq, value = part.strip().partition("=")
+        try:
+            if not eq or kind in sizes:
+                raise ValueError
+            sizes[kind] = float(value)
+        except ValueError:
+            form = ",".join(f"{k}=PIXELS" for k in SHAPES)
+            raise ValueError(f"{name} must be {form} (each kind once), got {text!r}") from None
+    return check_sizes(sizes, name)
+
+
+def prompt_layout(
+    scene: Scene, speed: float | None = None, sizes: Mapping[str, float] | None = None
+) -> Scene:
     """The same objects and background with sizes, start points and velocities that are a pure function of
     the prompt (each shape's kind, colour and index), so that a prompt names exactly one video.
 
@@ -181,16 +228,18 @@ def prompt_layout(scene: Scene, speed: float | None = None) -> Scene:
     :data:`PROMPT_SIZES` of its kind and moves at :data:`PROMPT_SPEED` in a direction set by its
     (colour, kind) pair: ``angle = 2 pi (3 c + k + 0.5) / (3 len(COLORS))`` (c, k: indices in
     :data:`COLORS` and :data:`SHAPES`). Sizes and speed scale with ``min(H, W) / 64``. ``speed``: pixels per
-    frame at 64 x 64 instead of :data:`PROMPT_SPEED` (a finite float > 0).
+    frame at 64 x 64 instead of :data:`PROMPT_SPEED` (a finite float > 0); ``sizes``: a size per kind at
+    64 x 64 instead of :data:`PROMPT_SIZES` (:func:`check_sizes`).
     """
     base = PROMPT_SPEED if speed is None else check_speed(speed, "prompt_layout: speed")
+    table = PROMPT_SIZES if sizes is None else check_sizes(sizes, "prompt_layout: sizes")
     cfg = scene.config
     n = len(scene.shapes)
     unit = min(cfg.height, cfg.width) / 64.0
     colors = list(COLORS)
     shapes = []
     for i, s in enumerate(scene.shapes):
-        size = PROMPT_SIZES[s.kind] * unit
+        size = table[s.kind] * unit
         x0 = min(max(cfg.width * (i + 1) / (n + 1), size), cfg.width - size)
         y0 = min(max(cfg.height * (0.35, 0.65)[i % 2], size), cfg.height - size)
         pair = 3 * colors.index(s.color) + SHAPES.index(s.kind)

@@ -9,12 +9,21 @@ uses seeds ``>= 0`` offsets of the run seed, held-out checks a separate seed).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from rolling_forcing.procedural import Scene, SceneConfig, prompt_layout, render, sample_scene, scene_prompt
+from rolling_forcing.procedural import (
+    Scene,
+    SceneConfig,
+    check_sizes,
+    prompt_layout,
+    render,
+    sample_scene,
+    scene_prompt,
+)
 
 if TYPE_CHECKING:
     from rolling_forcing.demo.autoencoder import DemoAutoencoder
@@ -41,6 +50,7 @@ def make_clips(
     scene_config: SceneConfig | None = None,
     layout: str = "random",
     prompt_speed: float | None = None,
+    prompt_sizes: Mapping[str, float] | None = None,
 ) -> tuple[torch.Tensor, list[str], list[Scene]]:
     """Clips ``first .. first + n - 1`` of ``seed``.
 
@@ -54,6 +64,9 @@ def make_clips(
             (:func:`rolling_forcing.procedural.prompt_layout` from frame 0: the prompt names the video).
         prompt_speed: the prompt layout's speed in pixels per frame at 64 x 64 (``None``:
             :data:`rolling_forcing.procedural.PROMPT_SPEED`); only with ``layout="prompt"``.
+        prompt_sizes: the prompt layout's size per kind at 64 x 64 (``None``:
+            :data:`rolling_forcing.procedural.PROMPT_SIZES`; :func:`~rolling_forcing.procedural.check_sizes`);
+            only with ``layout="prompt"``.
 
     Returns:
         ``(video, prompts, scenes)``: float32 ``[n, T, 3, H, W]`` in [-1, 1] (``uint8 / 127.5 - 1``), the
@@ -66,8 +79,11 @@ def make_clips(
         raise ValueError(f"frames must be 1 + 4k (Wan's causal frame count), got {frames}")
     if layout not in ("random", "prompt"):
         raise ValueError(f"layout must be 'random' or 'prompt', got {layout!r}")
-    if prompt_speed is not None and layout != "prompt":
-        raise ValueError(f"prompt_speed applies to layout='prompt' only, got layout={layout!r}")
+    for name, given in (("prompt_speed", prompt_speed), ("prompt_sizes", prompt_sizes)):
+        if given is not None and layout != "prompt":
+            raise ValueError(f"{name} applies to layout='prompt' only, got layout={layout!r}")
+    if prompt_sizes is not None:
+        prompt_sizes = check_sizes(prompt_sizes, "prompt_sizes")
     scene_config = scene_config if scene_config is not None else SceneConfig()
     video = np.empty((n, frames, scene_config.height, scene_config.width, 3), dtype=np.uint8)
     prompts, scenes = [], []
@@ -76,7 +92,7 @@ def make_clips(
         scene = sample_scene(rng, scene_config)
         start = int(rng.integers(0, MAX_START))
         if layout == "prompt":
-            scene, start = prompt_layout(scene, prompt_speed), 0
+            scene, start = prompt_layout(scene, prompt_speed, prompt_sizes), 0
         video[j] = render(scene, start, frames)
         scenes.append(scene)
         prompts.append(scene_prompt(scene))
@@ -96,6 +112,7 @@ def encode_clips(
     scene_config: SceneConfig | None = None,
     layout: str = "random",
     prompt_speed: float | None = None,
+    prompt_sizes: Mapping[str, float] | None = None,
 ) -> tuple[torch.Tensor, list[str]]:
     """Latent clips for the DiT trainer: ``encode_clips(ae, n, latent_frames, *, seed, first=0,
     batch_size=32, scene_config=SceneConfig()) -> (latents, prompts)``.
@@ -103,7 +120,8 @@ def encode_clips(
     Args:
         ae: a :class:`rolling_forcing.demo.autoencoder.DemoAutoencoder` (its ``encode`` is used).
         n: clip count >= 1; latent_frames: ``F`` >= 1 latent frames per clip (``1 + 4 (F - 1)`` pixel
-            frames are rendered); seed, first, scene_config, layout, prompt_speed: as :func:`make_clips`
+            frames are rendered); seed, first, scene_config, layout, prompt_speed, prompt_sizes: as
+            :func:`make_clips`
             (clip ``i`` of a seed is the same whatever ``n`` or ``batch_size``).
         batch_size: clips encoded per call (memory only; the result does not depend on it beyond fp32
             rounding of the batched convolutions).
@@ -127,6 +145,7 @@ def encode_clips(
             scene_config=scene_config,
             layout=layout,
             prompt_speed=prompt_speed,
+            prompt_sizes=prompt_sizes,
         )
         outs.append(ae.encode(video))
         prompts += p

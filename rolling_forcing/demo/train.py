@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from rolling_forcing.config import PipelineConfig, get_preset
 from rolling_forcing.demo import AE_FILE
 from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
 from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
-from rolling_forcing.procedural import PROMPT_SPEED, check_speed
+from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED, check_sizes, check_speed
 
 __all__ = ["DEFAULT_CLIPS", "LATE_STAGE", "DemoTrainReport", "default_late", "plot_losses", "train_demo"]
 
@@ -129,6 +130,7 @@ def train_demo(
     stage2: Stage2Config | None = None,
     prompt_speed: float | None = None,
     late: Stage2Config | None = None,
+    prompt_sizes: Mapping[str, float] | None = None,
 ) -> DemoTrainReport:
     """Retrain the demo model into ``out_dir`` (module docstring); returns what it wrote and measured.
 
@@ -143,6 +145,9 @@ def train_demo(
             and stage-2 settings.
         prompt_speed: the training clips' prompt-layout speed, pixels per frame at 64 x 64 (``None``:
             :data:`rolling_forcing.procedural.PROMPT_SPEED`, what the shipped weights were trained on).
+        prompt_sizes: the training clips' prompt-layout size per kind, pixels at 64 x 64 (``None``:
+            :data:`rolling_forcing.procedural.PROMPT_SIZES`; checked by
+            :func:`~rolling_forcing.procedural.check_sizes`).
         late: the third, *late* stage after stage 2 (``None``: :data:`LATE_STAGE`, or a few steps with
             ``smoke``; ``Stage2Config(steps=0)``: off): a warm restart (:func:`train_stage2`) whose
             windows are late windows of a ``long_blocks``-block stream with probability
@@ -157,6 +162,7 @@ def train_demo(
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     if prompt_speed is not None:
         check_speed(prompt_speed, "prompt_speed")
+    sizes = dict(PROMPT_SIZES) if prompt_sizes is None else check_sizes(prompt_sizes, "prompt_sizes")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     out = Path(out_dir)
@@ -186,7 +192,13 @@ def train_demo(
         clip_cfg = late_dit if late_cfg.steps else dcfg
         latent_frames = clip_cfg.clip_blocks(pipe_cfg.window_blocks) * pipe_cfg.frames_per_block
         lat, prompts = encode_clips(
-            ae, n_clips, latent_frames, seed=seed + 1, layout="prompt", prompt_speed=prompt_speed
+            ae,
+            n_clips,
+            latent_frames,
+            seed=seed + 1,
+            layout="prompt",
+            prompt_speed=prompt_speed,
+            prompt_sizes=sizes,
         )
         t2 = time.perf_counter()
         latent_clips = LatentClips(lat, prompts)
@@ -219,6 +231,7 @@ def train_demo(
             "long_blocks": late_dit.long_blocks,
         },
         "prompt_speed": prompt_speed if prompt_speed is not None else PROMPT_SPEED,
+        "prompt_sizes": sizes,
         "seconds_measured": {
             "autoencoder": t1 - t0,
             "clips": t2 - t1,
