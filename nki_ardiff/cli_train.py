@@ -50,9 +50,7 @@ def check_train_demo(
     try:
         return parse_sizes(prompt_sizes, "--prompt-sizes")
     except ValueError as exc:
-        raise CliError(
-            "--prompt-sizes", str(exc).removeprefix("--prompt-sizes ").removeprefix(": ")
-        ) from None
+        raise CliError("--prompt-sizes", str(exc).removeprefix("--prompt-sizes").lstrip(": ")) from None
 
 
 def train_demo_cmd(

@@ -70,3 +70,23 @@ def test_truth_latents_follow_the_prompt_speed() -> None:
     assert PROMPT_SPEED == 0.3 and torch.equal(demo_chain._truth_latents(ae, PROMPT, 3, 0), z)
     with pytest.raises(ValueError, match="--prompt-speed must be a finite number > 0"):
         demo_chain.run(None, (PROMPT,), 6, 0, 0.0)
+
+
+def test_truth_latents_follow_the_prompt_sizes() -> None:
+    """``prompt_sizes`` renders the reference with the weights' training sizes: equal to the layout rendered
+    with that table, different from the default sizes; a bad ``--prompt-sizes`` is refused before any
+    model is loaded."""
+    from perf.quality.streams import scene_for_prompt
+    from rolling_forcing.procedural import prompt_layout, render
+
+    ae = load_autoencoder()
+    table = {"circle": 8.0, "square": 7.0, "triangle": 7.0}  # the bench prompt is a triangle
+    z = demo_chain._truth_latents(ae, PROMPT, 3, 0, None, table)
+    video = render(prompt_layout(scene_for_prompt(PROMPT, np.random.default_rng(0)), None, table), 0, 9)
+    x = torch.from_numpy(video).permute(0, 3, 1, 2).float()[None] / 127.5 - 1.0
+    torch.testing.assert_close(z, ae.encode(x), rtol=0, atol=0)
+    assert not torch.equal(z, demo_chain._truth_latents(ae, PROMPT, 3, 0))
+    with pytest.raises(
+        ValueError, match="--prompt-sizes must give a size for each of circle, square, triangle"
+    ):
+        demo_chain.run("/nonexistent", (PROMPT,), 6, 0, None, "circle=8")

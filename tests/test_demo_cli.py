@@ -27,6 +27,18 @@ runner = CliRunner()
         (["--prompt-speed", "-0.5"], "error: --prompt-speed: must be a finite number > 0"),
         (["--prompt-speed", "inf"], "error: --prompt-speed: must be a finite number > 0"),
         (["--late-steps", "-1"], "error: --late-steps: must be >= 0 (0: no late stage), got -1"),
+        (
+            ["--prompt-sizes", "circle=8,square=9"],
+            "error: --prompt-sizes: must give a size for each of circle, square, triangle (no other key)",
+        ),
+        (
+            ["--prompt-sizes", "circle=8,square=20,triangle=9"],
+            "error: --prompt-sizes: the square's size must be a finite number in (0, 16] (pixels), got 20.0",
+        ),
+        (
+            ["--prompt-sizes", "circle:8"],
+            "error: --prompt-sizes: must be circle=PIXELS,square=PIXELS,triangle=",
+        ),
     ],
 )
 def test_train_demo_option_errors(args: list[str], message: str, tmp_path) -> None:
@@ -107,12 +119,14 @@ def test_train_demo_late_stage_trains_on_long_clips(tmp_path) -> None:  # type: 
 
     from rolling_forcing.demo.train import LATE_FRACTION, train_demo
     from rolling_forcing.demo.train_stage2 import Stage2Config
+    from rolling_forcing.procedural import PROMPT_SIZES
 
     base = train_demo(tmp_path / "a", smoke=True, progress=False, threads=1, late=Stage2Config(steps=0))
     late = train_demo(tmp_path / "b", smoke=True, progress=False, threads=1)
     log_a = json.loads((base.out_dir / "train_log.json").read_text())
     log_b = json.loads((late.out_dir / "train_log.json").read_text())
     assert log_a["late"]["steps"] == 0 and log_b["late"]["steps"] == 2
+    assert log_a["prompt_sizes"] == log_b["prompt_sizes"] == dict(PROMPT_SIZES)
     assert log_b["late"]["long_fraction"] == LATE_FRACTION and log_b["late"]["long_blocks"] == 10
     assert log_b["seconds_measured"]["late"] > 0 and len(late.late_losses) == 2 and not base.late_losses
     assert late.dit_losses == base.dit_losses and late.stage2_losses == base.stage2_losses
@@ -130,6 +144,11 @@ def test_cli_late_steps_default_is_the_recipe() -> None:
 
 
 def test_cli_late_steps_zero_turns_the_late_stage_off(tmp_path) -> None:
+    """``--late-steps 0`` drops the late stage; ``--prompt-sizes`` reaches the clips: the run equals
+    ``train_demo`` given the same table (its stage-1 losses) and differs from the default sizes'."""
+    from rolling_forcing.demo.train import train_demo
+    from rolling_forcing.demo.train_stage2 import Stage2Config
+
     out = tmp_path / "w"
     args = [
         "train-demo",
@@ -142,10 +161,18 @@ def test_cli_late_steps_zero_turns_the_late_stage_off(tmp_path) -> None:
         "--late-steps",
         "0",
     ]
-    r = runner.invoke(app, args)
+    r = runner.invoke(app, [*args, "--prompt-sizes", "circle=8,square=7,triangle=9"])
     assert r.exit_code == 0, r.output
     log = json.loads((out / "train_log.json").read_text())
     assert log["late"]["steps"] == 0 and log["stage2"]["steps"] == 2 and "late 0 s" in r.output
+    assert log["prompt_sizes"] == {"circle": 8.0, "square": 7.0, "triangle": 9.0}
+    off = Stage2Config(steps=0)
+    same = train_demo(
+        tmp_path / "s", smoke=True, progress=False, threads=1, late=off, prompt_sizes=log["prompt_sizes"]
+    )
+    default = train_demo(tmp_path / "d", smoke=True, progress=False, threads=1, late=off)
+    assert log["final_dit_loss_mean_last_100"] == sum(same.dit_losses) / len(same.dit_losses)
+    assert same.dit_losses != default.dit_losses
 
 
 def test_train_demo_runs_the_late_stage_by_default_outside_smoke(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ step-by-step simulation, rendering, prompts and the vocabulary."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -190,3 +191,84 @@ def test_prompt_layout_speed_sets_only_the_velocity_magnitude() -> None:
     assert all(math.hypot(s.vx, s.vy) == pytest.approx(0.3) for sc in scenes for s in sc.shapes)
     with pytest.raises(ValueError, match="prompt_speed applies to layout='prompt' only"):
         make_clips(1, 5, seed=3, prompt_speed=0.3)
+
+
+def test_prompt_layout_sizes_set_only_the_sizes() -> None:
+    """``sizes`` gives each kind its size (scaled with ``min(H, W) / 64``); velocities are the default
+    layout's and start points move only where a bigger shape must stay inside its walls; the default is
+    :data:`PROMPT_SIZES` (read-only); the rendered square has the pixel area of its half side; bad tables
+    are refused naming the rule; clips follow the table (prompt layout only)."""
+    from rolling_forcing.demo.data import make_clips
+    from rolling_forcing.procedural import PROMPT_SIZES, Scene, SceneConfig, Shape, check_sizes, prompt_layout
+
+    cfg = SceneConfig(height=96, width=128)
+    a = Scene(
+        (
+            Shape("square", "red", 5.0, 20.0, 20.0, 2.0, 0.1),
+            Shape("circle", "white", 9.0, 40.0, 30.0, -1.0, 1.0),
+        ),
+        "navy",
+        cfg,
+    )
+    table = {"circle": 6.0, "square": 10.5, "triangle": 4.0}
+    base, big = prompt_layout(a), prompt_layout(a, sizes=table)
+    assert base == prompt_layout(a, sizes=PROMPT_SIZES)
+    for s0, s1 in zip(base.shapes, big.shapes):
+        assert s0.size == PROMPT_SIZES[s0.kind] * 96 / 64 and s1.size == table[s1.kind] * 96 / 64
+        assert (s1.vx, s1.vy, s1.kind, s1.color) == (s0.vx, s0.vy, s0.kind, s0.color)
+        assert (s1.x0, s1.y0) == (
+            min(max(s0.x0, s1.size), 128 - s1.size),
+            min(max(s0.y0, s1.size), 96 - s1.size),
+        )
+    one = Scene((Shape("square", "blue", 5.0, 32.0, 32.0, 0.0, 0.0),), "black")
+    for half in (7.0, 9.0):
+        frame = render(prompt_layout(one, sizes={**table, "square": half}), 0, 1)[0]
+        blue = (frame == np.array(COLORS["blue"], dtype=np.uint8)).all(axis=-1)
+        assert int(blue.sum()) in range(int(2 * half) ** 2, (int(2 * half) + 2) ** 2)  # pixel centres inside
+    with pytest.raises(TypeError):
+        PROMPT_SIZES["square"] = 7.0  # type: ignore[index]
+    bad_tables: list[object] = [
+        {"circle": 8.0, "square": 9.0},
+        {**table, "hexagon": 3.0},
+        {**table, "square": 0.0},
+        {**table, "square": 16.5},
+        {**table, "square": float("nan")},
+        {**table, "square": True},
+        "circle=8",
+    ]
+    for bad in bad_tables:
+        with pytest.raises(ValueError, match="sizes"):
+            prompt_layout(a, sizes=bad)  # type: ignore[arg-type]
+    assert check_sizes({**table, "square": 16}, "t") == {**table, "square": 16.0}
+    _, _, scenes = make_clips(3, 5, seed=3, layout="prompt", prompt_sizes=table)
+    assert all(s.size == table[s.kind] for sc in scenes for s in sc.shapes)
+    with pytest.raises(ValueError, match="prompt_sizes applies to layout='prompt' only"):
+        make_clips(1, 5, seed=3, prompt_sizes=table)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("circle=8,square=9", "must give a size for each of circle, square, triangle"),
+        ("circle=8,square=9,triangle=9,hexagon=2", "must give a size for each of circle, square, triangle"),
+        ("circle=8,square=nine,triangle=9", "must be circle=PIXELS,square=PIXELS,triangle=PIXELS"),
+        ("circle=8,circle=8,square=9,triangle=9", "(each kind once)"),
+        ("circle 8,square=9,triangle=9", "must be circle=PIXELS"),
+        ("circle=8,square=17,triangle=9", "the square's size must be a finite number in (0, 16]"),
+    ],
+)
+def test_parse_sizes_refuses_with_the_rule(text: str, message: str) -> None:
+    from rolling_forcing.procedural import parse_sizes
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_sizes(text, "--prompt-sizes")
+
+
+def test_parse_sizes_reads_every_kind() -> None:
+    from rolling_forcing.procedural import parse_sizes
+
+    assert parse_sizes(" square=7, circle=8 ,triangle=9.5", "x") == {
+        "circle": 8.0,
+        "square": 7.0,
+        "triangle": 9.5,
+    }
