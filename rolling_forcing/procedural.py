@@ -161,14 +161,10 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) 
     return Scene(tuple(shapes), background, config)
 
 
-PROMPT_SIZES: Mapping[str, float] = MappingProxyType({"circle": 8.0, "square": 9.0, "triangle": 9.0})
-"""Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64; read-only). The
-square's half side is 9 (an 18 px square beside a 16 px circle) since the weights of 2026-12-07: at 7 (the
-weights before) a circle and a square had nearly the same area and their latents differed by 0.11 rms, less
-than the demo DiT's x0 error, and the DiT drew circles as squares (docs/demo_model.md "Kinds apart")."""
-
-PREVIOUS_PROMPT_SIZES: Mapping[str, float] = MappingProxyType({"circle": 8.0, "square": 7.0, "triangle": 9.0})
-"""The sizes of the weights before 2026-12-07 (``train-demo --prompt-sizes circle=8,square=7,triangle=9``)."""
+PROMPT_SIZES: Mapping[str, float] = MappingProxyType({"circle": 8.0, "square": 7.0, "triangle": 9.0})
+"""Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64; read-only): the
+shipped demo weights' (``train-demo --prompt-sizes`` trains on another table; a square of half side 9 was
+measured and not shipped, docs/demo_model.md "The first prompt's kinds")."""
 
 PROMPT_SPEED = 0.3
 """Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size). The

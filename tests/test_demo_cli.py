@@ -161,11 +161,11 @@ def test_cli_late_steps_zero_turns_the_late_stage_off(tmp_path) -> None:
         "--late-steps",
         "0",
     ]
-    r = runner.invoke(app, [*args, "--prompt-sizes", "circle=8,square=7,triangle=9"])
+    r = runner.invoke(app, [*args, "--prompt-sizes", "circle=8,square=9,triangle=9"])
     assert r.exit_code == 0, r.output
     log = json.loads((out / "train_log.json").read_text())
     assert log["late"]["steps"] == 0 and log["stage2"]["steps"] == 2 and "late 0 s" in r.output
-    assert log["prompt_sizes"] == {"circle": 8.0, "square": 7.0, "triangle": 9.0}
+    assert log["prompt_sizes"] == {"circle": 8.0, "square": 9.0, "triangle": 9.0}
     off = Stage2Config(steps=0)
     same = train_demo(
         tmp_path / "s", smoke=True, progress=False, threads=1, late=off, prompt_sizes=log["prompt_sizes"]
