@@ -13,7 +13,7 @@ import typer
 
 from nki_ardiff.cli_checks import CliError
 from nki_ardiff.cli_errors import reported_errors
-from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED, parse_sizes
+from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED, format_sizes, parse_sizes
 
 LATE_STEPS = 1500
 """Default ``--late-steps`` (``rolling_forcing.demo.train.LATE_STAGE.steps``; a test keeps them equal)."""
@@ -77,7 +77,7 @@ def train_demo_cmd(
         str | None,
         typer.Option(
             help="the training videos' shape sizes, px at 64x64 (radius, half side, circumradius; default "
-            + ",".join(f"{k}={v:g}" for k, v in PROMPT_SIZES.items())
+            + format_sizes(PROMPT_SIZES)
             + ")"
         ),
     ] = None,

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from perf.runner import BenchRow, append_rows, print_table
-from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED
+from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED, format_sizes
 
 ROWS_NAME = "demo_chain"
 WAYS = ("teacher", "chain", "stream")
@@ -213,9 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-sizes",
         default=None,
         help="the reference videos' shape sizes, px at 64x64 (e.g. circle=8,square=7,triangle=9): the "
-        "weights' training sizes (default "
-        + ",".join(f"{k}={v:g}" for k, v in PROMPT_SIZES.items())
-        + ", the shipped weights')",
+        "weights' training sizes (default " + format_sizes(PROMPT_SIZES) + ", the shipped weights')",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument(

@@ -34,6 +34,7 @@ __all__ = [
     "positions",
     "prompt_words",
     "check_sizes",
+    "format_sizes",
     "parse_sizes",
     "check_speed",
     "render",
@@ -164,7 +165,7 @@ def sample_scene(rng: np.random.Generator, config: SceneConfig = SceneConfig()) 
 PROMPT_SIZES: Mapping[str, float] = MappingProxyType({"circle": 8.0, "square": 7.0, "triangle": 9.0})
 """Sizes of :func:`prompt_layout` (radius, half side, circumradius in pixels at 64 x 64; read-only): the
 shipped demo weights' (``train-demo --prompt-sizes`` trains on another table; a square of half side 9 was
-measured and not shipped, docs/demo_model.md "The first prompt's kinds")."""
+measured and not shipped, docs/demo_model.md "Why the kinds blur, and bigger squares")."""
 
 PROMPT_SPEED = 0.3
 """Speed of :func:`prompt_layout` in pixels per frame (at 64 x 64; scaled with the frame size). The
@@ -196,6 +197,12 @@ def check_sizes(sizes: object, name: str) -> dict[str, float]:
             )
         out[kind] = float(v)
     return out
+
+
+def format_sizes(sizes: Mapping[str, float]) -> str:
+    """A size table as a command line spells it, ``"circle=8,square=7,triangle=9"`` (what
+    :func:`parse_sizes` reads back)."""
+    return ",".join(f"{k}={v:g}" for k, v in sizes.items())
 
 
 def parse_sizes(text: str, name: str) -> dict[str, float]:

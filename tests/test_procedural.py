@@ -265,10 +265,13 @@ def test_parse_sizes_refuses_with_the_rule(text: str, message: str) -> None:
 
 
 def test_parse_sizes_reads_every_kind() -> None:
-    from rolling_forcing.procedural import parse_sizes
+    """``parse_sizes`` reads any order and spacing, and reads back what ``format_sizes`` writes."""
+    from rolling_forcing.procedural import PROMPT_SIZES, format_sizes, parse_sizes
 
     assert parse_sizes(" square=7, circle=8 ,triangle=9.5", "x") == {
         "circle": 8.0,
         "square": 7.0,
         "triangle": 9.5,
     }
+    assert parse_sizes(format_sizes(PROMPT_SIZES), "x") == dict(PROMPT_SIZES)
+    assert format_sizes({"circle": 8.0, "square": 8.5, "triangle": 9.0}) == "circle=8,square=8.5,triangle=9"
