@@ -3,8 +3,9 @@
 
 Threshold: :data:`perf.fp8_psnr.PSNR_THRESHOLD_DB` (35 dB), the project's decoded-video gate for reduced
 precision. Measured on the recording machine: demo (trained) 62.3 dB, Wan2.1 VAE layers with random
-weights 50.6 dB; both above the gate and below infinity (bf16 does change the video), the demo above the
-8-bit rounding of the written video (58.9 dB)."""
+weights 50.6 dB (latents 4 x 6, `make test-all`) and 50.4 dB (latents 2 x 2, in CI: bf16 3D convolutions run
+on a slow path on CPU, 35 s here against ~350 s at 4 x 6); all above the gate and below infinity (bf16 does
+change the video), the demo above the 8-bit rounding of the written video (58.9 dB)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,13 @@ def test_bf16_demo_decoder_passes_the_gate() -> None:
     assert abs(UINT8_PSNR_DB - 58.92) < 0.01  # 10 log10(12 * 255^2)
 
 
-def test_bf16_wan_vae_layers_pass_the_gate() -> None:
-    g = wan_random_gate()
+@pytest.mark.parametrize(
+    "latent_hw", [(2, 2), pytest.param((4, 6), marks=pytest.mark.slow, id="perf-default")], ids=str
+)
+def test_bf16_wan_vae_layers_pass_the_gate(latent_hw: tuple[int, int]) -> None:
+    g = wan_random_gate(latent_hw=latent_hw)
     print(f"\nWan VAE layers, random weights: bf16 vs fp32 {g.psnr_db:.1f} dB (max |d| {g.max_abs:.4f})")
-    assert g.frames == 1 + 4 * 3  # 4 latent frames: Wan's causal count
+    assert g.frames == 1 + 4 * 3  # 4 latent frames (two chunks: 3 + 1): Wan's causal count
     assert math.isfinite(g.psnr_db) and g.passed
 
 

@@ -267,18 +267,24 @@ def main() -> int:
     return 0
 
 
+@cache
+def _tensor_gates() -> tuple[Any, ...]:
+    """The tensor halves of the FP8 gates (seeded random weights, so computed once per process): the
+    config, the linears' gates, the KV cache's with / without outlier channels, attention's with / without."""
+    from perf.fp8_gate import GateConfig, attention_gate, gate, kv_gate
+
+    cfg, flat = GateConfig(), GateConfig(outlier_frac=0.0)
+    return cfg, gate(cfg), kv_gate(cfg), kv_gate(flat), attention_gate(cfg), attention_gate(flat)
+
+
 def fp8_gate_lines(psnr_rows: str | None = None) -> list[str]:
     """The report's FP8 gates table (**measured**): per option, the tensor half (``perf/fp8_gate.py``: Wan2.1
     block shapes, random weights, computed here, ~10 s of CPU) and the decoded-video half on the demo model
     (the newest rows of ``perf/results/fp8_psnr.jsonl``, or ``psnr_rows``, written by
     ``python -m perf.fp8_psnr --save``)."""
-    from perf.fp8_gate import GateConfig, attention_gate, gate, kv_gate
     from perf.fp8_psnr import latest_gates
 
-    cfg = GateConfig()
-    lin, kv = gate(cfg), kv_gate(cfg)
-    kv0 = kv_gate(GateConfig(outlier_frac=0.0))
-    at, at0 = attention_gate(cfg), attention_gate(GateConfig(outlier_frac=0.0))
+    cfg, lin, kv, kv0, at, at0 = _tensor_gates()
     video = latest_gates(psnr_rows)
 
     def vid(name: str) -> str:
