@@ -278,10 +278,10 @@ def _tensor_gates() -> tuple[Any, ...]:
 
 
 def fp8_gate_lines(psnr_rows: str | None = None) -> list[str]:
-    """The report's FP8 gates table (**measured**): per option, the tensor half (``perf/fp8_gate.py``: Wan2.1
-    block shapes, random weights, computed here, ~10 s of CPU) and the decoded-video half on the demo model
-    (the newest rows of ``perf/results/fp8_psnr.jsonl``, or ``psnr_rows``, written by
-    ``python -m perf.fp8_psnr --save``)."""
+    """The report's FP8 gates table (**measured**): per option, the tensor half (``perf/fp8_gate.py``:
+    Wan2.1 block shapes, random weights, computed once per process by :func:`_tensor_gates`, ~10-25 s of
+    CPU) and the decoded-video half on the demo model (the newest rows of ``perf/results/fp8_psnr.jsonl``,
+    or ``psnr_rows``, written by ``python -m perf.fp8_psnr --save``)."""
     from perf.fp8_psnr import latest_gates
 
     cfg, lin, kv, kv0, at, at0 = _tensor_gates()
