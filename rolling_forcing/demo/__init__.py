@@ -25,7 +25,7 @@ AE_FILE = "autoencoder.safetensors"
 class DemoModel(NamedTuple):
     """What :func:`load_demo` returns."""
 
-    model_cfg: Any  # rolling_forcing.config.ModelConfig (the "demo" preset)
+    model_cfg: Any  # rolling_forcing.config.ModelConfig (the "demo" preset at the weights' width)
     model: Any  # rolling_forcing.model.CausalWanModel, eval mode
     text_encoder: Any  # rolling_forcing.demo.text_encoder.DemoTextEncoder, eval mode
     decoder: Any  # rolling_forcing.demo.autoencoder.DemoStreamingDecoder (None if with_decoder=False)
@@ -43,6 +43,51 @@ def _read(path: Path, what: str) -> tuple[dict[str, Any], dict[str, str]]:
     return tensors, meta
 
 
+WIDTH_KEYS = ("num_layers", "dim", "ffn_dim", "num_heads")
+"""The DiT sizes :func:`rolling_forcing.demo.train_dit.save_dit` records in ``dit.safetensors``' metadata."""
+
+
+def demo_config(state_dict: dict[str, Any], meta: dict[str, str], path: Path) -> Any:
+    """The ``demo`` preset at the width of a demo DiT's weights (a ``ModelConfig``).
+
+    ``num_layers``, ``dim`` and ``ffn_dim`` are read from the tensors' shapes (``blocks.N.``,
+    ``patch_embedding.weight`` ``[dim, C, 1, ph, pw]``, ``blocks.0.ffn.0.weight`` ``[ffn_dim, dim]``), so
+    weights written before the sizes were recorded still load; ``num_heads`` (not a shape) comes from the
+    metadata, else the preset's. Sizes recorded in the metadata must agree with the shapes.
+
+    Raises ``ValueError`` naming ``path`` for a state dict without those tensors, metadata that disagrees
+    with the shapes, or sizes the preset cannot take (``ModelConfig``'s rules, e.g. ``dim`` divisible by
+    ``num_heads``).
+    """
+    from dataclasses import replace
+
+    from rolling_forcing.config import get_preset
+
+    base = get_preset("demo")
+    try:
+        sizes: dict[str, Any] = {
+            "dim": int(state_dict["patch_embedding.weight"].shape[0]),
+            "ffn_dim": int(state_dict["blocks.0.ffn.0.weight"].shape[0]),
+            "num_layers": len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")}),
+        }
+    except (KeyError, IndexError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a demo DiT state dict (no tensor {exc})") from None
+    for key in WIDTH_KEYS:
+        if key not in meta:
+            continue
+        try:
+            value = int(meta[key])
+        except ValueError:
+            raise ValueError(f"{path}: metadata {key}={meta[key]!r} is not an integer") from None
+        if key in sizes and sizes[key] != value:
+            raise ValueError(f"{path}: metadata {key}={value} but the tensors' shapes say {sizes[key]}")
+        sizes[key] = value
+    try:
+        return replace(base, **sizes)
+    except ValueError as exc:
+        raise ValueError(f"{path}: sizes {sizes} do not make a demo DiT: {exc}") from None
+
+
 def load_demo(
     weights_dir: str | Path | None = None, *, dtype: Any = None, with_decoder: bool = True
 ) -> DemoModel:
@@ -54,18 +99,20 @@ def load_demo(
         dtype: the DiT's torch dtype (default float32).
         with_decoder: False skips the autoencoder (``decoder`` is None).
 
+    The DiT's sizes (layers, width, FFN, heads) are the weights' (:func:`demo_config`): the ``demo``
+    preset's for the shipped weights, and the width of any ``train-demo`` output, wider or narrower.
+
     Raises ``ValueError`` naming the file for a missing file or weights that do not fit the preset.
     """
     import torch
 
-    from rolling_forcing.config import get_preset
     from rolling_forcing.demo.text_encoder import DemoTextEncoder
     from rolling_forcing.model import CausalWanModel
 
     root = WEIGHTS_DIR if weights_dir is None else Path(weights_dir)
-    cfg = get_preset("demo")
+    sd, dit_meta = _read(root / DIT_FILE, "demo DiT weights")
+    cfg = demo_config(sd, dit_meta, root / DIT_FILE)
     model = CausalWanModel(cfg)
-    sd, _ = _read(root / DIT_FILE, "demo DiT weights")
     try:
         model.load_state_dict(sd)
     except RuntimeError as exc:
@@ -91,4 +138,13 @@ def load_demo(
     return DemoModel(cfg, model, text, decoder)
 
 
-__all__ = ["AE_FILE", "DIT_FILE", "TEXT_FILE", "WEIGHTS_DIR", "DemoModel", "load_demo"]
+__all__ = [
+    "AE_FILE",
+    "DIT_FILE",
+    "TEXT_FILE",
+    "WEIGHTS_DIR",
+    "WIDTH_KEYS",
+    "DemoModel",
+    "demo_config",
+    "load_demo",
+]

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rolling_forcing.config import ModelConfig, PipelineConfig
-from rolling_forcing.demo import DIT_FILE, TEXT_FILE
+from rolling_forcing.demo import DIT_FILE, TEXT_FILE, WIDTH_KEYS
 from rolling_forcing.demo.text_encoder import DemoTextEncoder
 from rolling_forcing.demo.train_attention import TrainLayout, long_layout, training_forward, training_layout
 from rolling_forcing.model import CausalWanModel, add_noise
@@ -332,8 +332,9 @@ def train_dit(
 
 
 def save_dit(result: DitTrainResult, out_dir: str | Path) -> list[Path]:
-    """Write ``dit.safetensors`` (the ``CausalWanModel`` state dict, Wan key names) and
-    ``text_encoder.safetensors`` into ``out_dir``; returns the paths."""
+    """Write ``dit.safetensors`` (the ``CausalWanModel`` state dict, Wan key names; metadata: the preset's
+    name and the DiT's sizes, :data:`~rolling_forcing.demo.WIDTH_KEYS`) and ``text_encoder.safetensors``
+    (metadata: its layers and heads) into ``out_dir``; returns the paths."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -341,7 +342,7 @@ def save_dit(result: DitTrainResult, out_dir: str | Path) -> list[Path]:
     paths = [out / DIT_FILE, out / TEXT_FILE]
     text = result.text_encoder
     metas = [
-        {"preset": result.model.cfg.name},
+        {"preset": result.model.cfg.name, **{k: str(getattr(result.model.cfg, k)) for k in WIDTH_KEYS}},
         {"num_layers": str(text.num_layers), "num_heads": str(text.num_heads)},
     ]
     for path, mod, meta in zip(paths, (result.model, text), metas):
