@@ -86,3 +86,33 @@ def test_a_state_dict_that_is_no_demo_dit_is_refused(tmp_path: Path) -> None:
     save_file(sd, str(path))
     with pytest.raises(ValueError, match=re.escape(f"{path}: not a demo DiT state dict")):
         load_demo(tmp_path, with_decoder=False)
+
+
+def test_train_demo_at_another_width_writes_weights_load_demo_builds(tmp_path: Path) -> None:
+    """``train_demo(model_cfg=...)`` trains the DiT at those sizes (smoke run), logs them, and
+    ``load_demo`` builds the same sizes back from the files."""
+    import json
+
+    from rolling_forcing.demo.train import train_demo
+    from rolling_forcing.demo.train_stage2 import Stage2Config
+
+    sizes: dict[str, Any] = {"dim": 64, "ffn_dim": 96, "num_heads": 2, "num_layers": 1}
+    cfg = replace(get_preset("demo"), **sizes)
+    rep = train_demo(
+        tmp_path, smoke=True, progress=False, threads=1, late=Stage2Config(steps=0), model_cfg=cfg
+    )
+    assert json.loads((rep.out_dir / "train_log.json").read_text())["model"] == sizes
+    demo = load_demo(tmp_path)
+    assert demo.model_cfg == cfg
+    assert demo.model.blocks[0].ffn[0].weight.shape == (96, 64)
+
+
+@pytest.mark.parametrize("change", [{"latent_height": 4}, {"text_dim": 32}, {"guidance_scale": 1.0}])
+def test_train_demo_refuses_sizes_the_demo_data_fixes_before_any_work(
+    tmp_path: Path, change: dict[str, Any]
+) -> None:
+    from rolling_forcing.demo.train import train_demo
+
+    with pytest.raises(ValueError, match="model_cfg may differ from the demo preset only in num_layers, dim"):
+        train_demo(tmp_path / "w", smoke=True, model_cfg=replace(get_preset("demo"), dim=64, **change))
+    assert not (tmp_path / "w").exists()

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from rolling_forcing.config import PipelineConfig, get_preset
-from rolling_forcing.demo import AE_FILE
+from rolling_forcing.config import ModelConfig, PipelineConfig, get_preset
+from rolling_forcing.demo import AE_FILE, WIDTH_KEYS
 from rolling_forcing.demo.train_dit import DitTrainConfig, DitTrainResult, LatentClips, save_dit, train_dit
 from rolling_forcing.demo.train_stage2 import Stage2Config, train_stage2
 from rolling_forcing.procedural import PROMPT_SIZES, PROMPT_SPEED, check_sizes, check_speed
@@ -131,6 +131,7 @@ def train_demo(
     prompt_speed: float | None = None,
     late: Stage2Config | None = None,
     prompt_sizes: Mapping[str, float] | None = None,
+    model_cfg: ModelConfig | None = None,
 ) -> DemoTrainReport:
     """Retrain the demo model into ``out_dir`` (module docstring); returns what it wrote and measured.
 
@@ -153,6 +154,10 @@ def train_demo(
             windows are late windows of a ``long_blocks``-block stream with probability
             :data:`LATE_FRACTION` (the clips are then encoded ``long_blocks`` long; stages 1-2 read their
             first blocks, so they are the same with or without it), seeded from ``seed + 2``.
+        model_cfg: the DiT's sizes (``None``: the ``demo`` preset). Only its layers, width, heads and FFN
+            may differ from the preset (the latent, text and guidance settings are the demo data's):
+            ``ValueError`` otherwise. :func:`rolling_forcing.demo.load_demo` reads the width back from the
+            weights.
     """
     from rolling_forcing.demo.autoencoder import load_autoencoder, save_autoencoder
     from rolling_forcing.demo.data import encode_clips
@@ -165,6 +170,14 @@ def train_demo(
     sizes = dict(PROMPT_SIZES) if prompt_sizes is None else check_sizes(prompt_sizes, "prompt_sizes")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    preset = get_preset("demo")
+    if model_cfg is None:
+        model_cfg = preset
+    elif replace(model_cfg, **{k: getattr(preset, k) for k in WIDTH_KEYS}) != preset:
+        raise ValueError(
+            f"model_cfg may differ from the demo preset only in {', '.join(WIDTH_KEYS)} (the demo data fixes "
+            f"the rest), got {model_cfg}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     n_ae = ae_steps if ae_steps is not None else (SMOKE_AE_STEPS if smoke else DEFAULT_STEPS)
@@ -177,7 +190,7 @@ def train_demo(
     s2cfg: Stage2Config = stage2 if stage2 is not None else (SMOKE_STAGE2 if smoke else Stage2Config())
     late_cfg: Stage2Config = late if late is not None else default_late(smoke)
     late_dit = replace(dcfg, long_fraction=LATE_FRACTION, seed=seed + 2)
-    model_cfg, pipe_cfg = get_preset("demo"), PipelineConfig()
+    pipe_cfg = PipelineConfig()
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -223,6 +236,7 @@ def train_demo(
         if autoencoder is not None
         else f"retrained: {n_ae} steps + {ae_cfg.decoder_steps} decoder-only steps",
         "clips": n_clips,
+        "model": {k: getattr(model_cfg, k) for k in WIDTH_KEYS},
         "dit": asdict(dcfg),
         "stage2": asdict(s2cfg),
         "late": {
