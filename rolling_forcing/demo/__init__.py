@@ -53,7 +53,8 @@ def demo_config(state_dict: dict[str, Any], meta: dict[str, str], path: Path) ->
     ``num_layers``, ``dim`` and ``ffn_dim`` are read from the tensors' shapes (``blocks.N.``,
     ``patch_embedding.weight`` ``[dim, C, 1, ph, pw]``, ``blocks.0.ffn.0.weight`` ``[ffn_dim, dim]``), so
     weights written before the sizes were recorded still load; ``num_heads`` (not a shape) comes from the
-    metadata, else the preset's. Sizes recorded in the metadata must agree with the shapes.
+    metadata, else the preset's (right for every such file: ``train_demo`` could not change the heads before
+    it recorded them). Sizes recorded in the metadata must agree with the shapes.
 
     Raises ``ValueError`` naming ``path`` for a state dict without those tensors, metadata that disagrees
     with the shapes, or sizes the preset cannot take (``ModelConfig``'s rules, e.g. ``dim`` divisible by
