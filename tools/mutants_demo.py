@@ -1,7 +1,8 @@
 """Curated mutants of the demo model's chain rollout and its measuring tool
 (rolling_forcing/demo/train_stage3.py, perf/demo_chain.py), its late windows and cut options
-(train_attention.long_layout, train_dit.sample_layout / make_batch, train.train_demo) and the quality
-bench's vanish metric (perf/quality/metrics.longest_vanish); joined to tools/mutants.py's list."""
+(train_attention.long_layout, train_dit.sample_layout / make_batch, train.train_demo), the DiT's recorded
+width (demo.demo_config, train_dit.save_dit, train_demo(model_cfg=)) and the quality bench's vanish metric
+(perf/quality/metrics.longest_vanish); joined to tools/mutants.py's list."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ _LONG = ("tests/test_demo_long.py",)
 _ATTN = "rolling_forcing/demo/train_attention.py"
 _DIT = "rolling_forcing/demo/train_dit.py"
 _METRICS = ("tests/test_quality_metrics.py",)
+_WIDTH = ("tests/test_demo_width.py",)
 
 DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("demo-chain-renoise-level", _STAGE3, "add_noise(prev[b], eps, ts[level], table)",
@@ -109,4 +111,18 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("sizes-cli-ignored", "nki_ardiff/cli_train.py", "            prompt_sizes=sizes,\n",
            "            prompt_sizes=None,\n", ("tests/test_demo_cli.py",),
            "--prompt-sizes is accepted but not passed on"),
+    Mutant("width-meta-heads-ignored", "rolling_forcing/demo/__init__.py", "        sizes[key] = value\n",
+           "        pass\n", _WIDTH, "load_demo ignores the recorded heads (the DiT loads with the preset's)"),
+    Mutant("width-meta-disagree", "rolling_forcing/demo/__init__.py",
+           "if key in sizes and sizes[key] != value:", "if False:", _WIDTH,
+           "recorded sizes that contradict the shapes are accepted"),
+    Mutant("width-meta-not-written", _DIT, "**{k: str(getattr(result.model.cfg, k)) for k in WIDTH_KEYS}",
+           "**{k: str(getattr(result.model.cfg, k)) for k in WIDTH_KEYS[:1]}", _WIDTH,
+           "save_dit records only the layer count"),
+    Mutant("width-train-ignored", "rolling_forcing/demo/train.py", "    if model_cfg is None:\n",
+           "    model_cfg = preset\n    if model_cfg is None:\n", _WIDTH,
+           "train_demo(model_cfg=) is accepted and trains the preset"),
+    Mutant("width-train-unchecked", "rolling_forcing/demo/train.py",
+           "    elif replace(model_cfg, **{k: getattr(preset, k) for k in WIDTH_KEYS}) != preset:",
+           "    elif False:", _WIDTH, "train_demo takes latent / text sizes the demo data cannot feed"),
 )  # fmt: skip
