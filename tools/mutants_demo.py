@@ -112,7 +112,7 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
            "            prompt_sizes=None,\n", ("tests/test_demo_cli.py",),
            "--prompt-sizes is accepted but not passed on"),
     Mutant("width-meta-heads-ignored", "rolling_forcing/demo/__init__.py", "        sizes[key] = value\n",
-           "        pass\n", _WIDTH, "load_demo ignores the recorded heads (the DiT loads with the preset's)"),
+           "        pass\n", _WIDTH, "load_demo ignores the recorded heads (loads the preset's)"),
     Mutant("width-meta-disagree", "rolling_forcing/demo/__init__.py",
            "if key in sizes and sizes[key] != value:", "if False:", _WIDTH,
            "recorded sizes that contradict the shapes are accepted"),
