@@ -6,7 +6,9 @@ Sections (every figure *measured*: detections on CPU-decoded frames, CPU wall cl
 1. ``detector``: the shape detector against the procedural generator's ground truth, clean and degraded
    (blur + noise) renders: accuracy (right colour and kind within 2 px).
 2. ``stream``: per prompt, (a) presence and (b) chunk-boundary continuity of the model's decoded stream,
-   next to the same metrics on the generator's own frames (``ground_truth``: the ideal stream), and
+   next to the same metrics on the generator's own frames (``ground_truth``: the ideal stream, random
+   sizes and motion) and, for a model with an autoencoder, on the video it is trained to draw (its prompt
+   layout) through that autoencoder (``decoder_roundtrip``: the best (a) its decoder allows), and
    (e) the longest run of frames in which an object vanished (no detection of its colour).
 3. ``drift``: (c) presence in the last 30 s of a 3-minute stream (relative positions, per-block noise)
    and whether the objects still move (``--quick``: 5 s of a 24-block stream).
@@ -150,10 +152,17 @@ def stream_rows(sm: StreamModel, plan: Plan, seed: int) -> tuple[list[BenchRow],
             def case(who: str = who, spec: StreamSpec = spec) -> dict[str, Any]:
                 if who == sm.name:
                     res = run_stream(sm, spec)
+                elif who == "decoder_roundtrip" and sm.roundtrip is not None:
+                    # the video the model is trained to draw (its prompt layout), through its autoencoder
+                    if sm.layout is None:
+                        raise ValueError(
+                            "decoder_roundtrip: the weights' training layout is unknown (their "
+                            "train_log.json has no prompt_speed), so the video they draw is too"
+                        )
+                    res = truth_stream(spec, seed=spec.seed, layout=sm.layout)
+                    res = replace(res, frames=sm.roundtrip(res.frames))
                 else:
                     res = truth_stream(spec, seed=spec.seed)
-                    if who == "decoder_roundtrip" and sm.roundtrip is not None:
-                        res = replace(res, frames=sm.roundtrip(res.frames))
                 if who == sm.name and not sheet_frames:
                     sheet_frames.append(res.frames)
                 m = evaluate(res, spec.prompt)

@@ -10,9 +10,11 @@ APIs the ``generate`` command uses (``RollingForcingPipeline`` / ``ShardedRollin
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,13 +23,27 @@ import torch
 from rolling_forcing.config import ModelConfig, PipelineConfig, PositionMode, get_preset
 from rolling_forcing.decode import PreviewDecoder, StreamingDecoder, to_uint8_frames
 from rolling_forcing.model import CausalWanModel
-from rolling_forcing.procedural import COLORS, SHAPES, Scene, SceneConfig, Shape, prompt_words, render
+from rolling_forcing.procedural import (
+    COLORS,
+    PROMPT_SIZES,
+    PROMPT_SPEED,
+    SHAPES,
+    Scene,
+    SceneConfig,
+    Shape,
+    check_sizes,
+    check_speed,
+    prompt_layout,
+    prompt_words,
+    render,
+)
 from rolling_forcing.prompts import SWITCH_MODES, switch_options
 from rolling_forcing.stream import NoiseSource
 from rolling_forcing.text import SeededTextEncoder, TextEncoder
 
 __all__ = [
     "MODELS",
+    "PromptLayout",
     "StreamModel",
     "StreamResult",
     "StreamSpec",
@@ -41,6 +57,38 @@ __all__ = [
 MODELS = ("tiny", "demo")
 DEFAULT_MODEL = "demo"
 """The model the bench measures unless told otherwise (becomes ``"demo"`` once the demo model lands)."""
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """The prompt layout a model was trained on (:func:`rolling_forcing.procedural.prompt_layout`): its
+    ``speed`` (pixels per frame at 64 x 64) and ``sizes`` (per kind, pixels at 64 x 64). The video such a
+    model is asked to draw for a prompt is that layout's render: :func:`truth_stream` with ``layout=``."""
+
+    speed: float = PROMPT_SPEED
+    sizes: Mapping[str, float] = field(default_factory=lambda: dict(PROMPT_SIZES))
+
+    def __post_init__(self) -> None:
+        check_speed(self.speed, "PromptLayout.speed")
+        object.__setattr__(self, "sizes", check_sizes(self.sizes, "PromptLayout.sizes"))
+
+
+def trained_layout(weights: str | Path | None) -> PromptLayout | None:
+    """The prompt layout the demo weights in ``weights`` were trained on, from the ``train_log.json``
+    ``train-demo`` writes beside them (``prompt_speed``; ``prompt_sizes``, else the default table, which
+    was the only one before it was logged); ``None`` (the shipped weights): the defaults, which are the
+    shipped weights' by definition (``PROMPT_SPEED``, ``PROMPT_SIZES``). Returns ``None`` for a directory
+    whose log is missing or has no ``prompt_speed`` (weights from before the speed was logged trained at
+    another speed: their layout is unknown, not guessed)."""
+    if weights is None:
+        return PromptLayout()
+    log = Path(weights) / "train_log.json"
+    if not log.is_file():
+        return None
+    rec = json.loads(log.read_text())
+    if "prompt_speed" not in rec:
+        return None
+    return PromptLayout(float(rec["prompt_speed"]), rec.get("prompt_sizes") or PROMPT_SIZES)
 
 
 @dataclass(frozen=True)
@@ -58,6 +106,8 @@ class StreamModel:
     roundtrip: Callable[[np.ndarray], np.ndarray] | None = None
     """The model's autoencoder, encode then decode, on uint8 frames ``[T, H, W, 3]`` (``T = 1 + 4k``): what
     the decoder can show at best (None: the model has no encoder, e.g. the preview decoder)."""
+    layout: PromptLayout | None = None
+    """The prompt layout the model was trained to draw (None: none, e.g. random weights, or unknown)."""
 
 
 def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0, weights: str | None = None) -> StreamModel:
@@ -100,8 +150,9 @@ def load_model(name: str = DEFAULT_MODEL, *, seed: int = 0, weights: str | None 
 
         desc = "demo model (trained, shipped)"
         return StreamModel(
-            name, cfg, model.float().eval(), enc, reset, desc, roundtrip if ae is not None else None
-        )
+            name, cfg, model.float().eval(), enc, reset, desc, roundtrip if ae is not None else None,
+            trained_layout(weights),
+        )  # fmt: skip
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 
@@ -247,19 +298,30 @@ def scene_for_prompt(prompt: str, rng: np.random.Generator, config: SceneConfig 
     return Scene(tuple(shapes), bgs[0], config)
 
 
-def truth_stream(spec: StreamSpec, *, seed: int = 0) -> StreamResult:
+def truth_stream(spec: StreamSpec, *, seed: int = 0, layout: PromptLayout | None = None) -> StreamResult:
     """The ideal stream of ``spec``: the procedural generator's own frames of a scene for the prompt
     (:func:`scene_for_prompt`, seeded), switching to a scene for the new prompt at the switch block; chunk
     sizes as a Rolling Forcing stream (9 frames, then 12). The bench's sanity baseline: the detector and
-    metrics must find every target met on it."""
+    metrics must find every target met on it.
+
+    ``layout``: instead of random sizes, start points and velocities, the prompt layout a model was
+    trained on (:class:`PromptLayout`; the scene is then a function of the prompt alone, ``seed`` does
+    not matter), rendered from its frame 0, and after a switch the new prompt's layout from *its* frame 0
+    (what a restarting switch asks for): the video the demo model is trained to draw for ``spec``."""
     rng = np.random.default_rng(seed)
     chunks = tuple([9] + [12] * (spec.num_blocks - 1))
     total = sum(chunks)
     t0 = time.perf_counter()
-    frames = render(scene_for_prompt(spec.prompt, rng), 0, total)
+
+    def scene(prompt: str) -> Scene:
+        s = scene_for_prompt(prompt, rng)
+        return s if layout is None else prompt_layout(s, layout.speed, layout.sizes)
+
+    frames = render(scene(spec.prompt), 0, total)
     switch_frame = None
     if spec.switch is not None:
         switch_frame = sum(chunks[: spec.switch[1]])
-        new = render(scene_for_prompt(spec.switch[0], rng), switch_frame, total - switch_frame)
+        start = switch_frame if layout is None else 0
+        new = render(scene(spec.switch[0]), start, total - switch_frame)
         frames = np.concatenate([frames[:switch_frame], new])
     return StreamResult(frames, chunks, switch_frame, time.perf_counter() - t0, False)
