@@ -2,7 +2,9 @@
 (rolling_forcing/demo/train_stage3.py, perf/demo_chain.py), its late windows and cut options
 (train_attention.long_layout, train_dit.sample_layout / make_batch, train.train_demo), the DiT's recorded
 width (demo.demo_config, train_dit.save_dit, train_demo(model_cfg=)) and the quality bench's vanish metric
-(perf/quality/metrics.longest_vanish); joined to tools/mutants.py's list."""
+(perf/quality/metrics.longest_vanish), and the bench's trained-layout round trip
+(perf/quality/streams.py truth_stream(layout=) / trained_layout, perf/bench_quality.py's
+decoder_roundtrip); joined to tools/mutants.py's list."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ _ATTN = "rolling_forcing/demo/train_attention.py"
 _DIT = "rolling_forcing/demo/train_dit.py"
 _METRICS = ("tests/test_quality_metrics.py",)
 _WIDTH = ("tests/test_demo_width.py",)
+_LAYOUT = ("tests/test_quality_layout.py",)
+_STREAMS = "perf/quality/streams.py"
 
 DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("demo-chain-renoise-level", _STAGE3, "add_noise(prev[b], eps, ts[level], table)",
@@ -125,4 +129,15 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("width-train-unchecked", "rolling_forcing/demo/train.py",
            "    elif replace(model_cfg, **{k: getattr(preset, k) for k in WIDTH_KEYS}) != preset:",
            "    elif False:", _WIDTH, "train_demo takes latent / text sizes the demo data cannot feed"),
+    Mutant("layout-roundtrip-random", "perf/bench_quality.py",
+           "res = truth_stream(spec, seed=spec.seed, layout=sm.layout)",
+           "res = truth_stream(spec, seed=spec.seed)", _LAYOUT,
+           "the bench's decoder_roundtrip scores random sizes, not the video the DiT draws"),
+    Mutant("layout-switch-frame", _STREAMS, "start = switch_frame if layout is None else 0",
+           "start = switch_frame", _LAYOUT, "the new prompt's layout is rendered from the switch frame on"),
+    Mutant("layout-sizes-ignored", _STREAMS, 'rec.get("prompt_sizes") or PROMPT_SIZES', "PROMPT_SIZES",
+           _LAYOUT, "trained_layout ignores the logged size table"),
+    Mutant("layout-speed-ignored", _STREAMS, "prompt_layout(s, layout.speed, layout.sizes)",
+           "prompt_layout(s, None, layout.sizes)", _LAYOUT,
+           "truth_stream draws the default speed whatever the layout says"),
 )  # fmt: skip
