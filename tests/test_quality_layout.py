@@ -65,6 +65,7 @@ def test_trained_layout_reads_the_weights_log(tmp_path: Path) -> None:
     log = json.loads((WEIGHTS / "dit_train_log.json").read_text())
     assert log["prompt_speed"] == shipped.speed
     assert log.get("prompt_sizes", dict(PROMPT_SIZES)) == dict(shipped.sizes)
+    assert trained_layout(WEIGHTS) == shipped  # the shipped directory, named: its dit_train_log.json
     assert trained_layout(tmp_path) is None  # no log: unknown, not guessed
     (tmp_path / "train_log.json").write_text(json.dumps({"seed": 0}))
     assert trained_layout(tmp_path) is None  # a log from before the speed was recorded

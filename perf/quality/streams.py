@@ -51,6 +51,7 @@ __all__ = [
     "run_stream",
     "scene_for_prompt",
     "switch_window",
+    "trained_layout",
     "truth_stream",
 ]
 
@@ -75,15 +76,17 @@ class PromptLayout:
 
 def trained_layout(weights: str | Path | None) -> PromptLayout | None:
     """The prompt layout the demo weights in ``weights`` were trained on, from the ``train_log.json``
-    ``train-demo`` writes beside them (``prompt_speed``; ``prompt_sizes``, else the default table, which
-    was the only one before it was logged); ``None`` (the shipped weights): the defaults, which are the
-    shipped weights' by definition (``PROMPT_SPEED``, ``PROMPT_SIZES``). Returns ``None`` for a directory
-    whose log is missing or has no ``prompt_speed`` (weights from before the speed was logged trained at
-    another speed: their layout is unknown, not guessed)."""
+    ``train-demo`` writes beside them (or ``dit_train_log.json``, its name in the shipped weights'
+    directory): ``prompt_speed``; ``prompt_sizes``, else the default table, which was the only one before
+    it was logged. ``None`` (the shipped weights): the defaults, which are the shipped weights' by
+    definition (``PROMPT_SPEED``, ``PROMPT_SIZES``). Returns ``None`` for a directory whose log is missing
+    or has no ``prompt_speed`` (weights from before the speed was logged trained at another speed: their
+    layout is unknown, not guessed)."""
     if weights is None:
         return PromptLayout()
-    log = Path(weights) / "train_log.json"
-    if not log.is_file():
+    logs = [Path(weights) / name for name in ("train_log.json", "dit_train_log.json")]
+    log = next((p for p in logs if p.is_file()), None)
+    if log is None:
         return None
     rec = json.loads(log.read_text())
     if "prompt_speed" not in rec:
