@@ -46,8 +46,10 @@ def test_served_checkpoint_and_vae_equal_the_offline_stream(tmp_path: Path) -> N
     assert parts.decoder == f"AutoencoderKLWan from {tmp_path} (streaming, causal cache)"
     d1, d2 = parts.new_decoder(), parts.new_decoder()
     assert isinstance(d1, WanVAEStreamingDecoder) and d1 is not d2 and d1.vae is d2.vae  # shared weights
+    # fps 8: a 1.5 s chunk deadline, so admission (a measured cost: the VAE decode took 412 ms of a 375 ms
+    # budget at fps 32 on a busy 2-core machine) never refuses the one session; the frames are under test
     cfg = ServeConfig(
-        preset="tiny", image_format="png", session_interval_s=0.0, calibration_chunks=1, fps=32.0,
+        preset="tiny", image_format="png", session_interval_s=0.0, calibration_chunks=1, fps=8.0,
         headroom=0.0, max_session_s=60.0,
     )  # fmt: skip
     seed, prompt = 3, "a lighthouse at dusk"
