@@ -19,11 +19,17 @@ TWO = "a red circle and a blue square bouncing on a gray background"
 WEIGHTS = Path(__file__).resolve().parents[1] / "rolling_forcing" / "demo" / "weights"
 
 
-def _training_clip_index(prompt: str, seed: int) -> int:
-    """The first clip of ``seed`` whose scene has ``prompt`` (scenes are drawn per clip, cheaply)."""
+def _training_clip(prompt: str, seed: int = 1, frames: int = 57) -> np.ndarray:
+    """uint8 ``[frames, 64, 64, 3]``: the first prompt-layout training clip of ``seed`` whose scene has
+    ``prompt`` (``make_clips``, the data path ``train-demo`` encodes; scenes are drawn per clip, cheaply)."""
+    from rolling_forcing.decode import to_uint8_frames
+    from rolling_forcing.demo.data import make_clips
+
     for i in range(4096):
         if scene_prompt(sample_scene(np.random.default_rng([seed, i]), SceneConfig())) == prompt:
-            return i
+            video, prompts, _ = make_clips(1, frames, seed=seed, first=i, layout="prompt")
+            assert prompts == [prompt]
+            return to_uint8_frames(video)
     raise AssertionError(f"no clip of seed {seed} has {prompt!r}")
 
 
@@ -31,12 +37,7 @@ def _training_clip_index(prompt: str, seed: int) -> int:
 def test_prompt_layout_stream_is_the_training_clip(prompt: str) -> None:
     """The bench's ideal stream of the prompt layout is, frame for frame, the clip the DiT trains on for
     that prompt (the data path ``train-demo`` encodes), whatever the seed; the random layout is not."""
-    from rolling_forcing.demo.data import make_clips
-
-    i = _training_clip_index(prompt, seed=1)
-    video, prompts, _ = make_clips(1, 57, seed=1, first=i, layout="prompt")
-    assert prompts == [prompt]
-    want = np.round((video[0].permute(0, 2, 3, 1).numpy() + 1.0) * 127.5).astype(np.uint8)
+    want = _training_clip(prompt)
     for seed in (0, 5):
         got = truth_stream(StreamSpec(prompt, 5), seed=seed, layout=PromptLayout())
         assert got.frames.shape == (57, 64, 64, 3) and got.chunk_frames == (9, 12, 12, 12, 12)
@@ -87,7 +88,6 @@ def test_bench_decoder_roundtrip_scores_the_trained_layout() -> None:
     from perf import bench_quality as bq
     from perf.quality.compare import evaluate
     from perf.quality.streams import load_model
-    from rolling_forcing.demo.data import make_clips
 
     sm = load_model("demo")
     assert sm.layout == PromptLayout()
@@ -95,9 +95,7 @@ def test_bench_decoder_roundtrip_scores_the_trained_layout() -> None:
     rows, _ = bq.stream_rows(sm, plan, seed=0)
     row = next(r for r in rows if r.variant == "decoder_roundtrip")
     assert row.status == "ok", row.message
-    video, _, _ = make_clips(1, 57, seed=1, first=_training_clip_index(TWO, seed=1), layout="prompt")
-    frames = np.round((video[0].permute(0, 2, 3, 1).numpy() + 1.0) * 127.5).astype(np.uint8)
-    want = evaluate(replace(truth_stream(StreamSpec(TWO, 5)), frames=sm.roundtrip(frames)), TWO)
+    want = evaluate(replace(truth_stream(StreamSpec(TWO, 5)), frames=sm.roundtrip(_training_clip(TWO))), TWO)
     assert row.extra["presence"] == want["presence"] and row.extra["vanish_frames"] == want["vanish_frames"]
     rows, _ = bq.stream_rows(replace(sm, layout=None), plan, seed=0)
     row = next(r for r in rows if r.variant == "decoder_roundtrip")
