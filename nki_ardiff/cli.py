@@ -99,7 +99,11 @@ def generate(
     prompt: Annotated[str, typer.Option(help="text prompt")] = GenerateOptions.prompt,
     seed: Annotated[int, typer.Option(help="seed of the noise (and of the tiny preset's weights)")] = 0,
     checkpoint: Annotated[
-        Path | None, typer.Option(help="DiT weights: .safetensors (preferred), shard dir or weights-only .pt")
+        Path | None,
+        typer.Option(
+            help="DiT weights: .safetensors (preferred), shard dir or weights-only .pt; "
+            "--preset demo: the directory train-demo --out wrote"
+        ),
     ] = None,
     use_ema: Annotated[bool, typer.Option(help="RF training checkpoint: use generator_ema")] = False,
     vae: Annotated[

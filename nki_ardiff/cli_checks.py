@@ -260,11 +260,43 @@ def check_demo_prompt(prompt: str, flag: str = "--prompt") -> None:
         raise CliError(flag, f"demo preset: {exc}") from None
 
 
+def check_demo_weights(path: Path) -> None:
+    """``--checkpoint`` of the demo preset: the directory ``rolling-forcing train-demo --out`` wrote, with
+    its DiT, text encoder and autoencoder (the three are trained together: a DiT file alone would be
+    conditioned by the shipped text encoder and decoded by the shipped autoencoder, a silently wrong
+    stream). Raises :class:`CliError` ``--checkpoint`` naming what is missing; a path that does not exist
+    is left to the path checks."""
+    from rolling_forcing.demo import AE_FILE, DIT_FILE, TEXT_FILE
+
+    if not path.exists():
+        return
+    want = (DIT_FILE, TEXT_FILE, AE_FILE)
+    rule = (
+        "the demo preset takes the directory `rolling-forcing train-demo --out` wrote ("
+        + ", ".join(want)
+        + "): its DiT is trained with its own text encoder and decodes through its own autoencoder"
+    )
+    if not path.is_dir():
+        raise CliError("--checkpoint", f"{str(path)!r} is a file; {rule}")
+    missing = [n for n in want if not (path / n).is_file()]
+    if missing:
+        raise CliError("--checkpoint", f"{str(path)!r} has no {', '.join(missing)}; {rule}")
+
+
 def _check_demo(opts: GenerateOptions) -> None:
-    """The demo preset streams its shipped weights with its own text encoder and decoder; its prompts
+    """The demo preset streams its shipped weights, or a ``train-demo`` directory given as
+    ``--checkpoint`` (:func:`check_demo_weights`), with their own text encoder and decoder; its prompts
     (``--prompt`` or every prompt of ``--prompt-schedule``) follow :func:`check_demo_prompt`."""
     from rolling_forcing.prompts import parse_switch_frames, read_prompt_schedule
 
+    if opts.use_ema:
+        raise CliError(
+            "--use-ema",
+            "the demo preset's weights are EMA weights already (train-demo writes them); the option picks "
+            "generator_ema from a Rolling Forcing training checkpoint",
+        )
+    if opts.checkpoint is not None:
+        check_demo_weights(opts.checkpoint)
     for flag, value in (
         ("--text-encoder", opts.text_encoder),
         ("--vae", opts.vae),
@@ -409,6 +441,7 @@ __all__ = [
     "CliError",
     "RunPlan",
     "check_demo_prompt",
+    "check_demo_weights",
     "check_generate",
     "check_model_sources",
     "noise_upfront",

@@ -288,21 +288,37 @@ def _read_schedule(opts: GenerateOptions) -> Any:
         raise CliError("--prompt-schedule", str(exc)) from None
 
 
-def _load_demo() -> Any:
+def _load_demo(opts: GenerateOptions) -> Any:
+    """The demo model (``rolling_forcing.demo.load_demo``): the shipped weights, or the ``train-demo``
+    directory ``--checkpoint`` names (DiT at its width, its text encoder and autoencoder)."""
     from rolling_forcing.demo import load_demo
 
     try:
-        return load_demo()
+        return load_demo(opts.checkpoint)
     except (ValueError, OSError) as exc:
+        if opts.checkpoint is not None:
+            raise CliError("--checkpoint", f"demo preset: {exc}") from None
         raise CliError("--preset", f"demo: {exc}") from None
 
 
+def demo_weights_text(opts: GenerateOptions, model_cfg: Any) -> str:
+    """What the demo preset streams, for the report and the served page."""
+    if opts.checkpoint is None:
+        return "shipped demo weights"
+    return (
+        f"{opts.checkpoint} (train-demo weights: DiT {model_cfg.num_layers} layers x dim {model_cfg.dim}, "
+        "with its text encoder and autoencoder)"
+    )
+
+
 def _load_weights(opts: GenerateOptions, model: Any) -> str:
+    """Load ``--checkpoint`` into ``model`` (a preset other than demo, whose weights ``_load_demo``
+    loads); returns the weights' description."""
     from rolling_forcing.checkpoint import load_checkpoint
 
     weights = f"random (torch.manual_seed({opts.seed}))"
     if opts.checkpoint is None:
-        return "shipped demo weights" if opts.preset == "demo" else weights
+        return weights
     try:
         fmt = load_checkpoint(model, opts.checkpoint, use_ema=opts.use_ema, lora=opts.lora)
     except (ValueError, TypeError, OSError, RuntimeError, EOFError) as exc:
@@ -406,12 +422,14 @@ def _run_generate(opts: GenerateOptions, plan: RunPlan, echo: Callable[[str], An
             demo = None
             with phase(f"building the {opts.preset} model"):
                 if opts.preset == "demo":
-                    demo = _load_demo()
-                    model = demo.model
+                    demo = _load_demo(opts)
+                    model, model_cfg = demo.model, demo.model_cfg
+                    meta["weights"] = demo_weights_text(opts, model_cfg)
                 else:
                     model = CausalWanModel(model_cfg)
-            with phase(f"loading {opts.checkpoint}" if opts.checkpoint is not None else "random weights"):
-                meta["weights"] = _load_weights(opts, model)
+            if demo is None:
+                with phase(f"loading {opts.checkpoint}" if opts.checkpoint is not None else "random weights"):
+                    meta["weights"] = _load_weights(opts, model)
             model = model.to(pipe_cfg.torch_dtype).eval()
             with phase("text conditioning"):
                 text_embeds, text_src = _build_text(opts, model_cfg, demo)

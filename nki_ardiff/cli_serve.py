@@ -52,7 +52,13 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
     model restarts, the others continue). Load errors are :class:`CliError` naming the option."""
     import torch
 
-    from nki_ardiff.cli_run import _build_decoder, _load_demo, _load_weights, text_encoder_for
+    from nki_ardiff.cli_run import (
+        _build_decoder,
+        _load_demo,
+        _load_weights,
+        demo_weights_text,
+        text_encoder_for,
+    )
     from rolling_forcing.config import get_preset
     from rolling_forcing.methods import get_method
     from rolling_forcing.model import CausalWanModel
@@ -62,16 +68,17 @@ def build_parts(opts: GenerateOptions) -> ModelParts:
 
     model_cfg = get_preset(opts.preset)
     switch = opts.switch or default_switch(opts.preset, get_method(opts.method).recache)
-    if opts.guidance is not None:
-        model_cfg = replace(model_cfg, guidance_scale=opts.guidance)
     demo = None
     if opts.preset == "demo":
-        demo = _load_demo()
-        model = demo.model
+        demo = _load_demo(opts)
+        model, model_cfg = demo.model, demo.model_cfg  # the width of the weights
+        weights = demo_weights_text(opts, model_cfg)
     else:
         torch.manual_seed(opts.seed)
         model = CausalWanModel(model_cfg)
-    weights = _load_weights(opts, model)
+        weights = _load_weights(opts, model)
+    if opts.guidance is not None:
+        model_cfg = replace(model_cfg, guidance_scale=opts.guidance)
     model = model.float().eval()
     encode, text = text_encoder_for(opts, model_cfg, demo)
     proto, decoder = _build_decoder(opts, model_cfg, VideoSpec(), demo)
@@ -92,7 +99,7 @@ def serve(
         Preset, typer.Option(help="model preset, as for generate (demo: the shipped trained model)")
     ] = Preset.demo,
     checkpoint: Annotated[
-        Path | None, typer.Option(help="DiT weights, as for generate (presets other than demo)")
+        Path | None, typer.Option(help="DiT weights, as for generate (demo: a train-demo --out directory)")
     ] = None,
     use_ema: Annotated[bool, typer.Option(help="RF training checkpoint: use generator_ema")] = False,
     lora: Annotated[Path | None, typer.Option(help="PEFT LoRA file merged into --checkpoint")] = None,

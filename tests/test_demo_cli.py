@@ -62,11 +62,43 @@ def test_train_demo_out_must_be_a_directory(tmp_path) -> None:
             "error: --prompt: demo preset: prompt word 'pink' is not in the vocabulary",
         ),
         (["--vae", "."], "error: --vae: the demo preset has its own text encoder and decoder"),
+        (
+            ["--checkpoint", "pyproject.toml"],
+            "error: --checkpoint: 'pyproject.toml' is a file; the demo preset takes the directory "
+            "`rolling-forcing train-demo --out` wrote (dit.safetensors, text_encoder.safetensors, "
+            "autoencoder.safetensors): its DiT is trained with its own text encoder and decodes through its "
+            "own autoencoder",
+        ),
+        (
+            ["--checkpoint", "docs"],
+            "error: --checkpoint: 'docs' has no dit.safetensors, text_encoder.safetensors, "
+            "autoencoder.safetensors; the demo preset takes the directory",
+        ),
+        (["--use-ema"], "error: --use-ema: the demo preset's weights are EMA weights already"),
     ],
 )
 def test_generate_demo_option_errors(args: list[str], message: str, tmp_path) -> None:
     r = runner.invoke(app, ["generate", "--blocks", "5", "--out", str(tmp_path / "a.mp4"), *args])
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_generate_demo_checkpoint_names_the_missing_files(tmp_path, monkeypatch) -> None:
+    """A directory with the DiT but not its text encoder or autoencoder is refused naming those two, before
+    any model is loaded."""
+    import rolling_forcing.demo as demo_mod
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("the demo model was loaded before the options were checked")
+
+    monkeypatch.setattr(demo_mod, "load_demo", boom)
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "dit.safetensors").write_bytes(b"")
+    r = runner.invoke(app, ["generate", "--checkpoint", str(w), "--out", str(tmp_path / "a.mp4")])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(
+        f"error: --checkpoint: '{w}' has no text_encoder.safetensors, autoencoder.safetensors; "
+    ), r.output
 
 
 def test_smoke_training_writes_weights_load_demo_streams(tmp_path) -> None:

@@ -278,6 +278,9 @@ def test_serve_subcommand_is_registered_and_refuses_bad_options_before_starting(
         ["--preset", "tiny", "--lora", "pyproject.toml"],  # a LoRA without base weights
         ["--preset", "tiny", "--vae", "pyproject.toml"],  # a file where a directory is needed
         ["--preset", "nope"],  # not a preset (click's choice error)
+        ["--checkpoint", "pyproject.toml"],  # demo: a file, not the directory train-demo wrote
+        ["--checkpoint", "docs"],  # demo: a directory without the three files
+        ["--use-ema"],  # demo: its weights are EMA weights already
     ],
 )
 def test_serve_refuses_model_options_with_generates_line(

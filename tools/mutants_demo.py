@@ -4,7 +4,8 @@
 width (demo.demo_config, train_dit.save_dit, train_demo(model_cfg=)) and the quality bench's vanish metric
 (perf/quality/metrics.longest_vanish), and the bench's trained-layout round trip
 (perf/quality/streams.py truth_stream(layout=) / trained_layout, perf/bench_quality.py's
-decoder_roundtrip); joined to tools/mutants.py's list."""
+decoder_roundtrip), and the demo preset's ``--checkpoint DIR`` (nki_ardiff/cli_run.py, cli_serve.py,
+cli_checks.py); joined to tools/mutants.py's list."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _METRICS = ("tests/test_quality_metrics.py",)
 _WIDTH = ("tests/test_demo_width.py",)
 _LAYOUT = ("tests/test_quality_layout.py",)
 _STREAMS = "perf/quality/streams.py"
+_CKPT = ("tests/test_demo_checkpoint.py", "tests/test_demo_cli.py")
 
 DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("demo-chain-renoise-level", _STAGE3, "add_noise(prev[b], eps, ts[level], table)",
@@ -140,4 +142,14 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("layout-speed-ignored", _STREAMS, "prompt_layout(s, layout.speed, layout.sizes)",
            "prompt_layout(s, None, layout.sizes)", _LAYOUT,
            "truth_stream draws the default speed whatever the layout says"),
+    Mutant("demo-ckpt-shipped", "nki_ardiff/cli_run.py", "return load_demo(opts.checkpoint)",
+           "return load_demo()", _CKPT, "generate / serve --checkpoint DIR stream the shipped weights"),
+    Mutant("demo-ckpt-preset-width", "nki_ardiff/cli_serve.py",
+           "model, model_cfg = demo.model, demo.model_cfg  # the width of the weights",
+           "model = demo.model", _CKPT, "serve runs a train-demo DiT with the preset's sizes"),
+    Mutant("demo-ckpt-file-accepted", "nki_ardiff/cli_checks.py", "    if not path.is_dir():\n",
+           "    if False:\n", _CKPT, "a DiT file alone is paired with the shipped text encoder and decoder"),
+    Mutant("demo-ckpt-missing-unchecked", "nki_ardiff/cli_checks.py",
+           "missing = [n for n in want if not (path / n).is_file()]", "missing = []", _CKPT,
+           "a directory without the text encoder or autoencoder passes the checks"),
 )  # fmt: skip

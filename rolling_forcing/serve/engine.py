@@ -131,7 +131,7 @@ def default_parts(cfg: ServeConfig) -> ModelParts:
         from rolling_forcing.demo import load_demo
 
         demo = load_demo()
-        text_len = mcfg.text_len
+        mcfg, text_len = demo.model_cfg, demo.model_cfg.text_len
 
         def demo_encode(prompt: str) -> torch.Tensor:
             with torch.no_grad():
