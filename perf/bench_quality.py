@@ -273,6 +273,14 @@ def compare_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
     return rows
 
 
+def _moving(extra: Mapping[str, Any]) -> str:
+    """``yes`` / ``no`` and the speeds, or ``n/a`` for a row written before the motion was measured."""
+    if "moving" not in extra:
+        return "n/a"
+    v = ", ".join(_fmt(s) for s in extra["tail_speeds_px_per_frame"])
+    return f"{'yes' if extra['moving'] else 'no'} ({v} px/frame)"
+
+
 def summary(rows: list[BenchRow]) -> list[str]:
     """One line per metric with its target (met / MISSED), per row."""
     out = []
@@ -293,7 +301,8 @@ def summary(rows: list[BenchRow]) -> list[str]:
                 f"(b) {check('continuity_ratio', e['continuity_ratio']).describe()} "
                 f"(boundary {_fmt(e['boundary_px'])} px, within {_fmt(e['within_px'])} px; ratio at "
                 f"latent-frame boundaries {_fmt(e.get('latent_boundary_ratio'))}); "
-                f"(e) {check('vanish_frames', e.get('vanish_frames')).describe()}"
+                f"(e) {check('vanish_frames', e.get('vanish_frames')).describe()}; "
+                f"moving over the last 10 s: {_moving(e)}"
             )
         elif r.op == "quality_drift":
             out.append(

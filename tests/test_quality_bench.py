@@ -127,6 +127,35 @@ def test_evaluate_on_the_ideal_stream() -> None:
     assert evaluate(res, "a yellow triangle bouncing on a gray background")["presence"] == 0.0  # wrong bg
 
 
+def test_evaluate_reads_the_motion_of_the_stream() -> None:
+    """The prompt layout moves every shape at 0.3 px/frame: ``evaluate`` reads that speed for each object
+    over the stream's tail, and a stream whose frames stand still (its first frame repeated) as 0, not
+    moving; a tail of one window reads the same speeds as the whole 69-frame stream."""
+    from dataclasses import replace
+
+    from perf.quality.compare import evaluate
+    from perf.quality.metrics import MIN_SPEED
+    from perf.quality.streams import PromptLayout
+
+    prompt = "a red circle and a blue square bouncing on a gray background"
+    res = truth_stream(StreamSpec(prompt, 6), seed=0, layout=PromptLayout())
+    m = evaluate(res, prompt)
+    # the detected centroid of a rendered shape is within a fraction of a pixel of its true centre, so a
+    # 12-frame displacement of 3.6 px reads within 0.5 px: 0.3 +- 0.04 px/frame
+    assert m["moving"] and m["tail_speeds_px_per_frame"] == [pytest.approx(0.3, abs=0.04)] * 2
+    assert (
+        evaluate(res, prompt, motion_tail_frames=13)["tail_speeds_px_per_frame"]
+        == [pytest.approx(0.3, abs=0.04)] * 2
+    )  # one window of 12 frames
+    still = replace(res, frames=np.repeat(res.frames[:1], res.frames.shape[0], axis=0))
+    m0 = evaluate(still, prompt)
+    assert m0["tail_speeds_px_per_frame"] == [0.0, 0.0] and not m0["moving"] and MIN_SPEED > 0
+    short = evaluate(res, prompt, motion_tail_frames=12)  # no two frames a chunk apart: unknown, not moving
+    assert short["tail_speeds_px_per_frame"] == [None, None] and not short["moving"]
+    with pytest.raises(ValueError, match="motion_tail_frames must be >= 1, got 0"):
+        evaluate(res, prompt, motion_tail_frames=0)
+
+
 def test_switch_rows_from_each_start_prompt() -> None:
     """The full plan switches from a two-object and from a one-object prompt (the case that asks the model
     to draw an object its context does not show); each start gives the ideal stream's row and the model's

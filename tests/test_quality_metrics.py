@@ -19,6 +19,7 @@ from perf.quality.metrics import (
     presence,
     prompt_background,
     prompt_objects,
+    speeds,
     switch_latency,
     track,
 )
@@ -129,6 +130,30 @@ def test_drift_tail_presence_and_speed() -> None:
     assert d2.speeds == (0.5,) and d2.moving
     with pytest.raises(ValueError, match="fps"):
         drift(frames, [RED], 0.0)
+
+
+def test_speeds_over_a_chunk_average_out_the_centroid_jitter() -> None:
+    """A track at 0.3 px/frame with +-0.3 px of jitter per frame and a standing one with the same jitter:
+    a 12-frame displacement is off by at most 2 x 0.3 px, so the speeds are within 0.05 px/frame of 0.3 and
+    of 0 (the per-frame steps of the standing one are as large as the moving one's: lag 1 cannot tell
+    them apart)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(200.0)
+    pos = np.zeros((200, 2, 2))
+    pos[:, 0, 0] = 10 + 0.3 * t
+    pos[:, 1, 0] = 30.0
+    pos[:, :, :] += rng.uniform(-0.3, 0.3, size=pos.shape) / np.sqrt(2)  # |jitter| <= 0.3 px
+    moving, standing = speeds(pos)
+    assert moving == pytest.approx(0.3, abs=0.05) and standing <= 0.05
+    assert speeds(pos, lag=1)[1] > 0.15  # per frame, the standing track looks as fast as MIN_SPEED
+    gaps = pos.copy()
+    gaps[::4] = np.nan  # absent every 4th frame: only the pairs present at both ends count
+    assert speeds(gaps) == pytest.approx((moving, standing), abs=0.02)
+    assert all(math.isnan(v) for v in speeds(pos[:12]))  # no two frames 12 apart
+    with pytest.raises(ValueError, match="lag must be >= 1"):
+        speeds(pos, lag=0)
+    with pytest.raises(ValueError, match=r"\[T, n, 2\]"):
+        speeds(pos[..., :1])
 
 
 def test_switch_latency() -> None:

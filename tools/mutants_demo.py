@@ -4,8 +4,9 @@
 width (demo.demo_config, train_dit.save_dit, train_demo(model_cfg=)) and the quality bench's vanish metric
 (perf/quality/metrics.longest_vanish), and the bench's trained-layout round trip
 (perf/quality/streams.py truth_stream(layout=) / trained_layout, perf/bench_quality.py's
-decoder_roundtrip), and the demo preset's ``--checkpoint DIR`` (nki_ardiff/cli_run.py, cli_serve.py,
-cli_checks.py); joined to tools/mutants.py's list."""
+decoder_roundtrip), the motion speeds (perf/quality/metrics.speeds, compare.evaluate), and the demo
+preset's ``--checkpoint DIR`` (nki_ardiff/cli_run.py, cli_serve.py, cli_checks.py);
+joined to tools/mutants.py's list."""
 
 from __future__ import annotations
 
@@ -142,6 +143,13 @@ DEMO_MUTANTS: tuple[Mutant, ...] = (
     Mutant("layout-speed-ignored", _STREAMS, "prompt_layout(s, layout.speed, layout.sizes)",
            "prompt_layout(s, None, layout.sizes)", _LAYOUT,
            "truth_stream draws the default speed whatever the layout says"),
+    Mutant("speeds-per-frame", "perf/quality/metrics.py",
+           "def speeds(positions: np.ndarray, lag: int = SPEED_LAG)",
+           "def speeds(positions: np.ndarray, lag: int = 1)", _METRICS,
+           "the motion is read frame to frame, where the centroid jitter makes a standing blob move"),
+    Mutant("motion-tail-ignored", "perf/quality/compare.py",
+           "tail_v = speeds(pos[max(0, len(dets) - motion_tail_frames) :])", "tail_v = speeds(pos)",
+           ("tests/test_quality_bench.py",), "evaluate reads the motion of the whole stream, not its tail"),
     Mutant("demo-ckpt-shipped", "nki_ardiff/cli_run.py", "return load_demo(opts.checkpoint)",
            "return load_demo()", _CKPT, "generate / serve --checkpoint DIR stream the shipped weights"),
     Mutant("demo-ckpt-preset-width", "nki_ardiff/cli_serve.py",

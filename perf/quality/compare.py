@@ -17,17 +17,22 @@ import numpy as np
 
 from perf.quality.detect import detect, read_backgrounds
 from perf.quality.metrics import (
+    MIN_SPEED,
     chunk_starts,
     continuity,
     longest_vanish,
     presence,
     prompt_background,
     prompt_objects,
+    speeds,
     track,
 )
 from perf.quality.streams import StreamModel, StreamResult, StreamSpec, run_stream
 
-__all__ = ["COMPARISONS", "Comparison", "Pair", "evaluate", "psnr", "run_pair"]
+__all__ = ["COMPARISONS", "MOTION_TAIL_FRAMES", "Comparison", "Pair", "evaluate", "psnr", "run_pair"]
+
+MOTION_TAIL_FRAMES = 160
+""":func:`evaluate`'s motion window: the last 10 s of a stream at 16 fps."""
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -44,10 +49,16 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10.0 * math.log10(255.0**2 / mse)
 
 
-def evaluate(result: StreamResult, prompt: str) -> dict[str, Any]:
+def evaluate(
+    result: StreamResult, prompt: str, motion_tail_frames: int = MOTION_TAIL_FRAMES
+) -> dict[str, Any]:
     """Metrics (a) presence (objects and background), (b) continuity and (e) the longest vanish (frames, the
-    worst object) of one decoded stream of ``prompt``, and the continuity ratio at every latent-frame
-    boundary (a diagnostic, no target)."""
+    worst object) of one decoded stream of ``prompt``, the continuity ratio at every latent-frame
+    boundary (a diagnostic, no target) and the motion over the last ``motion_tail_frames`` (>= 1):
+    each object's :func:`~perf.quality.metrics.speeds` (px per frame; None where it was never seen twice
+    a chunk apart) and ``moving``, every object at least :data:`~perf.quality.metrics.MIN_SPEED`."""
+    if motion_tail_frames < 1:
+        raise ValueError(f"evaluate: motion_tail_frames must be >= 1, got {motion_tail_frames}")
     objects = prompt_objects(prompt)
     dets = detect(result.frames)
     bgs = read_backgrounds(result.frames)
@@ -58,6 +69,7 @@ def evaluate(result: StreamResult, prompt: str) -> dict[str, Any]:
     # the same ratio at every latent-frame boundary (pixel frames 1, 5, 9, ...): a jump there that is
     # not at chunk boundaries comes from the decoder's 4-frame groups, not from the stream
     latent = continuity(pos, chunk_starts(len(dets), 1, 4))
+    tail_v = speeds(pos[max(0, len(dets) - motion_tail_frames) :])
     return {
         "presence": presence(dets, objects, bgs, prompt_background(prompt)),
         "continuity_ratio": cont.ratio,
@@ -65,6 +77,8 @@ def evaluate(result: StreamResult, prompt: str) -> dict[str, Any]:
         "within_px": cont.within,
         "latent_boundary_ratio": latent.ratio,
         "vanish_frames": max(longest_vanish(dets, objects)),
+        "tail_speeds_px_per_frame": [None if math.isnan(v) else v for v in tail_v],
+        "moving": all(v >= MIN_SPEED for v in tail_v),  # NaN compares False
     }
 
 

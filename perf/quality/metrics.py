@@ -18,7 +18,12 @@ Metrics (the demo model's quality targets, :data:`TARGETS`; docs/quality.md):
     frame of the next, over the mean displacement between consecutive frames inside a chunk. A stream
     that jumps at chunk boundaries has a ratio >> 1; smooth motion has ~1. Target <= 2.
 (c) :func:`drift`: (a) over the last ``tail_seconds`` (30 s) of a long stream, and the objects' median
-    speed there (px per frame; "still moving" = every object at least ``min_speed``). Target >= 0.8.
+    speed there (:func:`speeds`, px per frame; "still moving" = every object at least ``min_speed``).
+    Target >= 0.8.
+Motion (no target; the prompt layout moves 0.3 px/frame): :func:`speeds`, each object's median
+    displacement over one chunk (12 frames) per frame; :data:`MIN_SPEED` tells a moving object from one
+    that stands (the detector's centroid jitters by a fraction of a pixel from frame to frame, so a
+    standing blob has a per-frame median step of ~0.2 px; over 12 frames that averages out).
 (d) :func:`switch_latency`: frames from a prompt switch until the new prompt's objects are detected in
     ``hold`` consecutive frames. Target <= 2 chunks (24 frames).
 """
@@ -50,7 +55,10 @@ __all__ = [
     "prompt_background",
     "prompt_objects",
     "switch_latency",
+    "speeds",
     "track",
+    "MIN_SPEED",
+    "SPEED_LAG",
 ]
 
 Obj = tuple[str, str]
@@ -64,6 +72,13 @@ TARGETS: dict[str, tuple[str, float]] = {
     "vanish_frames": ("<=", 12.0),
 }
 """The demo model's quality targets: metric -> (sense, bound). ``switch_frames`` = 2 chunks of 12 frames."""
+
+SPEED_LAG = 12
+"""Frames over which :func:`speeds` measures a displacement: one chunk."""
+
+MIN_SPEED = 0.15
+"""px per frame: half the prompt layout's speed (``rolling_forcing.procedural.PROMPT_SPEED`` = 0.3); an
+object whose median :func:`speeds` is lower stands still (a standing blob reads ~0.06, measured)."""
 
 
 class DetectionLike(Protocol):
@@ -262,11 +277,27 @@ def continuity(positions: np.ndarray, starts: Sequence[int] | np.ndarray) -> Con
     )
 
 
+def speeds(positions: np.ndarray, lag: int = SPEED_LAG) -> tuple[float, ...]:
+    """Per object of tracked ``positions`` ``[T, n, 2]`` (:func:`track`; NaN = absent): the median over
+    ``t`` of ``|p[t + lag] - p[t]| / lag`` where the object is present at both (px per frame; NaN when it
+    never is). ``lag`` >= 1; a wall bounce inside a window shortens that window's displacement."""
+    if positions.ndim != 3 or positions.shape[-1] != 2:
+        raise ValueError(f"positions must be [T, n, 2], got shape {positions.shape}")
+    if lag < 1:
+        raise ValueError(f"speeds: lag must be >= 1, got {lag}")
+    if positions.shape[0] <= lag:
+        return tuple(float("nan") for _ in range(positions.shape[1]))
+    step = np.linalg.norm(positions[lag:] - positions[:-lag], axis=-1) / lag  # [T - lag, n]
+    return tuple(
+        float(np.median(col[~np.isnan(col)])) if (~np.isnan(col)).any() else float("nan") for col in step.T
+    )
+
+
 @dataclass(frozen=True)
 class Drift:
-    """Metric (c): ``tail_presence`` (metric (a) over the last ``tail_frames`` frames), each object's median
-    displacement per frame there (``speeds``, px; NaN when it was never seen in two consecutive frames) and
-    ``moving``: every object's speed at least ``min_speed``."""
+    """Metric (c): ``tail_presence`` (metric (a) over the last ``tail_frames`` frames), each object's speed
+    there (``speeds``: :func:`speeds`, px per frame; NaN when it was never seen twice :data:`SPEED_LAG`
+    frames apart) and ``moving``: every object's speed at least ``min_speed``."""
 
     tail_frames: int
     tail_presence: float | None
@@ -284,12 +315,12 @@ def drift(
     fps: float,
     *,
     tail_seconds: float = 30.0,
-    min_speed: float = 0.25,
+    min_speed: float = MIN_SPEED,
     backgrounds: Sequence[str | None] | None = None,
     background: str | None = None,
 ) -> Drift:
     """Metric (c) over the last ``tail_seconds`` (> 0) of a stream at ``fps`` (> 0); the whole stream if
-    it is shorter. ``min_speed`` (px per frame, >= 0): the generator's slowest shape moves 0.5.
+    it is shorter. ``min_speed`` (px per frame, >= 0): :data:`MIN_SPEED`, half the prompt layout's speed.
     ``backgrounds``, ``background``: as :func:`presence_mask`."""
     if not fps > 0 or not tail_seconds > 0 or min_speed < 0:
         raise ValueError(
@@ -297,13 +328,9 @@ def drift(
         )
     n = min(len(detections), int(round(tail_seconds * fps)))
     tail = detections[len(detections) - n :]
-    pos = track(tail, objects)
-    step = np.linalg.norm(pos[1:] - pos[:-1], axis=-1) if n >= 2 else np.full((0, len(objects)), np.nan)
-    speeds = tuple(
-        float(np.median(col[~np.isnan(col)])) if (~np.isnan(col)).any() else float("nan") for col in step.T
-    )
+    v = speeds(track(tail, objects))
     tail_bg = None if backgrounds is None else backgrounds[len(backgrounds) - n :]
-    return Drift(n, presence(tail, objects, tail_bg, background), speeds, min_speed)
+    return Drift(n, presence(tail, objects, tail_bg, background), v, min_speed)
 
 
 def switch_latency(
