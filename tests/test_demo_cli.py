@@ -222,3 +222,17 @@ def test_train_demo_runs_the_late_stage_by_default_outside_smoke(tmp_path, monke
     log = json.loads((rep.out_dir / "train_log.json").read_text())
     assert log["smoke"] is False and log["late"]["steps"] == 3 and len(rep.late_losses) == 3
     assert log["late"]["long_fraction"] == train_mod.LATE_FRACTION
+
+
+def test_generate_demo_checkpoint_with_corrupt_weights_names_the_file(tmp_path) -> None:
+    """The three files there but not readable: one line naming ``--checkpoint`` and the file, exit 2."""
+    w = tmp_path / "w"
+    w.mkdir()
+    for name in ("dit.safetensors", "text_encoder.safetensors", "autoencoder.safetensors"):
+        (w / name).write_bytes(b"")
+    r = runner.invoke(app, ["generate", "--checkpoint", str(w), "--out", str(tmp_path / "a.mp4")])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(
+        f"error: --checkpoint: demo preset: '{w / 'dit.safetensors'}' is not a readable .safetensors file"
+    ), r.output
+    assert not (tmp_path / "a.mp4").exists()
