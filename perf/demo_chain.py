@@ -158,7 +158,10 @@ def run(
 ) -> list[BenchRow]:
     """One :class:`BenchRow` per (prompt, way) (``kind="measured"``); ``prompt_speed`` and ``prompt_sizes``
     (``"circle=8,square=9,triangle=9"``): the speed and sizes the weights were trained at (``train-demo
-    --prompt-speed``, ``--prompt-sizes``), so the reference video is the one they learned."""
+    --prompt-speed``, ``--prompt-sizes``), so the reference video is the one they learned. Given neither,
+    they are read from the weights' training log (:func:`perf.quality.streams.trained_layout`; the shipped
+    weights: the defaults); a directory whose log does not record them is refused (``ValueError`` naming
+    both flags) rather than measured against a guessed video."""
     from rolling_forcing.demo import load_demo
     from rolling_forcing.demo.autoencoder import load_autoencoder
 
@@ -173,6 +176,18 @@ def run(
         from rolling_forcing.procedural import parse_sizes
 
         sizes = parse_sizes(prompt_sizes, "--prompt-sizes")
+    if prompt_speed is None and sizes is None and weights is not None:
+        from perf.quality.streams import trained_layout
+
+        layout = trained_layout(weights)
+        if layout is None:
+            raise ValueError(
+                f"--weights {weights}: its train_log.json does not record the prompt layout its DiT learned "
+                "(no prompt_speed), so the reference video is unknown: pass --prompt-speed and "
+                "--prompt-sizes (train-demo's settings for it)"
+            )
+        prompt_speed = None if layout.speed == PROMPT_SPEED else layout.speed
+        sizes = None if dict(layout.sizes) == dict(PROMPT_SIZES) else dict(layout.sizes)
     demo = load_demo(weights, with_decoder=False)
     ae = load_autoencoder(None if weights is None else f"{weights}/autoencoder.safetensors")
     rows = []
@@ -206,14 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-speed",
         type=float,
         default=None,
-        help=f"the reference videos' speed, px/frame at 64x64: the weights' training speed (default "
-        f"{PROMPT_SPEED}, the shipped weights')",
+        help=f"the reference videos' speed, px/frame at 64x64: the weights' training speed (default: read "
+        f"from --weights' train_log.json; {PROMPT_SPEED} for the shipped weights)",
     )
     ap.add_argument(
         "--prompt-sizes",
         default=None,
         help="the reference videos' shape sizes, px at 64x64 (e.g. circle=8,square=7,triangle=9): the "
-        "weights' training sizes (default " + format_sizes(PROMPT_SIZES) + ", the shipped weights')",
+        "weights' training sizes (default: read from --weights' train_log.json; "
+        + format_sizes(PROMPT_SIZES)
+        + " for the shipped weights)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument(

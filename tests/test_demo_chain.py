@@ -90,3 +90,33 @@ def test_truth_latents_follow_the_prompt_sizes() -> None:
         ValueError, match="--prompt-sizes must give a size for each of circle, square, triangle"
     ):
         demo_chain.run("/nonexistent", (PROMPT,), 6, 0, None, "circle=8")
+
+
+def test_run_reads_the_layout_from_the_weights_log(tmp_path, monkeypatch) -> None:
+    """Without ``--prompt-speed`` / ``--prompt-sizes`` the reference video is the layout the weights' log
+    records (a ``train-demo`` run at 1.5 px/frame and square 9: those, not the defaults); a log without
+    ``prompt_speed`` is refused naming both flags; the flags, when given, win."""
+    import json
+    import shutil
+
+    from rolling_forcing.demo import WEIGHTS_DIR
+
+    seen: list[tuple[object, object]] = []
+
+    def spy(demo, ae, prompt, blocks, seed, speed=None, sizes=None):  # type: ignore[no-untyped-def]
+        seen.append((speed, sizes))
+        return []
+
+    monkeypatch.setattr(demo_chain, "measure_prompt", spy)
+    w = tmp_path / "w"
+    shutil.copytree(WEIGHTS_DIR, w)
+    (w / "dit_train_log.json").unlink(missing_ok=True)
+    sizes = {"circle": 8.0, "square": 9.0, "triangle": 9.0}
+    (w / "train_log.json").write_text(json.dumps({"prompt_speed": 1.5, "prompt_sizes": sizes}))
+    demo_chain.run(str(w), (PROMPT,), 6, 0)
+    demo_chain.run(str(w), (PROMPT,), 6, 0, 0.3)  # a flag given: the flags decide, the others default
+    demo_chain.run(None, (PROMPT,), 6, 0)  # the shipped weights: the defaults
+    assert seen == [(1.5, sizes), (0.3, None), (None, None)]
+    (w / "train_log.json").write_text(json.dumps({"steps": 10}))
+    with pytest.raises(ValueError, match="pass --prompt-speed and --prompt-sizes"):
+        demo_chain.run(str(w), (PROMPT,), 6, 0)
