@@ -274,9 +274,7 @@ def compare_rows(sm: StreamModel, plan: Plan, seed: int) -> list[BenchRow]:
 
 
 def _moving(extra: Mapping[str, Any]) -> str:
-    """``yes`` / ``no`` and the speeds, or ``n/a`` for a row written before the motion was measured."""
-    if "moving" not in extra:
-        return "n/a"
+    """``yes`` / ``no`` and each object's speed (a stream row's ``moving``, ``tail_speeds_px_per_frame``)."""
     v = ", ".join(_fmt(s) for s in extra["tail_speeds_px_per_frame"])
     return f"{'yes' if extra['moving'] else 'no'} ({v} px/frame)"
 

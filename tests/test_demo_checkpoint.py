@@ -26,8 +26,8 @@ from rolling_forcing.pipeline import RollingForcingPipeline
 from rolling_forcing.serve.app import create_app
 from rolling_forcing.serve.config import ServeConfig
 from rolling_forcing.stream import NoiseSource
-from rolling_forcing.video import VideoSpec, VideoWriter
-from tests.test_serve import WS, max_block, receive
+from rolling_forcing.video import VideoWriter
+from tests.test_serve import WS, max_block, offline_frames, receive
 
 PROMPT = "a red circle and a blue square bouncing on a gray background"
 NARROW = {"dim": 64, "ffn_dim": 256, "num_heads": 2}  # not the preset's width: read from the files
@@ -43,10 +43,9 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _offline(weights: Path | None, seed: int, blocks: int, upto: int | None = None) -> list[np.ndarray]:
-    """uint8 frames of ``load_demo(weights)`` through the public stream API: a ``blocks``-block stream (its
-    windows are planned for that length), its first ``upto`` chunks (default all), the noise drawn per
-    block from ``seed`` as generate and serve draw it."""
+def _offline(weights: Path | None, seed: int, blocks: int) -> list[np.ndarray]:
+    """uint8 frames of a ``blocks``-block stream of ``load_demo(weights)`` through the public stream API, the
+    noise drawn per block from ``seed`` as generate draws it."""
     from rolling_forcing.demo import load_demo
 
     demo = load_demo(weights)
@@ -58,8 +57,6 @@ def _offline(weights: Path | None, seed: int, blocks: int, upto: int | None = No
     with torch.inference_mode():
         for chunk in pipe.stream(demo.text_encoder.encode([PROMPT]), blocks, generator=gen, noise=noise):
             out += list(to_uint8_frames(demo.decoder.decode(chunk.latents.float())))
-            if upto is not None and chunk.block + 1 >= upto:
-                break
     return out
 
 
@@ -108,8 +105,8 @@ def test_serve_streams_the_train_demo_directory(weights: Path, tmp_path: Path) -
         assert r.status_code == 201, r.text
         with client.websocket_connect(WS + r.json()["ws"]) as ws:
             receive(ws, got, lambda f, s: max_block(f) >= 2)
-    blocks = VideoSpec().blocks_for_seconds(cfg.max_session_s, 3)
-    want = _offline(weights, 4, blocks, max_block(got) + 1)
+    want = offline_frames(cfg, 4, [(0, PROMPT, "continue")], max_block(got) + 1, weights)
     assert got and len(got) >= 9 + 12
-    for index, (_block, img) in got.items():
-        np.testing.assert_array_equal(img, want[index], err_msg=f"frame {index}")
+    for index, (block, img) in got.items():
+        assert want[index][0] == block
+        np.testing.assert_array_equal(img, want[index][1], err_msg=f"frame {index}")

@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,17 +75,21 @@ def max_block(frames: dict[int, tuple[int, np.ndarray]]) -> int:
 
 
 def offline_frames(
-    cfg: ServeConfig, seed: int, prompts: list[tuple[int, str, str]], blocks: int
+    cfg: ServeConfig,
+    seed: int,
+    prompts: list[tuple[int, str, str]],
+    blocks: int,
+    weights: Path | None = None,
 ) -> dict[int, tuple[int, np.ndarray]]:
     """The stream the server should send, from the public stream API: ``prompts`` = (first block, prompt,
     switch mode of ``SWITCH_MODES``) in order, the first at block 0. Returns frame index -> (block, uint8
     frame). The tiny preset: ``init_random(weights_seed)``, seeded embeddings, the preview decoder; the demo
-    preset: ``load_demo``'s DiT, text encoder and decoder."""
+    preset: ``load_demo(weights)``'s DiT, text encoder and decoder (default: the shipped weights)."""
     pc = PipelineConfig(positions="relative")
     if cfg.preset == "demo":
         from rolling_forcing.demo import load_demo
 
-        demo = load_demo()
+        demo = load_demo(weights)
         mcfg, model, dec = demo.model_cfg, demo.model, demo.decoder
 
         def encode(p: str) -> torch.Tensor:
